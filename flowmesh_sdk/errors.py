@@ -1,0 +1,121 @@
+"""The one error tree of FlowMesh SDK.
+
+Every error the SDK raises is a :class:`FlowMeshError`.  Callers decide what to do
+from the class alone:
+
+* :class:`CapacityError`  -- this offer has no capacity now: try the next offer.
+* :class:`QuotaError`     -- a limit (cloud quota or tenant quota) is reached: try
+  another region/provider, or wait for your own tasks to finish.
+* :class:`ThrottledError` -- the API asked us to slow down: back off, same offer.
+* :class:`AuthError`      -- a credential is missing or refused: stop and tell the user.
+* :class:`NotFoundError`  -- the thing asked about does not exist (any more).
+* :class:`SpecError`      -- bad input; the message names the field and what is allowed.
+
+Errors raised from a lower layer chain it as ``__cause__`` (``raise ... from exc``).
+"""
+
+from __future__ import annotations
+
+
+class FlowMeshError(Exception):
+    """Base of every error the SDK raises."""
+
+
+class SpecError(FlowMeshError, ValueError):
+    """Bad input: names the field, the value given and what is allowed."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class ProviderError(FlowMeshError):
+    """A provider (cloud or local host) refused or failed a call."""
+
+    def __init__(self, message: str, *, provider: str = "", code: str = "") -> None:
+        self.provider = provider
+        self.code = code
+        prefix = f"[{provider}] " if provider else ""
+        suffix = f" ({code})" if code else ""
+        super().__init__(f"{prefix}{message}{suffix}")
+
+
+class CapacityError(ProviderError):
+    """No capacity for this offer now; the next offer may have some."""
+
+
+class QuotaError(ProviderError):
+    """A quota is exhausted (cloud account quota, or a tenant's quota in the SDK)."""
+
+
+class ThrottledError(ProviderError):
+    """The API is rate limiting us; retry the same call after a backoff."""
+
+
+class AuthError(ProviderError):
+    """A credential is missing or refused; the message says which one to set."""
+
+
+class NotFoundError(ProviderError):
+    """The instance (or other resource) does not exist."""
+
+
+class ImageNotFoundError(FlowMeshError):
+    """The sandbox image does not resolve; raised at dispatch, before any launch."""
+
+    def __init__(self, image: str, detail: str = "") -> None:
+        self.image = image
+        super().__init__(f"image {image!r} not found" + (f": {detail}" if detail else ""))
+
+
+class SandboxTimeout(FlowMeshError):
+    """A sandbox operation (not a command: those return ``timed_out=True``) ran out of time."""
+
+
+class InstanceLost(FlowMeshError):
+    """An instance disappeared (preempted, terminated outside the SDK, unreachable)."""
+
+
+class RuntimeMissingError(FlowMeshError):
+    """No usable container runtime on the machine; the message says how to install one."""
+
+
+class ContainerRuntimeError(FlowMeshError):
+    """A container runtime command failed; the message carries the command and its stderr."""
+
+
+class SandboxFileError(FlowMeshError):
+    """A file could not be read from or written to a sandbox."""
+
+
+class LifecycleError(FlowMeshError):
+    """An invalid lifecycle transition: a bug in the caller, never a condition to retry."""
+
+
+class SandboxClosedError(FlowMeshError):
+    """The sandbox was closed (or its channel died) and cannot run commands."""
+
+
+class PoolClosedError(FlowMeshError):
+    """The pool is draining or closed and admits no new work."""
+
+
+__all__ = [
+    "AuthError",
+    "CapacityError",
+    "ContainerRuntimeError",
+    "FlowMeshError",
+    "ImageNotFoundError",
+    "InstanceLost",
+    "LifecycleError",
+    "NotFoundError",
+    "PoolClosedError",
+    "ProviderError",
+    "QuotaError",
+    "RuntimeMissingError",
+    "SandboxClosedError",
+    "SandboxFileError",
+    "SandboxTimeout",
+    "SpecError",
+    "ThrottledError",
+]

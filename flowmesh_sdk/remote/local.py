@@ -1,0 +1,110 @@
+"""The local runner: commands as subprocesses of this process, on this host."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import shutil
+import signal
+import time
+from collections.abc import Sequence
+
+from ..errors import SandboxClosedError
+from .runner import Channel, CommandResult, Runner
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class LocalChannel(Channel):
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self._proc = proc
+        self._err: collections.deque[str] = collections.deque(maxlen=20)
+        self._drain = asyncio.create_task(self._drain_stderr())
+
+    async def _drain_stderr(self) -> None:
+        assert self._proc.stderr is not None
+        while line := await self._proc.stderr.readline():
+            self._err.append(line.decode("utf-8", "replace").rstrip())
+
+    async def write(self, data: bytes) -> None:
+        if not self.alive:
+            raise SandboxClosedError(f"channel process exited: {self.stderr_tail()}")
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(data)
+            await self._proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise SandboxClosedError(f"channel closed: {self.stderr_tail()}") from exc
+
+    async def readline(self) -> bytes:
+        assert self._proc.stdout is not None
+        return await self._proc.stdout.readline()
+
+    async def readexactly(self, n: int) -> bytes:
+        assert self._proc.stdout is not None
+        try:
+            return await self._proc.stdout.readexactly(n)
+        except asyncio.IncompleteReadError as exc:
+            raise SandboxClosedError(f"channel closed mid-read: {self.stderr_tail()}") from exc
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.returncode is None
+
+    def stderr_tail(self) -> str:
+        return " | ".join(self._err) or "(no stderr)"
+
+    async def close(self) -> None:
+        if self._proc.returncode is None:
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+            try:
+                await asyncio.wait_for(self._proc.wait(), 2.0)
+            except asyncio.TimeoutError:
+                _kill_group(self._proc)
+                await self._proc.wait()
+        self._drain.cancel()
+
+
+class LocalRunner(Runner):
+    """Runs commands on this host."""
+
+    label = "local"
+
+    async def run(self, argv: Sequence[str], *, timeout_s: float,
+                  input: bytes | None = None) -> CommandResult:
+        t0 = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True)
+        timed_out = False
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(input), timeout_s)
+        except asyncio.TimeoutError:
+            timed_out = True
+            _kill_group(proc)
+            out, err = await proc.communicate()
+        except BaseException:
+            _kill_group(proc)
+            raise
+        return CommandResult(tuple(argv), proc.returncode if proc.returncode is not None else -9,
+                             out, err, time.monotonic() - t0, timed_out)
+
+    async def open_channel(self, argv: Sequence[str]) -> Channel:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=1 << 20)
+        return LocalChannel(proc)
+
+    async def put_file(self, local_path: str, remote_path: str) -> None:
+        await asyncio.to_thread(shutil.copyfile, local_path, remote_path)
+
+    async def get_file(self, remote_path: str, local_path: str) -> None:
+        await asyncio.to_thread(shutil.copyfile, remote_path, local_path)

@@ -1,0 +1,87 @@
+"""Runners run commands on one machine.  They know nothing of clouds or containers.
+
+A :class:`Runner` runs a command with a deadline, moves files, and opens long-lived
+:class:`Channel` processes (stdin/stdout pipes) that the container runtime uses to hold
+a shell open inside a container.  :class:`~flowmesh_sdk.remote.local.LocalRunner`
+runs on this host; the SSH runner (fabric/paramiko) implements the same contract.
+"""
+
+from __future__ import annotations
+
+import abc
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    exit_code: int
+    stdout: bytes = field(repr=False)
+    stderr: bytes = field(repr=False)
+    duration_s: float
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    def text(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+    def describe(self) -> str:
+        """One line for error messages: the command, its exit and the tail of stderr."""
+        err = self.stderr.decode("utf-8", "replace").strip().splitlines()
+        tail = err[-1] if err else ""
+        how = "timed out" if self.timed_out else f"exit {self.exit_code}"
+        return f"`{shlex.join(self.argv)[:200]}` {how}" + (f": {tail[:400]}" if tail else "")
+
+
+class Channel(abc.ABC):
+    """A long-lived process on a machine, spoken to over its stdin and stdout."""
+
+    @abc.abstractmethod
+    async def write(self, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    async def readline(self) -> bytes:
+        """One line including its newline; b"" at end of stream."""
+
+    @abc.abstractmethod
+    async def readexactly(self, n: int) -> bytes: ...
+
+    @property
+    @abc.abstractmethod
+    def alive(self) -> bool: ...
+
+    @abc.abstractmethod
+    def stderr_tail(self) -> str:
+        """The last lines the process wrote to stderr (for diagnostics)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+
+class Runner(abc.ABC):
+    """Runs commands on one machine."""
+
+    #: a short label for messages, e.g. ``local`` or ``root@127.0.0.2:22``
+    label: str = "runner"
+
+    @abc.abstractmethod
+    async def run(self, argv: Sequence[str], *, timeout_s: float,
+                  input: bytes | None = None) -> CommandResult:
+        """Run ``argv``; on timeout kill its whole process tree and return ``timed_out``."""
+
+    @abc.abstractmethod
+    async def open_channel(self, argv: Sequence[str]) -> Channel: ...
+
+    @abc.abstractmethod
+    async def put_file(self, local_path: str, remote_path: str) -> None: ...
+
+    @abc.abstractmethod
+    async def get_file(self, remote_path: str, local_path: str) -> None: ...
+
+    async def close(self) -> None:  # noqa: B027 - optional for runners without state
+        return None

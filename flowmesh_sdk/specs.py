@@ -1,0 +1,277 @@
+"""Typed, validated records that cross every boundary of the SDK.
+
+Bad input raises :class:`~flowmesh_sdk.errors.SpecError` naming the field, the value
+given and the allowed range, at construction time.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from .errors import SpecError
+
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+ARCHES = ("x86_64", "arm64")
+
+
+def check_number(field_name: str, value: object, *, lo: float, hi: float | None = None,
+                 lo_open: bool = False, integer: bool = False) -> None:
+    """Raise SpecError unless ``value`` is a number in the allowed range."""
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            integer and not isinstance(value, int)):
+        raise SpecError(field_name, f"must be {kind}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SpecError(field_name, f"must be finite, got {value!r}")
+    low_ok = value > lo if lo_open else value >= lo
+    if not low_ok or (hi is not None and value > hi):
+        bracket = "(" if lo_open else "["
+        upper = f"{hi:g}]" if hi is not None else "inf)"
+        raise SpecError(field_name, f"must be in {bracket}{lo:g}, {upper}, got {value!r}")
+
+
+def check_choice(field_name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise SpecError(field_name, f"must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def check_name(field_name: str, value: object) -> None:
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise SpecError(field_name, "must be 1-40 chars of lowercase letters, digits and '-', "
+                                    f"starting with a letter or digit; got {value!r}")
+
+
+def frozen_env(field_name: str, env: Mapping[str, str] | None) -> Mapping[str, str]:
+    """Validate an environment mapping and return a read-only copy."""
+    out: dict[str, str] = {}
+    for key, val in (env or {}).items():
+        if not isinstance(key, str) or not _ENV_KEY.match(key):
+            raise SpecError(f"{field_name}[{key!r}]",
+                            "keys must match [A-Za-z_][A-Za-z0-9_]*")
+        if not isinstance(val, str) or "\x00" in val:
+            raise SpecError(f"{field_name}[{key}]", "values must be strings without NUL bytes")
+        out[key] = val
+    return MappingProxyType(out)
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSpec:
+    """The size of one machine (a VM, a marketplace box, or a slice of this host)."""
+
+    cpus: int = 8
+    memory_gb: float = 16.0
+    gpus: int = 0
+    gpu_name: str | None = None
+    disk_gb: int = 100
+    arch: str = "x86_64"
+
+    def __post_init__(self) -> None:
+        check_number("instance.cpus", self.cpus, lo=1, hi=1024, integer=True)
+        check_number("instance.memory_gb", self.memory_gb, lo=0, hi=32768, lo_open=True)
+        check_number("instance.gpus", self.gpus, lo=0, hi=16, integer=True)
+        check_number("instance.disk_gb", self.disk_gb, lo=1, hi=65536, integer=True)
+        check_choice("instance.arch", self.arch, ARCHES)
+        if self.gpu_name is not None and self.gpus == 0:
+            raise SpecError("instance.gpu_name", "set only when instance.gpus >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxSpec:
+    """One container: image, limits, and defaults for the commands run in it.
+
+    ``network`` is off by default: the container gets no network namespace peers.
+    ``timeout_s`` is the default per-command timeout of :meth:`Sandbox.exec`.
+    ``env`` values are kept out of ``repr`` (they may hold secrets).
+    """
+
+    image: str
+    cpus: float = 1.0
+    memory_gb: float = 2.0
+    pids: int = 1024
+    network: bool = False
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    workdir: str = "/"
+    timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.image, str) or not self.image.strip() or any(
+                c.isspace() for c in self.image):
+            raise SpecError("sandbox.image", f"must be a non-empty image reference, got {self.image!r}")
+        check_number("sandbox.cpus", self.cpus, lo=0, hi=1024, lo_open=True)
+        check_number("sandbox.memory_gb", self.memory_gb, lo=0.004, hi=32768)
+        check_number("sandbox.pids", self.pids, lo=8, hi=4_194_304, integer=True)
+        check_number("sandbox.timeout_s", self.timeout_s, lo=0, hi=7 * 86400, lo_open=True)
+        if not isinstance(self.network, bool):
+            raise SpecError("sandbox.network", f"must be true or false, got {self.network!r}")
+        if not isinstance(self.workdir, str) or not self.workdir.startswith("/"):
+            raise SpecError("sandbox.workdir", f"must be an absolute path, got {self.workdir!r}")
+        object.__setattr__(self, "env", frozen_env("sandbox.env", self.env))
+
+    @property
+    def memory_mib(self) -> int:
+        return max(4, int(self.memory_gb * 1024))
+
+
+class PoolMode(str, enum.Enum):
+    EPHEMERAL = "ephemeral"    # a fresh instance per task, terminated after it
+    PERSISTENT = "persistent"  # warm instances, a fresh container per task
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """A pool of instances of one size on one provider."""
+
+    name: str
+    mode: PoolMode = PoolMode.PERSISTENT
+    provider: str = "local"
+    instance: InstanceSpec = field(default_factory=InstanceSpec)
+    min_instances: int = 0
+    max_instances: int = 1
+    sandboxes_per_instance: int = 1
+    idle_timeout_s: float = 300.0
+    warm_per_image: int = 1
+    warm_images: tuple[str, ...] = ()
+    region: str | None = None
+
+    def __post_init__(self) -> None:
+        check_name("pool.name", self.name)
+        try:
+            object.__setattr__(self, "mode", PoolMode(self.mode))
+        except ValueError:
+            raise SpecError("pool.mode", f"must be one of ephemeral, persistent; got {self.mode!r}") from None
+        if not isinstance(self.provider, str) or not self.provider:
+            raise SpecError("pool.provider", f"must be a provider name, got {self.provider!r}")
+        if not isinstance(self.instance, InstanceSpec):
+            raise SpecError("pool.instance", "must be an InstanceSpec")
+        check_number("pool.min_instances", self.min_instances, lo=0, hi=100_000, integer=True)
+        check_number("pool.max_instances", self.max_instances, lo=1, hi=100_000, integer=True)
+        if self.min_instances > self.max_instances:
+            raise SpecError("pool.min_instances",
+                            f"must be <= pool.max_instances ({self.max_instances}), got {self.min_instances}")
+        check_number("pool.sandboxes_per_instance", self.sandboxes_per_instance, lo=1, hi=1024, integer=True)
+        check_number("pool.idle_timeout_s", self.idle_timeout_s, lo=0, hi=30 * 86400, lo_open=True)
+        check_number("pool.warm_per_image", self.warm_per_image, lo=0,
+                     hi=self.sandboxes_per_instance, integer=True)
+        object.__setattr__(self, "warm_images", tuple(self.warm_images))
+        if self.mode is PoolMode.EPHEMERAL and self.min_instances:
+            raise SpecError("pool.min_instances", "must be 0 for an ephemeral pool (no warm instances)")
+
+    def check_fits(self, sandbox: SandboxSpec) -> None:
+        """Raise SpecError when a sandbox cannot fit this pool's instances."""
+        inst = self.instance
+        if sandbox.cpus > inst.cpus:
+            raise SpecError("sandbox.cpus", f"{sandbox.cpus:g} exceeds the pool's instance size "
+                                            f"({inst.cpus} cpus)")
+        slots = 1 if self.mode is PoolMode.EPHEMERAL else self.sandboxes_per_instance
+        if sandbox.memory_gb * slots > inst.memory_gb + 1e-9:
+            raise SpecError("sandbox.memory_gb",
+                            f"{sandbox.memory_gb:g} GB x {slots} slots exceeds the pool's instance "
+                            f"memory ({inst.memory_gb:g} GB)")
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    """The outcome of one command in a sandbox.
+
+    ``stdout``/``stderr`` are decoded UTF-8 (invalid bytes replaced).  When a stream
+    exceeded the cap, it holds the first bytes followed by a marker line and its
+    ``*_truncated`` flag is set; ``*_bytes`` is the full size the command wrote.
+    """
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_s: float
+    timed_out: bool = False
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """One purchasable instance shape: provider x region x type x (spot|on-demand)."""
+
+    provider: str
+    region: str
+    instance_type: str
+    cpus: int
+    memory_gb: float
+    price_per_hour: float
+    gpus: int = 0
+    gpu_name: str | None = None
+    zone: str | None = None
+    spot: bool = False
+    arch: str = "x86_64"
+
+    def fits(self, spec: InstanceSpec) -> bool:
+        return (self.cpus >= spec.cpus and self.memory_gb + 1e-9 >= spec.memory_gb
+                and self.gpus >= spec.gpus and self.arch == spec.arch
+                and (spec.gpu_name is None or self.gpu_name == spec.gpu_name))
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """A declarative unit of work for :meth:`Pool.map`: files in, one command, result out."""
+
+    name: str
+    sandbox: SandboxSpec
+    command: str
+    files: Mapping[str, bytes] = field(default_factory=dict, repr=False)
+    timeout_s: float | None = None
+    tenant: str = "default"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise SpecError("task.name", "must be a non-empty string")
+        if not isinstance(self.command, str) or not self.command.strip():
+            raise SpecError("task.command", "must be a non-empty shell command")
+        if self.timeout_s is not None:
+            check_number("task.timeout_s", self.timeout_s, lo=0, hi=7 * 86400, lo_open=True)
+        for path, data in dict(self.files).items():
+            if not isinstance(path, str) or not path.startswith("/"):
+                raise SpecError(f"task.files[{path!r}]", "paths must be absolute")
+            if not isinstance(data, (bytes, bytearray)):
+                raise SpecError(f"task.files[{path!r}]", "contents must be bytes")
+        object.__setattr__(self, "files", MappingProxyType(dict(self.files)))
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseTimings:
+    """Seconds a task spent in each phase (MegaFlow's breakdown)."""
+
+    queued: float = 0.0
+    scheduling: float = 0.0
+    env_startup: float = 0.0
+    execution: float = 0.0
+    teardown: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.queued + self.scheduling + self.env_startup + self.execution + self.teardown
+
+
+@dataclass(frozen=True, slots=True)
+class TaskResult:
+    task_id: str
+    name: str
+    pool: str
+    result: ExecResult | None
+    phases: PhaseTimings
+    error: str | None = None
+    instance_id: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.result is not None and self.result.ok
