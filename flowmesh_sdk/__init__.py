@@ -1,0 +1,25 @@
+"""FlowMesh SDK: elastic, cost-aware pools of sandboxes and GPU workers for RL.
+
+Importing this package imports no cloud SDK; providers load by name from the
+``flowmesh_sdk.providers`` entry points.
+"""
+
+from .control import EventKind, QuotaLimits
+from .errors import (AuthError, CapacityError, FlowMeshError, ImageNotFoundError, InstanceLost,
+                     NotFoundError, PoolClosedError, ProviderError, QuotaError, SandboxTimeout,
+                     SpecError, ThrottledError)
+from .fleet import Fleet
+from .pools import EphemeralPool, PersistentPool, Pool
+from .sandbox import Sandbox
+from .specs import (ExecResult, InstanceSpec, Offer, PhaseTimings, PoolMode, PoolSpec, SandboxSpec,
+                    Task, TaskResult)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AuthError", "CapacityError", "EphemeralPool", "EventKind", "ExecResult", "Fleet", "FlowMeshError",
+    "ImageNotFoundError", "InstanceLost", "InstanceSpec", "NotFoundError", "Offer", "PersistentPool",
+    "PhaseTimings", "Pool", "PoolClosedError", "PoolMode", "PoolSpec", "ProviderError", "QuotaError",
+    "QuotaLimits", "Sandbox", "SandboxSpec", "SandboxTimeout", "SpecError", "Task", "TaskResult",
+    "ThrottledError",
+]

@@ -96,7 +96,6 @@ class Sandbox:
         self._lock = asyncio.Lock()
         self._ids = itertools.count(1)
         self._closed = False
-        self._on_close: list = []
 
     def __repr__(self) -> str:
         return f"Sandbox({self.name}, image={self.spec.image!r}, instance={self.instance_id})"
@@ -106,7 +105,7 @@ class Sandbox:
         """Open the command channel (idempotent)."""
         if self._chan is None or not self._chan.alive:
             chan = await self.runtime.open_shell(self.container_id)
-            await chan.write((_env_prefix(self.spec.env) + _AGENT).encode())
+            await chan.write(_AGENT.encode())
             deadline = time.monotonic() + 30.0
             while True:
                 line = await _read_line(chan, deadline)
@@ -118,9 +117,6 @@ class Sandbox:
             self._chan = chan
         return self
 
-    def add_close_callback(self, cb) -> None:  # cb: async () -> None
-        self._on_close.append(cb)
-
     @property
     def closed(self) -> bool:
         return self._closed
@@ -130,13 +126,9 @@ class Sandbox:
         if self._closed:
             return
         self._closed = True
-        try:
-            if self._chan is not None:
-                await self._chan.close()
-            await self.runtime.remove([self.container_id])
-        finally:
-            for cb in self._on_close:
-                await cb()
+        if self._chan is not None:
+            await self._chan.close()
+        await self.runtime.remove([self.container_id])
 
     async def __aenter__(self) -> Sandbox:
         return await self.start()
@@ -153,7 +145,7 @@ class Sandbox:
         timeout = self.spec.timeout_s if timeout_s is None else timeout_s
         check_number("timeout_s", timeout, lo=0, hi=7 * 86400, lo_open=True)
         check_number("output_cap", output_cap, lo=0, integer=True)
-        script = (_env_prefix(frozen_env("env", env)) + cmd).encode()
+        script = (_env_prefix(self.spec.env) + _env_prefix(frozen_env("env", env)) + cmd).encode()
         code, to, out, err, osz, esz, dur = await self._call(
             script, timeout, output_cap, cwd or self.spec.workdir)
         return ExecResult(exit_code=code, stdout=_decode(out, osz), stderr=_decode(err, esz),

@@ -242,7 +242,14 @@ def _lock(name: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _image_id(ref: str) -> str | None:
+    res = subprocess.run([_podman(), "image", "inspect", "--format", "{{.Id}}", ref],
+                         capture_output=True, text=True)
+    return res.stdout.strip() or None if res.returncode == 0 else None
+
+
 def _import(tarball: Path, ref: str, *, name: str, built_from: str) -> None:
+    previous = _image_id(ref)
     cmd = [
         _podman(), "import", "--quiet",
         "--change", 'CMD ["/bin/sh"]',
@@ -252,6 +259,11 @@ def _import(tarball: Path, ref: str, *, name: str, built_from: str) -> None:
         str(tarball), ref,
     ]
     _run(cmd, what=f"podman import {ref}", capture=True)
+    if previous and previous != _image_id(ref):
+        # --force re-import: drop the image the tag used to name, unless
+        # something (another tag, a container) still uses it.
+        subprocess.run([_podman(), "image", "rm", previous],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 # --------------------------------------------------------------------------- #

@@ -1,0 +1,61 @@
+"""Where the SDK keeps its state on this machine, and who "we" are (the owner tag)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def home_dir() -> Path:
+    """``$FLOWMESH_HOME``, else ``$XDG_STATE_HOME/flowmesh``, else ``~/.local/state/flowmesh``."""
+    env = os.environ.get("FLOWMESH_HOME")
+    if env:
+        path = Path(env)
+    else:
+        base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+        path = Path(base) / "flowmesh"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _proc_start_ticks(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    # field 22 (starttime) counted after the ")" that ends the command name
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """The coordinator process that launched something: host, pid and pid start time."""
+
+    host: str
+    pid: int
+    start: str
+
+    def __str__(self) -> str:
+        return f"{self.host}/{self.pid}/{self.start}"
+
+    @classmethod
+    def current(cls) -> Owner:
+        pid = os.getpid()
+        return cls(socket.gethostname(), pid, _proc_start_ticks(pid) or "0")
+
+    @classmethod
+    def parse(cls, text: str) -> Owner | None:
+        parts = text.rsplit("/", 2)
+        if len(parts) != 3 or not parts[1].isdigit():
+            return None
+        return cls(parts[0], int(parts[1]), parts[2])
+
+    def alive(self) -> bool | None:
+        """True/False for an owner on this host; None when it lives elsewhere (unknown)."""
+        if self.host != socket.gethostname():
+            return None
+        return _proc_start_ticks(self.pid) == self.start

@@ -1,0 +1,117 @@
+"""The event bus: lifecycle and task events, pushed to subscribers (no polling).
+
+``publish`` never blocks: each subscriber has its own queue.  ``wait_for`` waits on a
+predicate with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from ..specs import PhaseTimings
+
+log = logging.getLogger("flowmesh.events")
+
+
+class EventKind(str, enum.Enum):
+    POOL_CREATED = "pool.created"
+    POOL_SCALED = "pool.scaled"
+    POOL_DRAINED = "pool.drained"
+    INSTANCE_REQUESTED = "instance.requested"
+    INSTANCE_RUNNING = "instance.running"
+    INSTANCE_READY = "instance.ready"
+    INSTANCE_DRAINING = "instance.draining"
+    INSTANCE_FAILED = "instance.failed"
+    INSTANCE_TERMINATED = "instance.terminated"
+    SANDBOX_READY = "sandbox.ready"
+    SANDBOX_CLOSED = "sandbox.closed"
+    TASK_SUBMITTED = "task.submitted"
+    TASK_STARTED = "task.started"
+    TASK_SUCCEEDED = "task.succeeded"
+    TASK_FAILED = "task.failed"
+    TASK_TIMED_OUT = "task.timed_out"
+    TASK_REJECTED = "task.rejected"
+
+
+TASK_END = frozenset({EventKind.TASK_SUCCEEDED, EventKind.TASK_FAILED, EventKind.TASK_TIMED_OUT,
+                      EventKind.TASK_REJECTED})
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    kind: EventKind
+    fleet: str
+    pool: str = ""
+    instance_id: str | None = None
+    task_id: str | None = None
+    task_name: str | None = None
+    detail: str = ""
+    exit_code: int | None = None
+    phases: PhaseTimings | None = None
+    at: float = field(default_factory=time.time)
+
+
+Handler = Callable[[Event], None]
+
+
+class Subscription:
+    def __init__(self, bus: EventBus, kinds: frozenset[EventKind] | None) -> None:
+        self._bus = bus
+        self.kinds = kinds
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._iter()
+
+    async def _iter(self) -> AsyncIterator[Event]:
+        while True:
+            yield await self.queue.get()
+
+    async def next(self, timeout_s: float) -> Event:
+        return await asyncio.wait_for(self.queue.get(), timeout_s)
+
+    def close(self) -> None:
+        self._bus._subs.discard(self)
+
+
+class EventBus:
+    def __init__(self) -> None:
+        self._subs: set[Subscription] = set()
+        self._handlers: list[tuple[frozenset[EventKind] | None, Handler]] = []
+
+    def subscribe(self, *kinds: EventKind) -> Subscription:
+        sub = Subscription(self, frozenset(kinds) or None)
+        self._subs.add(sub)
+        return sub
+
+    def on(self, handler: Handler, *kinds: EventKind) -> None:
+        """Call ``handler(event)`` synchronously on publish (keep it quick)."""
+        self._handlers.append((frozenset(kinds) or None, handler))
+
+    def publish(self, event: Event) -> None:
+        for kinds, handler in list(self._handlers):
+            if kinds is None or event.kind in kinds:
+                try:
+                    handler(event)
+                except Exception:  # a broken subscriber must not break the publisher
+                    log.exception("event handler failed for %s", event.kind.value)
+        for sub in list(self._subs):
+            if sub.kinds is None or event.kind in sub.kinds:
+                sub.queue.put_nowait(event)
+
+    async def wait_for(self, predicate: Callable[[Event], bool], timeout_s: float) -> Event:
+        """The next event matching ``predicate``; asyncio.TimeoutError past the deadline."""
+        sub = self.subscribe()
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                ev = await sub.next(max(0.0, deadline - time.monotonic()))
+                if predicate(ev):
+                    return ev
+        finally:
+            sub.close()

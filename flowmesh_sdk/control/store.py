@@ -1,0 +1,187 @@
+"""The metadata store: pools, instances and tasks with per-phase timings (SQLite).
+
+It subscribes to the event bus and writes each event as it happens, on one worker
+thread (the event loop never waits on the disk), so a crash loses at most the events
+of the last moment, never a finished task that was already reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .events import TASK_END, Event, EventBus, EventKind
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS pools (
+  fleet TEXT, name TEXT, spec TEXT, created_at REAL, drained_at REAL,
+  PRIMARY KEY (fleet, name));
+CREATE TABLE IF NOT EXISTS instances (
+  id TEXT PRIMARY KEY, fleet TEXT, pool TEXT, state TEXT, requested_at REAL,
+  ready_at REAL, terminated_at REAL, detail TEXT);
+CREATE TABLE IF NOT EXISTS tasks (
+  id TEXT PRIMARY KEY, fleet TEXT, pool TEXT, name TEXT, state TEXT, instance_id TEXT,
+  exit_code INTEGER, queued_s REAL, scheduling_s REAL, env_startup_s REAL, execution_s REAL,
+  teardown_s REAL, submitted_at REAL, finished_at REAL, detail TEXT);
+CREATE INDEX IF NOT EXISTS tasks_pool ON tasks (fleet, pool);
+"""
+
+_INSTANCE_STATE = {
+    EventKind.INSTANCE_REQUESTED: "requested", EventKind.INSTANCE_RUNNING: "running",
+    EventKind.INSTANCE_READY: "ready", EventKind.INSTANCE_DRAINING: "draining",
+    EventKind.INSTANCE_FAILED: "failed", EventKind.INSTANCE_TERMINATED: "terminated",
+}
+_TASK_STATE = {
+    EventKind.TASK_SUCCEEDED: "succeeded", EventKind.TASK_FAILED: "failed",
+    EventKind.TASK_TIMED_OUT: "timed_out", EventKind.TASK_REJECTED: "rejected",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PoolRow:
+    fleet: str
+    name: str
+    spec: str
+    created_at: float
+    drained_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceRow:
+    id: str
+    fleet: str
+    pool: str
+    state: str
+    requested_at: float | None
+    ready_at: float | None
+    terminated_at: float | None
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRow:
+    id: str
+    fleet: str
+    pool: str
+    name: str
+    state: str
+    instance_id: str | None
+    exit_code: int | None
+    queued_s: float | None
+    scheduling_s: float | None
+    env_startup_s: float | None
+    execution_s: float | None
+    teardown_s: float | None
+    submitted_at: float | None
+    finished_at: float | None
+    detail: str | None
+
+
+class MetadataStore:
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._local = threading.local()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowmesh-store")
+        self._pending: set[Future[None]] = set()
+        self._pool.submit(self._init).result()
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=30.0)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            self._local.conn = conn
+        return conn
+
+    def _init(self) -> None:
+        self._conn().executescript(_SCHEMA)
+
+    # ---- writing ---------------------------------------------------------------
+    def attach(self, bus: EventBus) -> None:
+        bus.on(self.record)
+
+    def record(self, ev: Event) -> None:
+        fut = self._pool.submit(self._write, ev)
+        self._pending.add(fut)
+        fut.add_done_callback(self._pending.discard)
+
+    async def flush(self) -> None:
+        """Wait until every event recorded so far is on disk."""
+        await asyncio.wrap_future(self._pool.submit(lambda: None))
+
+    def _write(self, ev: Event) -> None:
+        c = self._conn()
+        with c:
+            if ev.kind is EventKind.POOL_CREATED:
+                c.execute("INSERT OR REPLACE INTO pools VALUES (?,?,?,?,NULL)",
+                          (ev.fleet, ev.pool, ev.detail, ev.at))
+            elif ev.kind is EventKind.POOL_DRAINED:
+                c.execute("UPDATE pools SET drained_at=? WHERE fleet=? AND name=?",
+                          (ev.at, ev.fleet, ev.pool))
+            elif ev.kind in _INSTANCE_STATE:
+                state = _INSTANCE_STATE[ev.kind]
+                c.execute("INSERT OR IGNORE INTO instances (id, fleet, pool, state, requested_at, detail)"
+                          " VALUES (?,?,?,?,?,'')", (ev.instance_id, ev.fleet, ev.pool, state, ev.at))
+                c.execute("UPDATE instances SET state=?, detail=? WHERE id=?",
+                          (state, ev.detail, ev.instance_id))
+                if ev.kind is EventKind.INSTANCE_READY:
+                    c.execute("UPDATE instances SET ready_at=? WHERE id=?", (ev.at, ev.instance_id))
+                elif ev.kind is EventKind.INSTANCE_TERMINATED:
+                    c.execute("UPDATE instances SET terminated_at=? WHERE id=?", (ev.at, ev.instance_id))
+            elif ev.kind is EventKind.TASK_SUBMITTED:
+                c.execute("INSERT OR REPLACE INTO tasks (id, fleet, pool, name, state, submitted_at)"
+                          " VALUES (?,?,?,?,'submitted',?)",
+                          (ev.task_id, ev.fleet, ev.pool, ev.task_name, ev.at))
+            elif ev.kind is EventKind.TASK_STARTED:
+                c.execute("UPDATE tasks SET state='running', instance_id=? WHERE id=?",
+                          (ev.instance_id, ev.task_id))
+            elif ev.kind in TASK_END:
+                p = ev.phases
+                c.execute(
+                    "INSERT OR IGNORE INTO tasks (id, fleet, pool, name, state, submitted_at)"
+                    " VALUES (?,?,?,?,'submitted',?)", (ev.task_id, ev.fleet, ev.pool, ev.task_name, ev.at))
+                c.execute(
+                    "UPDATE tasks SET state=?, instance_id=COALESCE(?, instance_id), exit_code=?,"
+                    " queued_s=?, scheduling_s=?, env_startup_s=?, execution_s=?, teardown_s=?,"
+                    " finished_at=?, detail=? WHERE id=?",
+                    (_TASK_STATE[ev.kind], ev.instance_id, ev.exit_code,
+                     p.queued if p else None, p.scheduling if p else None,
+                     p.env_startup if p else None, p.execution if p else None,
+                     p.teardown if p else None, ev.at, ev.detail, ev.task_id))
+
+    # ---- reading ---------------------------------------------------------------
+    def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        return self._pool.submit(lambda: self._conn().execute(sql, args).fetchall()).result()
+
+    def pools(self) -> list[PoolRow]:
+        return [PoolRow(*r) for r in self._query("SELECT * FROM pools ORDER BY created_at")]
+
+    def instances(self, *, live_only: bool = False) -> list[InstanceRow]:
+        sql = "SELECT * FROM instances"
+        if live_only:
+            sql += " WHERE state NOT IN ('terminated')"
+        return [InstanceRow(*r) for r in self._query(sql + " ORDER BY requested_at")]
+
+    def tasks(self, *, pool: str | None = None, limit: int = 1000) -> list[TaskRow]:
+        if pool:
+            rows = self._query("SELECT * FROM tasks WHERE pool=? ORDER BY submitted_at DESC LIMIT ?",
+                               (pool, limit))
+        else:
+            rows = self._query("SELECT * FROM tasks ORDER BY submitted_at DESC LIMIT ?", (limit,))
+        return [TaskRow(*r) for r in rows]
+
+    def close(self) -> None:
+        def _close() -> None:
+            conn = getattr(self._local, "conn", None)
+            if conn is not None:
+                conn.close()
+                self._local.conn = None
+        self._pool.submit(_close).result()
+        self._pool.shutdown(wait=True)
+
+

@@ -1,0 +1,140 @@
+"""The fleet: the entry point of the SDK.  It owns the event bus, the metadata store,
+the control backend, the image resolver and the providers, and makes pools.
+
+    async with Fleet() as fleet:
+        pool = await fleet.pool(PoolSpec(name="eval", mode="persistent", ...))
+        async with pool.sandbox(image="localhost/flowmesh/swe-base:bookworm") as sb:
+            print((await sb.exec("pytest -x")).exit_code)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .config import Owner, home_dir
+from .control.backend import ControlBackend, InProcessBackend
+from .control.events import EventBus
+from .control.limits import QuotaLimits
+from .control.store import MetadataStore
+from .errors import SpecError
+from .images import ImageResolver, LocalStoreResolver
+from .provider import Provider, load_provider
+from .remote.local import LocalRunner
+from .remote.runner import Runner
+from .remote.runtime import ContainerRuntime, RuntimeConfig
+from .specs import PoolMode, PoolSpec, check_name
+from .pools.base import Pool, PoolContext
+from .pools.ephemeral import EphemeralPool
+from .pools.persistent import PersistentPool
+
+log = logging.getLogger("flowmesh.fleet")
+
+
+class Fleet:
+    """Pools of sandboxes on one or more providers, coordinated by this process.
+
+    ``providers`` maps names to ready provider objects; any other name is loaded from
+    the ``flowmesh_sdk.providers`` entry points with ``provider_options[name]``.
+    ``quotas`` sets per-tenant limits (``"*"`` is the default for every tenant).
+    """
+
+    def __init__(self, name: str = "default", *, home: str | Path | None = None,
+                 providers: Mapping[str, Provider] | None = None,
+                 provider_options: Mapping[str, Mapping[str, Any]] | None = None,
+                 control: ControlBackend | None = None, images: ImageResolver | None = None,
+                 runtime_config: RuntimeConfig | None = None,
+                 quotas: Mapping[str, QuotaLimits] | None = None,
+                 bootstrap_timeout_s: float = 600.0) -> None:
+        check_name("fleet.name", name)
+        self.name = name
+        self.home = Path(home) if home else home_dir()
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.owner = str(Owner.current())
+        self.bus = EventBus()
+        self.store = MetadataStore(self.home / "flowmesh.db")
+        self.store.attach(self.bus)
+        self.control = control or InProcessBackend()
+        self.runtime_config = runtime_config
+        self._providers: dict[str, Provider] = dict(providers or {})
+        self._provider_options = {k: dict(v) for k, v in (provider_options or {}).items()}
+        self._runtimes: dict[int, ContainerRuntime] = {}
+        self._local_runner = LocalRunner()
+        self.images = images or LocalStoreResolver(self.runtime_for(self._local_runner))
+        quotas = dict(quotas or {})
+        self.quota = self.control.quota(f"fleet:{name}:tenants", quotas.pop("*", None))
+        for tenant, limits in quotas.items():
+            self.quota.set(tenant, limits)
+        self.bootstrap_timeout_s = bootstrap_timeout_s
+        self.pools: dict[str, Pool] = {}
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"Fleet({self.name!r}, pools={sorted(self.pools)})"
+
+    def provider(self, name: str) -> Provider:
+        if name not in self._providers:
+            opts = dict(self._provider_options.get(name, {}))
+            if name == "local":
+                opts.setdefault("runtime_config", self.runtime_config)
+                opts.setdefault("state_dir", self.home / "local" / "instances")
+            self._providers[name] = load_provider(name, **opts)
+        return self._providers[name]
+
+    def runtime_for(self, runner: Runner) -> ContainerRuntime:
+        """One runtime (and one probe) per runner."""
+        rt = self._runtimes.get(id(runner))
+        if rt is None:
+            rt = self._runtimes[id(runner)] = ContainerRuntime(runner, self.runtime_config)
+        return rt
+
+    async def pool(self, spec: PoolSpec | None = None, **kwargs: Any) -> Pool:
+        """Create (and start) a pool; ``kwargs`` are PoolSpec fields when no spec is given."""
+        if spec is None:
+            spec = PoolSpec(**kwargs)
+        elif kwargs:
+            raise SpecError("pool", "give a PoolSpec or keyword fields, not both")
+        if spec.name in self.pools:
+            raise SpecError("pool.name", f"a pool named {spec.name!r} already exists in this fleet")
+        provider = self.provider(spec.provider)
+        offers = await provider.offers(spec.instance)
+        if not offers:
+            why = getattr(provider, "explain_misfit", None)
+            raise SpecError("pool.instance", f"no offer of provider {spec.provider!r} fits"
+                            + (f": {why(spec.instance)}" if why else ""))
+        offer = min(offers, key=lambda o: o.price_per_hour)
+        ctx = PoolContext(fleet=self.name, owner=self.owner, bus=self.bus, images=self.images,
+                          quota=self.quota, runtime_for=self.runtime_for,
+                          bootstrap_timeout_s=self.bootstrap_timeout_s)
+        cls = PersistentPool if spec.mode is PoolMode.PERSISTENT else EphemeralPool
+        pool = cls(ctx, spec, provider, offer)
+        self.pools[spec.name] = pool
+        try:
+            await pool.start()
+        except BaseException:
+            await pool.drain(timeout_s=0)
+            self.pools.pop(spec.name, None)
+            raise
+        return pool
+
+    async def close(self, timeout_s: float | None = None) -> None:
+        """Drain every pool, close providers and the store (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await asyncio.gather(*(p.drain(timeout_s) for p in self.pools.values()))
+        finally:
+            for prov in self._providers.values():
+                await prov.close()
+            await self.store.flush()
+            self.store.close()
+
+    async def __aenter__(self) -> Fleet:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

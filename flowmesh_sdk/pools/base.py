@@ -1,0 +1,416 @@
+"""What both pool kinds share: admission, identity of a task run, launching and
+bootstrapping instances, creating sandboxes, phase timings and events.
+
+Admission runs the three tiers in order: the tenant's quota (rejects at once), then
+the pool's semaphore (in-flight <= capacity, FIFO queue), then placement.  An image is
+resolved before any of it, so a task with a missing image takes no slot and launches
+nothing.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import asdict, dataclass, field
+
+from ..control.events import Event, EventBus, EventKind
+from ..control.limits import Quota, Semaphore
+from ..errors import FlowMeshError, PoolClosedError, SandboxTimeout
+from ..images import ImageResolver
+from ..lifecycle import InstanceState, Lifecycle, TaskState, task_lifecycle
+from ..provider import TAG_FLEET, TAG_OWNER, TAG_POOL, TAG_REQUEST, LaunchRequest, Offer, Provider
+from ..remote.runner import Runner
+from ..remote.runtime import ContainerRuntime
+from ..sandbox import Sandbox
+from ..specs import ExecResult, PhaseTimings, PoolSpec, SandboxSpec, Task, TaskResult
+from .instance import ManagedInstance
+
+log = logging.getLogger("flowmesh.pools")
+
+LABEL_FLEET = "flowmesh.fleet"
+LABEL_POOL = "flowmesh.pool"
+LABEL_INSTANCE = "flowmesh.instance"
+LABEL_OWNER = "flowmesh.owner"
+LABEL_TASK = "flowmesh.task"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolContext:
+    """What a fleet lends each of its pools."""
+
+    fleet: str
+    owner: str
+    bus: EventBus
+    images: ImageResolver
+    quota: Quota
+    runtime_for: Callable[[Runner], ContainerRuntime]
+    bootstrap_timeout_s: float = 600.0
+
+
+@dataclass(slots=True)
+class TaskRun:
+    """One pass of a task through the pool, with the marks its phases are cut from."""
+
+    id: str
+    name: str
+    tenant: str
+    lifecycle: Lifecycle[TaskState]
+    marks: dict[str, float] = field(default_factory=dict)
+    instance_id: str | None = None
+    result: ExecResult | None = None
+    error: str | None = None
+
+    def mark(self, what: str) -> None:
+        self.marks[what] = time.monotonic()
+
+    def phases(self) -> PhaseTimings:
+        m = self.marks
+        order = ["submitted", "admitted", "placed", "started", "finished", "torn_down"]
+        vals = []
+        for a, b in zip(order, order[1:]):
+            vals.append(max(0.0, m[b] - m[a]) if a in m and b in m else 0.0)
+        return PhaseTimings(*vals)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    name: str
+    mode: str
+    instances: int
+    ready: int
+    launching: int
+    in_flight: int
+    waiting: int
+    free_slots: int
+    warm: int
+
+
+class Pool(abc.ABC):
+    """A pool of instances of one size on one provider.  See the two kinds."""
+
+    def __init__(self, ctx: PoolContext, spec: PoolSpec, provider: Provider, offer: Offer) -> None:
+        self.ctx = ctx
+        self.spec = spec
+        self.name = spec.name
+        self.provider = provider
+        self.offer = offer
+        self.instances: dict[str, ManagedInstance] = {}
+        self._closing = False
+        self._closed = False
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._sem: Semaphore = Semaphore(self._capacity(), key=f"pool:{spec.name}")
+        self._bg: set[asyncio.Task[object]] = set()
+        self._publish(EventKind.POOL_CREATED, detail=json.dumps(_spec_json(spec), sort_keys=True))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, provider={self.provider.name})"
+
+    # ---- to be provided by each kind -------------------------------------------
+    @abc.abstractmethod
+    def _capacity(self) -> int:
+        """Most tasks in flight at once."""
+
+    @abc.abstractmethod
+    async def _place(self, spec: SandboxSpec, run: TaskRun) -> ManagedInstance | None:
+        """Reserve a slot (scheduling phase)."""
+
+    @abc.abstractmethod
+    async def _provision(self, spec: SandboxSpec, inst: ManagedInstance | None,
+                         run: TaskRun) -> Sandbox:
+        """Make the sandbox ready (env startup phase)."""
+
+    @abc.abstractmethod
+    async def _teardown(self, sandbox: Sandbox | None, inst: ManagedInstance | None) -> None:
+        """Give the slot back (teardown phase)."""
+
+    async def start(self) -> Pool:
+        return self
+
+    # ---- public API --------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def sandbox(self, spec: SandboxSpec | None = None, *, image: str | None = None,
+                      tenant: str = "default", name: str | None = None) -> AsyncIterator[Sandbox]:
+        """A sandbox for the body of an ``async with``; destroyed (and its slot freed) after.
+
+        The task run is recorded: it succeeds when the body returns, fails when it raises.
+        """
+        if spec is None:
+            if image is None:
+                from ..errors import SpecError
+                raise SpecError("sandbox.image", "give a SandboxSpec or image=")
+            spec = self.default_sandbox(image)
+        async with self._lease(spec, self._new_run(name or "sandbox", tenant)) as sb:
+            yield sb
+
+    def default_sandbox(self, image: str) -> SandboxSpec:
+        """A sandbox of at most 1 cpu and 2 GB that fits this pool's slots."""
+        inst = self.spec.instance
+        slots = self.spec.sandboxes_per_instance if self.spec.mode.value == "persistent" else 1
+        return SandboxSpec(image=image, cpus=min(1.0, float(inst.cpus)),
+                           memory_gb=min(2.0, inst.memory_gb / slots))
+
+    async def run_task(self, task: Task) -> TaskResult:
+        """Write the task's files, run its command, record and return the result.
+
+        Errors (missing image, quota, lost instance) are returned in ``error``, not raised,
+        so one bad task does not sink a batch.
+        """
+        run = self._new_run(task.name, task.tenant)
+        with contextlib.suppress(FlowMeshError):  # recorded in run.error by _lease
+            async with self._lease(task.sandbox, run) as sb:
+                for path, data in task.files.items():
+                    await sb.write_file(path, data)
+                run.result = await sb.exec(task.command, timeout_s=task.timeout_s)
+        return TaskResult(task_id=run.id, name=task.name, pool=self.name, result=run.result,
+                          phases=run.phases(), error=run.error, instance_id=run.instance_id)
+
+    async def map(self, tasks: Iterable[Task], *,
+                  on_result: Callable[[TaskResult], None] | None = None) -> list[TaskResult]:
+        """Run every task (at most the pool's capacity at once); results in input order."""
+        items = list(tasks)
+        results: list[TaskResult | None] = [None] * len(items)
+
+        async def one(i: int, task: Task) -> None:
+            results[i] = res = await self.run_task(task)
+            if on_result is not None:
+                on_result(res)
+
+        await asyncio.gather(*(one(i, t) for i, t in enumerate(items)))
+        return [r for r in results if r is not None]
+
+    def stats(self) -> PoolStats:
+        insts = list(self.instances.values())
+        return PoolStats(
+            name=self.name, mode=self.spec.mode.value, instances=len(insts),
+            ready=sum(i.state is InstanceState.READY for i in insts),
+            launching=sum(i.state in (InstanceState.REQUESTED, InstanceState.RUNNING) for i in insts),
+            in_flight=self._in_flight, waiting=self._sem.waiting,
+            free_slots=sum(i.free for i in insts),
+            warm=sum(len(v) for i in insts for v in i.warm.values()))
+
+    async def drain(self, timeout_s: float | None = None) -> None:
+        """Admit nothing new, let in-flight tasks finish, then terminate every instance."""
+        if self._closed:
+            return
+        self._closing = True
+        self._on_closing()
+        if timeout_s is None:
+            await self._idle.wait()
+        else:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), timeout_s)
+        for t in list(self._bg):
+            t.cancel()
+        await asyncio.gather(*self._bg, return_exceptions=True)
+        await self._terminate(list(self.instances.values()))
+        self._closed = True
+        self._publish(EventKind.POOL_DRAINED)
+
+    close = drain
+
+    async def __aenter__(self) -> Pool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.drain()
+
+    def _on_closing(self) -> None:
+        """Hook: wake waiters so they see the pool is closing."""
+
+    # ---- the journey of one task ---------------------------------------------------
+    def _new_run(self, name: str, tenant: str) -> TaskRun:
+        run = TaskRun(id=uuid.uuid4().hex[:16], name=name, tenant=tenant,
+                      lifecycle=task_lifecycle(name))
+        run.mark("submitted")
+        self._publish(EventKind.TASK_SUBMITTED, task_id=run.id, task_name=name)
+        return run
+
+    @contextlib.asynccontextmanager
+    async def _lease(self, spec: SandboxSpec, run: TaskRun) -> AsyncIterator[Sandbox]:
+        lc = run.lifecycle
+        tenant, name = run.tenant, run.name
+        if self._closing:
+            self._reject(run, PoolClosedError(f"pool {self.name!r} is draining"))
+        try:
+            self.spec.check_fits(spec)
+            await self.ctx.images.resolve(spec.image)
+            self.ctx.quota.admit(tenant)
+        except FlowMeshError as exc:
+            self._reject(run, exc)
+        self._in_flight += 1
+        self._idle.clear()
+        inst: ManagedInstance | None = None
+        sandbox: Sandbox | None = None
+        admitted = False
+        try:
+            lc.to(TaskState.QUEUED)
+            await self._sem.acquire()
+            admitted = True
+            run.mark("admitted")
+            lc.to(TaskState.SCHEDULED)
+            inst = await self._place(spec, run)
+            run.mark("placed")
+            lc.to(TaskState.STARTING)
+            sandbox = await self._provision(spec, inst, run)
+            inst = self.instances.get(sandbox.instance_id, inst)
+            run.instance_id = sandbox.instance_id
+            run.mark("started")
+            lc.to(TaskState.RUNNING)
+            self._publish(EventKind.TASK_STARTED, task_id=run.id, task_name=name,
+                          instance_id=run.instance_id)
+            try:
+                yield sandbox
+            finally:
+                run.mark("finished")
+        except BaseException as exc:
+            run.error = run.error or f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            try:
+                await asyncio.shield(self._teardown(sandbox, inst))
+            finally:
+                run.mark("torn_down")
+                if admitted:
+                    self._sem.release()
+                self.ctx.quota.release(tenant)
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._idle.set()
+                self._finish(run)
+
+    def _reject(self, run: TaskRun, exc: FlowMeshError) -> None:
+        run.lifecycle.to(TaskState.REJECTED)
+        run.error = f"{type(exc).__name__}: {exc}"
+        run.mark("torn_down")
+        self._publish(EventKind.TASK_REJECTED, task_id=run.id, task_name=run.name,
+                      detail=run.error, phases=run.phases())
+        raise exc
+
+    def _finish(self, run: TaskRun) -> None:
+        lc = run.lifecycle
+        res = run.result
+        if run.error is None and (res is None or res.exit_code == 0) and not (res and res.timed_out):
+            kind, state = EventKind.TASK_SUCCEEDED, TaskState.SUCCEEDED
+        elif res is not None and res.timed_out:
+            kind, state = EventKind.TASK_TIMED_OUT, TaskState.TIMED_OUT
+        else:
+            kind, state = EventKind.TASK_FAILED, TaskState.FAILED
+        if lc.can(state):
+            lc.to(state)
+        elif not lc.terminal:
+            lc.to(TaskState.FAILED)
+            kind = EventKind.TASK_FAILED
+        self._publish(kind, task_id=run.id, task_name=run.name, instance_id=run.instance_id,
+                      exit_code=res.exit_code if res else None, detail=run.error or "",
+                      phases=run.phases())
+
+    # ---- instances -------------------------------------------------------------
+    async def _launch(self, count: int) -> list[ManagedInstance]:
+        """Launch ``count`` instances in one provider call and bootstrap each."""
+        request_id = f"{self.name}-{uuid.uuid4().hex[:12]}"
+        tags = {TAG_FLEET: self.ctx.fleet, TAG_POOL: self.name, TAG_OWNER: self.ctx.owner,
+                TAG_REQUEST: request_id}
+        req = LaunchRequest(offer=self.offer, spec=self.spec.instance, count=count,
+                            request_id=request_id, tags=tags)
+        launched = await self.provider.launch(req)
+        managed = []
+        for inst in launched:
+            mi = ManagedInstance(inst, self.ctx.runtime_for(self.provider.runner(inst)),
+                                 self._slots_per_instance())
+            self.instances[mi.id] = mi
+            self._publish(EventKind.INSTANCE_REQUESTED, instance_id=mi.id, detail=inst.instance_type)
+            managed.append(mi)
+        results = await asyncio.gather(*(self._bootstrap(mi) for mi in managed), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors and len(errors) == len(results):
+            raise errors[0]
+        return [mi for mi, r in zip(managed, results) if not isinstance(r, BaseException)]
+
+    def _slots_per_instance(self) -> int:
+        return 1
+
+    async def _bootstrap(self, mi: ManagedInstance) -> None:
+        """RUNNING -> runtime present -> warm images pulled -> READY (or FAILED, terminated)."""
+        try:
+            mi.lifecycle.to(InstanceState.RUNNING)
+            self._publish(EventKind.INSTANCE_RUNNING, instance_id=mi.id)
+            await asyncio.wait_for(self._bootstrap_steps(mi), self.ctx.bootstrap_timeout_s)
+            mi.lifecycle.to(InstanceState.READY)
+            mi.last_used = time.monotonic()
+            self._publish(EventKind.INSTANCE_READY, instance_id=mi.id)
+        except BaseException as exc:
+            detail = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, asyncio.TimeoutError):
+                exc = SandboxTimeout(f"instance {mi.id} bootstrap exceeded "
+                                     f"{self.ctx.bootstrap_timeout_s:g} s")
+            log.warning("instance %s failed bootstrap: %s", mi.id, detail)
+            if mi.lifecycle.can(InstanceState.FAILED):
+                mi.lifecycle.to(InstanceState.FAILED)
+            self._publish(EventKind.INSTANCE_FAILED, instance_id=mi.id, detail=detail)
+            await self._terminate([mi])
+            raise exc
+
+    async def _bootstrap_steps(self, mi: ManagedInstance) -> None:
+        await mi.runtime.probe()
+        for image in self.spec.warm_images:
+            await mi.ensure_image(image)
+
+    async def _terminate(self, insts: list[ManagedInstance]) -> None:
+        """Destroy warm sandboxes, terminate the instances in one call, drop them."""
+        if not insts:
+            return
+        for mi in insts:
+            if mi.lifecycle.can(InstanceState.DRAINING):
+                mi.lifecycle.to(InstanceState.DRAINING)
+                self._publish(EventKind.INSTANCE_DRAINING, instance_id=mi.id)
+        warm = [sb for mi in insts for sb in mi.all_warm()]
+        await asyncio.gather(*(sb.close() for sb in warm), return_exceptions=True)
+        await self.provider.terminate([mi.id for mi in insts])
+        for mi in insts:
+            if mi.lifecycle.can(InstanceState.TERMINATED):
+                mi.lifecycle.to(InstanceState.TERMINATED)
+            self.instances.pop(mi.id, None)
+            self._publish(EventKind.INSTANCE_TERMINATED, instance_id=mi.id)
+
+    async def _new_sandbox(self, mi: ManagedInstance, spec: SandboxSpec, task_id: str) -> Sandbox:
+        digest = await mi.ensure_image(spec.image)
+        name = f"fm-{self.name}-{uuid.uuid4().hex[:10]}"
+        labels = {LABEL_FLEET: self.ctx.fleet, LABEL_POOL: self.name, LABEL_INSTANCE: mi.id,
+                  LABEL_OWNER: self.ctx.owner, LABEL_TASK: task_id}
+        cid = await mi.runtime.create(name, spec, labels)
+        sb = Sandbox(mi.runtime, cid, name, spec, instance_id=mi.id, image_id=digest)
+        try:
+            await sb.start()
+        except BaseException:
+            await mi.runtime.remove([cid])
+            raise
+        self._publish(EventKind.SANDBOX_READY, instance_id=mi.id, detail=name)
+        return sb
+
+    def _spawn(self, coro) -> asyncio.Task[object]:
+        task = asyncio.ensure_future(coro)
+        self._bg.add(task)
+        task.add_done_callback(self._bg_done)
+        return task
+
+    def _bg_done(self, task: asyncio.Task[object]) -> None:
+        self._bg.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("pool %s background work failed: %s", self.name, task.exception())
+
+    def _publish(self, kind: EventKind, **kw: object) -> None:
+        self.ctx.bus.publish(Event(kind=kind, fleet=self.ctx.fleet, pool=self.name, **kw))  # type: ignore[arg-type]
+
+
+def _spec_json(spec: PoolSpec) -> dict[str, object]:
+    d = asdict(spec)
+    d["mode"] = spec.mode.value
+    return d

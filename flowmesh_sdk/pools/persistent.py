@@ -1,0 +1,206 @@
+"""Persistent pools: warm instances reused, a fresh container per task.
+
+* Placement prefers an instance holding a warm container of the same shape, then one
+  that already holds the image (locality), then the least loaded.
+* Warm containers (``warm_per_image`` per sandbox shape, at most one instance's worth of
+  slots in all) are started ahead of demand with their command channel open, so
+  acquiring one costs a few milliseconds.  They do not take slots.
+* Elastic between ``min_instances`` and ``max_instances`` on queue depth: when the tasks
+  waiting for a slot outnumber the free and coming slots, more instances are launched in
+  one batched call.  A failed launch backs scaling off for a while.
+* Instances idle for ``idle_timeout_s`` beyond ``min_instances`` are reclaimed by a timer
+  that sleeps until the next instance could become idle (no polling).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+
+from ..errors import SandboxTimeout
+from ..lifecycle import InstanceState
+from ..sandbox import Sandbox
+from ..specs import SandboxSpec
+from .base import Pool, TaskRun
+from .instance import ManagedInstance, WarmKey, warm_key
+
+log = logging.getLogger("flowmesh.pools")
+
+LAUNCH_BACKOFF_S = 30.0
+
+
+class PersistentPool(Pool):
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self._cond = asyncio.Condition()
+        self._pending = 0            # instances asked for and not yet READY or failed
+        self._want = 0               # admitted tasks waiting for a slot
+        self._launch_error: BaseException | None = None
+        self._blocked_until = 0.0
+        self._wake_reaper = asyncio.Event()
+
+    def _capacity(self) -> int:
+        return self.spec.max_instances * self.spec.sandboxes_per_instance
+
+    def _slots_per_instance(self) -> int:
+        return self.spec.sandboxes_per_instance
+
+    async def start(self) -> PersistentPool:
+        """Launch ``min_instances`` (waiting until they are READY) and start the reaper."""
+        need = self.spec.min_instances - self._live()
+        if need > 0:
+            self._pending += need
+            try:
+                await self._launch(need)
+            finally:
+                self._pending -= need
+        for mi in list(self.instances.values()):
+            for image in self.spec.warm_images:
+                self._refill_warm(mi, self.default_sandbox(image))
+        self._spawn(self._reap_idle())
+        return self
+
+    def _ready(self) -> list[ManagedInstance]:
+        return [i for i in self.instances.values() if i.state is InstanceState.READY]
+
+    def _live(self) -> int:
+        return len(self._ready()) + self._pending
+
+    # ---- scheduling ------------------------------------------------------------
+    async def _place(self, spec: SandboxSpec, run: TaskRun) -> ManagedInstance:
+        key = warm_key(spec)
+        deadline = time.monotonic() + self.ctx.bootstrap_timeout_s
+        async with self._cond:
+            self._want += 1
+            try:
+                while True:
+                    mi = self._pick(key, spec.image)
+                    if mi is not None:
+                        mi.active += 1
+                        mi.last_used = time.monotonic()
+                        return mi
+                    self._maybe_scale_up()
+                    if self._launch_error is not None and not self._pending and not self._ready():
+                        raise self._launch_error
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise SandboxTimeout(f"pool {self.name!r}: no slot became free within "
+                                             f"{self.ctx.bootstrap_timeout_s:g} s")
+                    try:
+                        await asyncio.wait_for(self._cond.wait(), remaining)
+                    except asyncio.TimeoutError:
+                        continue
+            finally:
+                self._want -= 1
+
+    def _pick(self, key: WarmKey, image: str) -> ManagedInstance | None:
+        cands = [i for i in self._ready() if i.free > 0]
+        if not cands:
+            return None
+        return max(cands, key=lambda i: (bool(i.warm.get(key)), image in i.images, i.free))
+
+    def _maybe_scale_up(self) -> None:
+        if self._closing or time.monotonic() < self._blocked_until:
+            return
+        slots = self.spec.sandboxes_per_instance
+        free = sum(i.free for i in self._ready())
+        short = self._want - free - self._pending * slots
+        n = min(math.ceil(short / slots), self.spec.max_instances - self._live()) if short > 0 else 0
+        if n > 0:
+            self._pending += n
+            self._spawn(self._scale_up(n))
+
+    async def _scale_up(self, n: int) -> None:
+        from ..control.events import EventKind
+        self._publish(EventKind.POOL_SCALED, detail=f"+{n} (live {self._live()} of max "
+                                                     f"{self.spec.max_instances})")
+        try:
+            ready = await self._launch(n)
+            if len(ready) < n:
+                self._blocked_until = time.monotonic() + LAUNCH_BACKOFF_S
+            self._launch_error = None
+        except Exception as exc:  # noqa: BLE001 - reported to the waiters
+            log.warning("pool %s: launch of %d instance(s) failed: %s", self.name, n, exc)
+            self._launch_error = exc
+            self._blocked_until = time.monotonic() + LAUNCH_BACKOFF_S
+        finally:
+            self._pending -= n
+            self._wake_reaper.set()
+            async with self._cond:
+                self._cond.notify_all()
+
+    # ---- sandboxes -------------------------------------------------------------
+    async def _provision(self, spec: SandboxSpec, inst: ManagedInstance | None,
+                         run: TaskRun) -> Sandbox:
+        assert inst is not None
+        key = warm_key(spec)
+        sb = inst.take_warm(key)
+        if sb is None:
+            sb = await self._new_sandbox(inst, spec, run.id)
+        else:
+            sb.spec = spec  # same container shape; env and timeouts are the caller's
+        self._refill_warm(inst, spec)
+        return sb
+
+    def _refill_warm(self, mi: ManagedInstance, spec: SandboxSpec) -> None:
+        key = warm_key(spec)
+        if self._closing or mi.warm_count(key) >= self.spec.warm_per_image:
+            return
+        mi.warming[key] = mi.warming.get(key, 0) + 1
+        self._spawn(self._make_warm(mi, key, spec))
+
+    async def _make_warm(self, mi: ManagedInstance, key: WarmKey, spec: SandboxSpec) -> None:
+        try:
+            sb = await self._new_sandbox(mi, spec, "warm")
+        finally:
+            mi.warming[key] -= 1
+        if self._closing or mi.state is not InstanceState.READY:
+            await sb.close()
+            return
+        stack = mi.warm.pop(key, [])
+        stack.append(sb)
+        mi.warm[key] = stack  # most recently used shape last
+        # bound the warm containers of one instance to its slot count: evict the oldest shapes
+        while sum(len(v) for v in mi.warm.values()) > mi.slots:
+            oldest = next(iter(mi.warm))
+            victims = mi.warm.pop(oldest)
+            await asyncio.gather(*(v.close() for v in victims), return_exceptions=True)
+
+    async def _teardown(self, sandbox: Sandbox | None, inst: ManagedInstance | None) -> None:
+        try:
+            if sandbox is not None:
+                await sandbox.close()
+        finally:
+            if inst is not None:
+                inst.active -= 1
+                inst.last_used = time.monotonic()
+            self._wake_reaper.set()
+            async with self._cond:
+                self._cond.notify_all()
+
+    # ---- idle reclaim ------------------------------------------------------------
+    async def _reap_idle(self) -> None:
+        idle_s = self.spec.idle_timeout_s
+        while not self._closing:
+            now = time.monotonic()
+            async with self._cond:
+                ready = self._ready()
+                excess = len(ready) - self.spec.min_instances
+                idle = sorted((i for i in ready if i.active == 0), key=lambda i: i.last_used)
+                reap = [i for i in idle if now - i.last_used >= idle_s][:max(0, excess)]
+                for mi in reap:
+                    mi.lifecycle.to(InstanceState.DRAINING)
+            if reap:
+                await self._terminate(reap)
+                continue
+            waiting = [i.last_used + idle_s - now for i in idle] if excess > 0 else []
+            self._wake_reaper.clear()
+            try:
+                await asyncio.wait_for(self._wake_reaper.wait(), min(waiting) if waiting else None)
+            except asyncio.TimeoutError:
+                pass
+
+    def _on_closing(self) -> None:
+        self._wake_reaper.set()

@@ -1,0 +1,138 @@
+"""The provider contract: what every cloud (and this host) offers the core.
+
+A provider only talks to its cloud.  Six calls, all async and batched:
+
+``offers(spec)``        the purchasable shapes that fit ``spec`` (may be empty).
+``launch(request)``     start ``request.count`` instances of one offer in ONE cloud call,
+                        tagged at creation with ``request.tags``.  Idempotent by
+                        ``request.request_id``: calling again with the same id returns the
+                        instances of the first call instead of launching more.
+``describe(ids)``       current view of those instances.  Eventually consistent: an id the
+                        cloud does not know (yet, or any more) is omitted, never an error.
+``terminate(ids)``      batched; terminating an unknown or already-gone id is not an error.
+``list_tagged(tags)``   every live instance carrying all of ``tags`` (an empty mapping:
+                        every instance carrying ``flowmesh:fleet``).  This is how ``gc`` and a
+                        restarted coordinator find what a crash left behind.
+``runner(instance)``    a :class:`~flowmesh_sdk.remote.runner.Runner` that runs commands on it.
+
+What callers may assume: instance ids are unique per provider and never reused; a
+launched instance is findable by its tags from the moment ``launch`` returns; errors are
+the SDK's (:class:`CapacityError`, :class:`QuotaError`, :class:`ThrottledError`,
+:class:`AuthError`, :class:`NotFoundError`) with the cloud's error chained as cause.
+Capabilities are declared in :attr:`Provider.capabilities`, never discovered by catching
+``NotImplementedError``.  Retries, rate limits and failover wrap this contract from
+outside; a driver does not retry on its own.
+
+Providers register under the entry-point group ``flowmesh_sdk.providers``; the core
+loads them by name and never imports a cloud SDK itself.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+from .errors import SpecError
+from .remote.runner import Runner
+from .specs import InstanceSpec, Offer
+
+ENTRY_POINT_GROUP = "flowmesh_sdk.providers"
+TAG_FLEET = "flowmesh:fleet"
+TAG_POOL = "flowmesh:pool"
+TAG_OWNER = "flowmesh:owner"
+TAG_REQUEST = "flowmesh:request"
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    spot: bool = False
+    gpus: bool = False
+    stop_start: bool = False
+    max_batch: int = 1            # most instances one launch call may ask for
+    remote: bool = True           # False when instances are slices of this host
+
+
+class ProviderState(str, enum.Enum):
+    """What the cloud says of an instance (the SDK's own lifecycle is richer)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    TERMINATED = "terminated"
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchRequest:
+    offer: Offer
+    spec: InstanceSpec
+    count: int
+    request_id: str
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.count, int) or self.count < 1:
+            raise SpecError("launch.count", f"must be an integer >= 1, got {self.count!r}")
+        object.__setattr__(self, "tags", MappingProxyType(dict(self.tags)))
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """A machine as the provider reports it."""
+
+    id: str
+    provider: str
+    region: str
+    instance_type: str
+    spec: InstanceSpec
+    state: ProviderState
+    tags: Mapping[str, str]
+    launched_at: float
+    price_per_hour: float = 0.0
+    address: str | None = None
+
+
+class Provider(abc.ABC):
+    name: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
+
+    @abc.abstractmethod
+    async def offers(self, spec: InstanceSpec) -> list[Offer]: ...
+
+    @abc.abstractmethod
+    async def launch(self, request: LaunchRequest) -> list[Instance]: ...
+
+    @abc.abstractmethod
+    async def describe(self, ids: Sequence[str]) -> list[Instance]: ...
+
+    @abc.abstractmethod
+    async def terminate(self, ids: Sequence[str]) -> None: ...
+
+    @abc.abstractmethod
+    async def list_tagged(self, tags: Mapping[str, str]) -> list[Instance]: ...
+
+    @abc.abstractmethod
+    def runner(self, instance: Instance) -> Runner: ...
+
+    async def close(self) -> None:  # noqa: B027 - optional
+        return None
+
+
+def available_providers() -> dict[str, metadata.EntryPoint]:
+    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def load_provider(name: str, **options: Any) -> Provider:
+    """Instantiate the provider registered as ``name`` with its options."""
+    eps = available_providers()
+    if name not in eps:
+        known = ", ".join(sorted(eps)) or "none (is flowmesh-sdk installed with `pip install -e .`?)"
+        raise SpecError("pool.provider", f"unknown provider {name!r}; installed providers: {known}")
+    cls = eps[name].load()
+    if not (isinstance(cls, type) and issubclass(cls, Provider)):
+        raise SpecError("pool.provider", f"entry point {name!r} does not name a Provider class")
+    return cls(**options)

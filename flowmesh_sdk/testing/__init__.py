@@ -1,0 +1,1 @@
+"""Helpers for testing RL loops offline (emulators, fixture images)."""

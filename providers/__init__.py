@@ -1,0 +1,1 @@
+"""FlowMesh SDK providers: one folder per cloud, each registered as an entry point."""

@@ -1,0 +1,126 @@
+"""The local provider: instances are capacity-accounted slices of this host.
+
+A local instance reserves cpus and memory from the host (the sum over every live
+instance, across processes, never exceeds the host); its sandboxes are containers on
+this host labelled with the instance id, and terminating the instance removes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from flowmesh_sdk.config import home_dir
+from flowmesh_sdk.errors import CapacityError, SpecError
+from flowmesh_sdk.provider import (TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest,
+                                   Provider, ProviderState)
+from flowmesh_sdk.remote.local import LocalRunner
+from flowmesh_sdk.remote.runner import Runner
+from flowmesh_sdk.remote.runtime import ContainerRuntime, RuntimeConfig
+from flowmesh_sdk.specs import InstanceSpec, Offer
+
+from .host import HostCapacity
+from .records import RecordDir
+
+LABEL_INSTANCE = "flowmesh.instance"
+
+
+class LocalProvider(Provider):
+    name = "local"
+    capabilities = Capabilities(spot=False, gpus=False, stop_start=False, max_batch=64, remote=False)
+
+    def __init__(self, *, cpus: int | None = None, memory_gb: float | None = None,
+                 state_dir: str | Path | None = None,
+                 runtime_config: RuntimeConfig | None = None) -> None:
+        host = HostCapacity.detect()
+        if cpus is not None and (not isinstance(cpus, int) or cpus < 1):
+            raise SpecError("local.cpus", f"must be an integer >= 1, got {cpus!r}")
+        if memory_gb is not None and (not isinstance(memory_gb, (int, float)) or memory_gb <= 0):
+            raise SpecError("local.memory_gb", f"must be a number > 0, got {memory_gb!r}")
+        self.host = HostCapacity(cpus or host.cpus, float(memory_gb or host.memory_gb), host.arch)
+        self._records = RecordDir(Path(state_dir) if state_dir else home_dir() / "local" / "instances")
+        self._runner = LocalRunner()
+        self._runtime = ContainerRuntime(self._runner, runtime_config)
+
+    def __repr__(self) -> str:
+        return f"LocalProvider(cpus={self.host.cpus}, memory_gb={self.host.memory_gb:g})"
+
+    def _offer(self, spec: InstanceSpec) -> Offer:
+        return Offer(provider="local", region="local", instance_type=f"local-{spec.cpus}c-{spec.memory_gb:g}g",
+                     cpus=spec.cpus, memory_gb=spec.memory_gb, price_per_hour=0.0, arch=self.host.arch)
+
+    async def offers(self, spec: InstanceSpec) -> list[Offer]:
+        if (spec.cpus > self.host.cpus or spec.memory_gb > self.host.memory_gb or spec.gpus
+                or spec.arch != self.host.arch):
+            return []
+        return [self._offer(spec)]
+
+    def explain_misfit(self, spec: InstanceSpec) -> str:
+        return (f"this host has {self.host.cpus} cpus, {self.host.memory_gb:g} GB memory, "
+                f"no GPUs, arch {self.host.arch}; asked for {spec.cpus} cpus, "
+                f"{spec.memory_gb:g} GB, {spec.gpus} GPUs, arch {spec.arch}")
+
+    async def launch(self, request: LaunchRequest) -> list[Instance]:
+        if request.offer.provider != "local":
+            raise SpecError("launch.offer", f"offer from {request.offer.provider!r} given to local")
+        if not await self.offers(request.spec):
+            raise SpecError("pool.instance", self.explain_misfit(request.spec))
+        return await asyncio.to_thread(self._launch_locked, request)
+
+    def _launch_locked(self, request: LaunchRequest) -> list[Instance]:
+        spec = request.spec
+        with self._records.locked():
+            live = self._records.all()
+            same = [i for i in live if i.tags.get(TAG_REQUEST) == request.request_id]
+            if same:
+                return same  # idempotent by request id
+            used_cpu = sum(i.spec.cpus for i in live)
+            used_mem = sum(i.spec.memory_gb for i in live)
+            need_cpu, need_mem = spec.cpus * request.count, spec.memory_gb * request.count
+            if used_cpu + need_cpu > self.host.cpus or used_mem + need_mem > self.host.memory_gb + 1e-9:
+                raise CapacityError(
+                    f"host full: {request.count} x ({spec.cpus} cpus, {spec.memory_gb:g} GB) asked, "
+                    f"{self.host.cpus - used_cpu} cpus and {self.host.memory_gb - used_mem:g} GB free "
+                    f"of {self.host.cpus} cpus / {self.host.memory_gb:g} GB "
+                    f"({len(live)} local instances live; `flowmesh gc` reclaims leftovers)",
+                    provider="local", code="HostCapacity")
+            tags = dict(request.tags)
+            tags[TAG_REQUEST] = request.request_id
+            out = []
+            for _ in range(request.count):
+                inst = Instance(id=f"local-{uuid.uuid4().hex[:12]}", provider="local", region="local",
+                                instance_type=request.offer.instance_type, spec=spec,
+                                state=ProviderState.RUNNING, tags=tags, launched_at=time.time())
+                self._records.write(inst)
+                out.append(inst)
+            return out
+
+    async def describe(self, ids: Sequence[str]) -> list[Instance]:
+        wanted = set(ids)
+        return [i for i in await asyncio.to_thread(self._records.all) if i.id in wanted]
+
+    async def terminate(self, ids: Sequence[str]) -> None:
+        if not ids:
+            return
+        containers: list[str] = []
+        for instance_id in ids:
+            containers += [c.id for c in await self._runtime.list({LABEL_INSTANCE: instance_id})]
+        await self._runtime.remove(containers)
+
+        def drop() -> None:
+            with self._records.locked():
+                for instance_id in ids:
+                    self._records.remove(instance_id)
+        await asyncio.to_thread(drop)
+
+    async def list_tagged(self, tags: Mapping[str, str]) -> list[Instance]:
+        live = await asyncio.to_thread(self._records.all)
+        if not tags:
+            return [i for i in live if TAG_FLEET in i.tags]
+        return [i for i in live if all(i.tags.get(k) == v for k, v in tags.items())]
+
+    def runner(self, instance: Instance) -> Runner:
+        return self._runner
