@@ -13,6 +13,7 @@ Both can be forced through :class:`RuntimeConfig`.
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -73,13 +74,13 @@ class ContainerRuntime:
         if self._info is not None:
             return self._info
         cfg = self.config
-        binary = cfg.binary
-        if binary == "auto":
-            found = await self._sh("command -v podman || command -v docker || true")
-            path = found.text().strip().splitlines()
-            if not path:
-                raise RuntimeMissingError(f"no container runtime on {self.runner.label}: {INSTALL_HINT}")
-            binary = path[0].rsplit("/", 1)[-1]
+        wanted = ["podman", "docker"] if cfg.binary == "auto" else [cfg.binary]
+        found = await self._sh(" || ".join(f"command -v {shlex.quote(b)}" for b in wanted) + " || true")
+        path = found.text().strip().splitlines()
+        if not path:
+            raise RuntimeMissingError(f"no container runtime ({' or '.join(wanted)}) on "
+                                      f"{self.runner.label}: {INSTALL_HINT}")
+        binary = path[0].rsplit("/", 1)[-1]
         ver = await self._run([binary, "version", "--format", "{{.Client.Version}}"], check=False)
         if not ver.ok:
             raise RuntimeMissingError(f"`{binary}` does not work on {self.runner.label} "

@@ -1,0 +1,118 @@
+"""Finding and reclaiming what the SDK left behind (a crashed coordinator's instances
+and containers), by the tags and labels every launch carries.
+
+An instance is an orphan when its ``flowmesh:owner`` process is gone (owners on this
+host are checked directly), or, for owners elsewhere, when it is older than
+``older_than_s``; ``include_live`` takes every instance regardless.  A container is an
+orphan when its owner process is gone, or its instance is an orphan, or it has no
+owner on this host and its instance no longer exists.  A container whose owner is
+running is never taken without ``include_live``.  Termination is
+confirmed by ``describe`` before an instance counts as reclaimed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .config import Owner
+from .provider import TAG_OWNER, TAG_POOL, Provider
+from .remote.runtime import ContainerInfo, ContainerRuntime
+
+LABEL_OWNER = "flowmesh.owner"
+LABEL_INSTANCE = "flowmesh.instance"
+LABEL_FLEET = "flowmesh.fleet"
+
+
+@dataclass(frozen=True, slots=True)
+class Orphan:
+    provider: str
+    instance_id: str
+    pool: str
+    owner: str
+    age_s: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class GcPlan:
+    instances: tuple[Orphan, ...]
+    containers: tuple[ContainerInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GcResult:
+    terminated: tuple[str, ...]
+    still_present: tuple[str, ...]
+    containers_removed: tuple[str, ...]
+
+
+def _owner_gone(owner_text: str) -> tuple[bool | None, str]:
+    owner = Owner.parse(owner_text)
+    if owner is None:
+        return None, "no owner tag"
+    alive = owner.alive()
+    if alive is None:
+        return None, f"owner on {owner.host}"
+    return (not alive), ("owner process exited" if not alive else "owner running")
+
+
+async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, *,
+               older_than_s: float | None = None, include_live: bool = False) -> GcPlan:
+    now = time.time()
+    orphans: list[Orphan] = []
+    live_ids: set[str] = set()
+    for prov in providers:
+        for inst in await prov.list_tagged({}):
+            live_ids.add(inst.id)
+            owner = inst.tags.get(TAG_OWNER, "")
+            gone, why = _owner_gone(owner)
+            age = max(0.0, now - inst.launched_at)
+            if gone is True:
+                reason = why
+            elif gone is None and older_than_s is not None and age >= older_than_s:
+                reason = f"{why}, older than {older_than_s:g} s"
+            elif include_live:
+                reason = f"{why}, --all"
+            else:
+                continue
+            orphans.append(Orphan(prov.name, inst.id, inst.tags.get(TAG_POOL, ""), owner, age, reason))
+    containers: list[ContainerInfo] = []
+    if runtime is not None:
+        orphan_ids = {o.instance_id for o in orphans}
+        for c in await runtime.list(label_keys=[LABEL_FLEET]):
+            inst = c.labels.get(LABEL_INSTANCE, "")
+            gone, _ = _owner_gone(c.labels.get(LABEL_OWNER, ""))
+            if (include_live or gone is True or inst in orphan_ids
+                    or (gone is None and inst not in live_ids)):
+                containers.append(c)
+    return GcPlan(tuple(orphans), tuple(containers))
+
+
+async def execute(gc_plan: GcPlan, providers: Sequence[Provider], runtime: ContainerRuntime | None,
+                  *, progress: Callable[[str], None] | None = None) -> GcResult:
+    by_provider = {p.name: p for p in providers}
+    terminated: list[str] = []
+    still: list[str] = []
+    for name, prov in by_provider.items():
+        ids = [o.instance_id for o in gc_plan.instances if o.provider == name]
+        if not ids:
+            continue
+        await prov.terminate(ids)
+        remaining = {i.id for i in await prov.describe(ids)
+                     if i.state.value != "terminated"}
+        for i in ids:
+            (still if i in remaining else terminated).append(i)
+            if progress:
+                progress(i)
+    removed: list[str] = []
+    if runtime is not None and gc_plan.containers:
+        ids = [c.id for c in gc_plan.containers]
+        await runtime.remove(ids)
+        left = {c.id for c in await runtime.list(label_keys=[LABEL_FLEET])}
+        removed = [i for i in ids if i not in left]
+        if progress:
+            for c in gc_plan.containers:
+                progress(c.name)
+    return GcResult(tuple(terminated), tuple(still), tuple(removed))

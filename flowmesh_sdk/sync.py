@@ -1,0 +1,113 @@
+"""A thin synchronous facade for scripts: the async API run on a private event loop
+in a background thread.
+
+    from flowmesh_sdk.sync import SyncFleet
+    with SyncFleet() as fleet:
+        pool = fleet.pool(name="eval", mode="persistent", instance=InstanceSpec(cpus=2, memory_gb=4))
+        with pool.sandbox(image="localhost/flowmesh/swe-base:bookworm") as sb:
+            print(sb.exec("python3 -V").stdout)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Coroutine, Iterable, Iterator, Mapping
+from typing import Any, TypeVar
+
+from .fleet import Fleet
+from .pools.base import Pool, PoolStats
+from .sandbox import Sandbox
+from .specs import ExecResult, PoolSpec, SandboxSpec, Task, TaskResult
+
+T = TypeVar("T")
+
+
+class _Loop:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="flowmesh-sync", daemon=True)
+        self.thread.start()
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
+class SyncSandbox:
+    def __init__(self, loop: _Loop, sandbox: Sandbox) -> None:
+        self._loop = loop
+        self.sandbox = sandbox
+
+    def exec(self, cmd: str, *, timeout_s: float | None = None, env: Mapping[str, str] | None = None,
+             cwd: str | None = None) -> ExecResult:
+        return self._loop.call(self.sandbox.exec(cmd, timeout_s=timeout_s, env=env, cwd=cwd))
+
+    def read_file(self, path: str) -> bytes:
+        return self._loop.call(self.sandbox.read_file(path))
+
+    def write_file(self, path: str, data: bytes | str) -> None:
+        self._loop.call(self.sandbox.write_file(path, data))
+
+    def upload(self, local_dir: str, remote_dir: str) -> None:
+        self._loop.call(self.sandbox.upload(local_dir, remote_dir))
+
+    def download(self, remote_path: str, local_dir: str) -> None:
+        self._loop.call(self.sandbox.download(remote_path, local_dir))
+
+
+class SyncPool:
+    def __init__(self, loop: _Loop, pool: Pool) -> None:
+        self._loop = loop
+        self.pool = pool
+
+    @contextlib.contextmanager
+    def sandbox(self, spec: SandboxSpec | None = None, *, image: str | None = None,
+                tenant: str = "default") -> Iterator[SyncSandbox]:
+        cm = self.pool.sandbox(spec, image=image, tenant=tenant)
+        sb = self._loop.call(cm.__aenter__())
+        try:
+            yield SyncSandbox(self._loop, sb)
+        except BaseException as exc:
+            if not self._loop.call(cm.__aexit__(type(exc), exc, exc.__traceback__)):
+                raise
+        else:
+            self._loop.call(cm.__aexit__(None, None, None))
+
+    def map(self, tasks: Iterable[Task]) -> list[TaskResult]:
+        return self._loop.call(self.pool.map(list(tasks)))
+
+    def stats(self) -> PoolStats:
+        return self.pool.stats()
+
+    def drain(self) -> None:
+        self._loop.call(self.pool.drain())
+
+
+class SyncFleet:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._loop = _Loop()
+
+        async def make() -> Fleet:
+            return Fleet(*args, **kwargs)
+        self.fleet = self._loop.call(make())
+
+    def pool(self, spec: PoolSpec | None = None, **kwargs: Any) -> SyncPool:
+        return SyncPool(self._loop, self._loop.call(self.fleet.pool(spec, **kwargs)))
+
+    def close(self) -> None:
+        try:
+            self._loop.call(self.fleet.close())
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> SyncFleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,584 @@
+#!/usr/bin/env python3
+"""Evaluate candidate patches for small SWE-style tasks in local sandboxes.
+
+Each task is a tiny git repository with one bug, a pytest test that fails because of
+it, and a candidate patch (a unified diff).  Inside a fresh sandbox the task:
+
+1. commits the repository with git,
+2. checks that the test fails before the patch (else the task itself is broken),
+3. applies the patch with ``git apply`` and restores ``tests/`` from the commit (a patch
+   must fix the code, not edit the test),
+4. runs ``python3 -m pytest -q``; exit 0 only if the test now passes.
+
+Half the patches are right and half are wrong, so the expected verdict of every task is
+known; the run succeeds only if every task's verdict matches.  The same batch runs on a
+persistent pool (warm instance, a fresh container per task) and on an ephemeral pool (a
+fresh instance per task), one after the other, and the per-phase latencies are compared.
+
+    python recipes/local_swe_eval.py [--tasks N] [--mode persistent|ephemeral|both]
+                                     [--image IMG] [--json PATH]
+
+Importable too: ``await main(["--tasks", "4"])`` returns the exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import difflib
+import importlib.util
+import json
+import statistics
+import sys
+import textwrap
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from flowmesh_sdk import EventKind, Fleet, InstanceSpec, Pool, PoolSpec, Task, TaskResult
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_IMAGE = "localhost/flowmesh/swe-base:bookworm"
+REPO = "/work/repo"
+PATCH = "/work/patch.diff"
+TASK_TIMEOUT_S = 120.0
+PHASES = ("queued", "scheduling", "env_startup", "execution", "teardown")
+PHASE_LABELS = ("queued", "sched", "env", "exec", "teardown")
+
+# Exit codes of the in-sandbox script (besides pytest's own 0 = passed, 1 = failed).
+RC_PRE_PASSED = 3      # the test passed before the patch: the task is broken
+RC_APPLY_FAILED = 4    # git apply refused the patch
+RC_SETUP_FAILED = 5    # git init/commit failed
+
+console = Console()
+
+
+# --------------------------------------------------------------------------- #
+# the tasks
+# --------------------------------------------------------------------------- #
+
+@dataclass(frozen=True)
+class BugKind:
+    """One kind of bug: the module, its buggy statement, a right and a wrong replacement
+    for that statement, and a test that fails on the bug."""
+
+    name: str
+    module: str
+    bug: str
+    buggy: str
+    right: str
+    wrong: str
+    test: str
+
+
+def _src(text: str) -> str:
+    return textwrap.dedent(text).lstrip("\n")
+
+
+BUG_KINDS: tuple[BugKind, ...] = (
+    BugKind(
+        "off-by-one", "series",
+        bug='return sum(range(n))',
+        buggy=_src('''
+            """Arithmetic series."""
+
+
+            def sum_to(n):
+                """1 + 2 + ... + n."""
+                return sum(range(n))
+
+
+            def squares(n):
+                return [i * i for i in range(n)]
+            '''),
+        right="return sum(range(n + 1))", wrong="return sum(range(1, n))",
+        test=_src('''
+            from series import sum_to
+
+
+            def test_sum_to():
+                assert sum_to(4) == 10
+                assert sum_to(1) == 1
+            '''),
+    ),
+    BugKind(
+        "wrong-operator", "geometry",
+        bug='return w + h',
+        buggy=_src('''
+            """Rectangles."""
+
+
+            def area(w, h):
+                """The area of a w x h rectangle."""
+                return w + h
+
+
+            def is_square(w, h):
+                return w == h
+            '''),
+        right="return w * h", wrong="return 2 * (w + h)",
+        test=_src('''
+            from geometry import area
+
+
+            def test_area():
+                assert area(3, 4) == 12
+                assert area(2, 2) == 4
+            '''),
+    ),
+    BugKind(
+        "wrong-comparison", "people",
+        bug='return age > ADULT_AGE',
+        buggy=_src('''
+            """Age rules."""
+
+            ADULT_AGE = 18
+
+
+            def is_adult(age):
+                """True from the 18th birthday on."""
+                return age > ADULT_AGE
+            '''),
+        right="return age >= ADULT_AGE", wrong="return age >= ADULT_AGE - 1",
+        test=_src('''
+            from people import is_adult
+
+
+            def test_is_adult():
+                assert is_adult(18)
+                assert not is_adult(17)
+            '''),
+    ),
+    BugKind(
+        "wrong-index", "seqs",
+        bug="return xs[0]",
+        buggy=_src('''
+            """Sequence helpers."""
+
+
+            def first(xs):
+                return next(iter(xs))
+
+
+            def last(xs):
+                """The last element of a non-empty sequence."""
+                return xs[0]
+            '''),
+        right="return xs[-1]", wrong="return xs[len(xs) - 2]",
+        test=_src('''
+            from seqs import last
+
+
+            def test_last():
+                assert last([1, 2, 3]) == 3
+                assert last("ab") == "b"
+            '''),
+    ),
+    BugKind(
+        "swapped-bounds", "ranges",
+        bug='return max(hi, min(lo, x))',
+        buggy=_src('''
+            """Clamping."""
+
+
+            def clamp(x, lo, hi):
+                """x limited to [lo, hi]."""
+                return max(hi, min(lo, x))
+            '''),
+        right="return max(lo, min(hi, x))", wrong="return min(lo, max(hi, x))",
+        test=_src('''
+            from ranges import clamp
+
+
+            def test_clamp():
+                assert clamp(5, 0, 10) == 5
+                assert clamp(-1, 0, 10) == 0
+                assert clamp(11, 0, 10) == 10
+            '''),
+    ),
+    BugKind(
+        "wrong-literal", "text",
+        bug='return s.lower().replace(" ", "_")',
+        buggy=_src('''
+            """Text helpers."""
+
+
+            def slugify(s):
+                """'Hello World' -> 'hello-world'."""
+                return s.lower().replace(" ", "_")
+            '''),
+        right='return s.lower().replace(" ", "-")', wrong='return s.replace(" ", "-")',
+        test=_src('''
+            from text import slugify
+
+
+            def test_slugify():
+                assert slugify("Hello World") == "hello-world"
+            '''),
+    ),
+    BugKind(
+        "inverted-condition", "parity",
+        bug='return n % 2 == 1',
+        buggy=_src('''
+            """Parity."""
+
+
+            def is_even(n):
+                return n % 2 == 1
+            '''),
+        right="return n % 2 == 0", wrong="return n // 2 == 0",
+        test=_src('''
+            from parity import is_even
+
+
+            def test_is_even():
+                assert is_even(4)
+                assert is_even(0)
+                assert not is_even(7)
+            '''),
+    ),
+    BugKind(
+        "wrong-divisor", "stats",
+        bug='return sum(xs) / (len(xs) - 1)',
+        buggy=_src('''
+            """Statistics."""
+
+
+            def mean(xs):
+                """The arithmetic mean of a non-empty list."""
+                return sum(xs) / (len(xs) - 1)
+            '''),
+        right="return sum(xs) / len(xs)", wrong="return sum(xs) // len(xs)",
+        test=_src('''
+            from stats import mean
+
+
+            def test_mean():
+                assert mean([1, 2]) == 1.5
+                assert mean([2, 4, 6]) == 4
+            '''),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class SweTask:
+    name: str
+    bug: str
+    patch_kind: str          # "right" or "wrong"
+    how: str                 # what the patch does
+    files: dict[str, bytes]
+    expected: str            # "pass" or "fail"
+
+
+def _fix(kind: BugKind, stmt: str) -> str:
+    """The module with its buggy statement replaced by ``stmt``."""
+    if kind.buggy.count(kind.bug) != 1:
+        raise ValueError(f"{kind.name}: the buggy statement must occur exactly once")
+    return kind.buggy.replace(kind.bug, stmt)
+
+
+def _diff(path: str, old: str, new: str) -> str:
+    out = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+                                       fromfile=f"a/{path}", tofile=f"b/{path}"))
+    if not out:
+        raise ValueError(f"empty diff for {path}")
+    return out
+
+
+def make_tasks(n: int) -> list[SweTask]:
+    """``n`` tasks cycling through the bug kinds; right and wrong patches alternate
+    (flipped on every other cycle so each kind gets both), and every other wrong patch
+    edits the test instead of the code (the run restores the test, so it must fail)."""
+    tasks = []
+    wrong_seen = 0
+    for i in range(n):
+        kind = BUG_KINDS[i % len(BUG_KINDS)]
+        cycle = i // len(BUG_KINDS)
+        right = (i + cycle) % 2 == 0
+        mod, test_path = f"{kind.module}.py", f"tests/test_{kind.module}.py"
+        if right:
+            patch, how = _diff(mod, kind.buggy, _fix(kind, kind.right)), "fixes the bug"
+        elif wrong_seen % 2 == 0:
+            patch, how = _diff(mod, kind.buggy, _fix(kind, kind.wrong)), "bad fix"
+            wrong_seen += 1
+        else:
+            # a "fix" that skips the test instead of fixing the code
+            tampered = "import pytest\n\n\n@pytest.mark.skip\n" + kind.test.split("\n\n\n", 1)[1]
+            tampered = kind.test.split("\n\n\n", 1)[0] + "\n" + tampered
+            patch, how = _diff(test_path, kind.test, tampered), "edits the test"
+            wrong_seen += 1
+        readme = f"# task {i}: {kind.name}\n\n`python3 -m pytest -q` must pass.\n"
+        files = {
+            f"{REPO}/{mod}": kind.buggy.encode(),
+            f"{REPO}/{test_path}": kind.test.encode(),
+            f"{REPO}/README.md": readme.encode(),
+            PATCH: patch.encode(),
+        }
+        tasks.append(SweTask(name=f"t{i:02d}-{kind.name}", bug=kind.name,
+                             patch_kind="right" if right else "wrong", how=how, files=files,
+                             expected="pass" if right else "fail"))
+    return tasks
+
+
+#: runs in the sandbox with the files above in place
+TASK_SCRIPT = f"""\
+set -u
+export PYTHONDONTWRITEBYTECODE=1
+cd {REPO} || exit {RC_SETUP_FAILED}
+{{ git init -q && git add -A && git commit -q -m "buggy base"; }} || exit {RC_SETUP_FAILED}
+echo "== before the patch"
+if python3 -m pytest -q -p no:cacheprovider; then
+  echo "the test passes before the patch: the task is broken"; exit {RC_PRE_PASSED}
+fi
+echo "== git apply"
+git apply --whitespace=nowarn {PATCH} || exit {RC_APPLY_FAILED}
+git diff --stat
+git checkout -q HEAD -- tests   # the patch must fix the code, not the test
+echo "== after the patch"
+python3 -m pytest -q -p no:cacheprovider
+"""
+
+
+def verdict_of(res: TaskResult) -> str:
+    """What the sandbox said: pass, fail, or why there is no verdict."""
+    if res.error is not None or res.result is None:
+        return "error"
+    r = res.result
+    if r.timed_out:
+        return "timeout"
+    return {0: "pass", 1: "fail", RC_PRE_PASSED: "pre-passed", RC_APPLY_FAILED: "apply-failed",
+            RC_SETUP_FAILED: "setup-failed"}.get(r.exit_code, f"exit {r.exit_code}")
+
+
+# --------------------------------------------------------------------------- #
+# running
+# --------------------------------------------------------------------------- #
+
+@dataclass
+class ModeRun:
+    mode: str
+    pool: str
+    wall_s: float
+    tasks: list[SweTask]
+    results: list[TaskResult]
+
+    def matched(self) -> list[bool]:
+        return [verdict_of(r) == t.expected for t, r in zip(self.tasks, self.results)]
+
+
+def pool_spec(mode: str, image: str) -> PoolSpec:
+    if mode == "persistent":
+        # one warm 2-cpu instance, two sandboxes (1 cpu each) at a time, one kept warm
+        return PoolSpec(name="swe-persistent", mode="persistent",
+                        instance=InstanceSpec(cpus=2, memory_gb=4), min_instances=1,
+                        max_instances=1, sandboxes_per_instance=2, warm_per_image=1,
+                        warm_images=(image,))
+    # a fresh 1-cpu instance per task, two at a time
+    return PoolSpec(name="swe-ephemeral", mode="ephemeral", instance=InstanceSpec(cpus=1, memory_gb=2),
+                    max_instances=2)
+
+
+async def _wait_warm(fleet: Fleet, pool: Pool, timeout_s: float = 60.0) -> None:
+    """Wait (on the event bus, not by polling) until the pool holds a warm container."""
+    if not pool.spec.warm_images or pool.stats().warm > 0:
+        return
+    sub = fleet.bus.subscribe(EventKind.SANDBOX_READY)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while pool.stats().warm == 0:
+            await sub.next(max(0.01, deadline - time.monotonic()))
+            await asyncio.sleep(0)  # the warm container is stacked just after the event
+    except asyncio.TimeoutError:
+        console.print(f"[yellow]{pool.name}: no warm container after {timeout_s:g} s; going on[/]")
+    finally:
+        sub.close()
+
+
+async def run_mode(fleet: Fleet, mode: str, image: str, swe: list[SweTask]) -> ModeRun:
+    spec = pool_spec(mode, image)
+    t_pool = time.monotonic()
+    pool = await fleet.pool(spec)
+    try:
+        await _wait_warm(fleet, pool)
+        console.print(f"[dim]{mode}: pool {pool.name} ready in {time.monotonic() - t_pool:.1f} s "
+                      f"({pool.stats().instances} instance(s), {pool.stats().warm} warm)[/]")
+        sb = pool.default_sandbox(image)  # the warm containers' shape, so tasks can take them
+        tasks = [Task(name=t.name, sandbox=sb, command=TASK_SCRIPT, files=t.files,
+                      timeout_s=TASK_TIMEOUT_S) for t in swe]
+        expected = {t.name: t.expected for t in swe}
+        counts = {"ok": 0, "bad": 0}
+        with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
+                      MofNCompleteColumn(), TextColumn("{task.fields[tally]}"), TimeElapsedColumn(),
+                      console=console, transient=False) as progress:
+            bar = progress.add_task(f"{mode:<10}", total=len(tasks), tally="")
+
+            def on_result(res: TaskResult) -> None:
+                counts["ok" if verdict_of(res) == expected[res.name] else "bad"] += 1
+                tally = f"[green]{counts['ok']} as expected[/]" + (
+                    f" [red]{counts['bad']} not[/]" if counts["bad"] else "")
+                progress.update(bar, advance=1, tally=tally)
+
+            t0 = time.monotonic()
+            results = await pool.map(tasks, on_result=on_result)
+            wall = time.monotonic() - t0
+    finally:
+        await pool.drain()  # frees the host's cpus for the next mode
+    return ModeRun(mode=mode, pool=pool.name, wall_s=wall, tasks=swe, results=results)
+
+
+# --------------------------------------------------------------------------- #
+# reporting
+# --------------------------------------------------------------------------- #
+
+def _ms(s: float) -> str:
+    return f"{s * 1000:.0f}"
+
+
+def task_table(run: ModeRun) -> Table:
+    t = Table(title=f"{run.mode} pool ({run.pool})", title_justify="left")
+    for col in ("task", "patch", "expected", "got", "verdict", "instance"):
+        t.add_column(col, no_wrap=True)
+    for label in PHASE_LABELS:
+        t.add_column(f"{label} ms", justify="right")
+    for task, res, ok in zip(run.tasks, run.results, run.matched()):
+        got = verdict_of(res)
+        t.add_row(task.name, f"{task.patch_kind} ({task.how})", task.expected,
+                  f"[green]{got}[/]" if got == "pass" else f"[yellow]{got}[/]",
+                  "[green]✓[/]" if ok else "[bold red]✗[/]", res.instance_id or "-",
+                  *(_ms(getattr(res.phases, p)) for p in PHASES))
+    return t
+
+
+def summary_table(runs: list[ModeRun]) -> Table:
+    t = Table(title="summary (phase columns: p50 ms)", title_justify="left")
+    for col in ("mode", "tasks", "passed", "expected-match", "wall s"):
+        t.add_column(col, justify="right" if col != "mode" else "left")
+    for label in PHASE_LABELS:
+        t.add_column(f"p50 {label}", justify="right")
+    for run in runs:
+        matched = sum(run.matched())
+        passed = sum(verdict_of(r) == "pass" for r in run.results)
+        style = "green" if matched == len(run.tasks) else "bold red"
+        t.add_row(run.mode, str(len(run.tasks)), str(passed),
+                  f"[{style}]{matched}/{len(run.tasks)}[/]", f"{run.wall_s:.1f}",
+                  *(_ms(statistics.median(getattr(r.phases, p) for r in run.results)) for p in PHASES))
+    return t
+
+
+def print_mismatches(run: ModeRun) -> None:
+    for task, res, ok in zip(run.tasks, run.results, run.matched()):
+        if ok:
+            continue
+        console.print(f"[bold red]{run.mode} {task.name}[/]: expected {task.expected}, "
+                      f"got {verdict_of(res)}")
+        if res.error:
+            console.print(f"  error: {res.error}")
+        if res.result is not None:
+            tail = (res.result.stdout + res.result.stderr).strip().splitlines()[-15:]
+            console.print("\n".join("  | " + ln for ln in tail), markup=False, highlight=False)
+
+
+def to_json(image: str, runs: list[ModeRun], ok: bool) -> dict[str, Any]:
+    modes: dict[str, Any] = {}
+    for run in runs:
+        rows = []
+        for task, res, matched in zip(run.tasks, run.results, run.matched()):
+            r = res.result
+            rows.append({
+                "task": task.name, "bug": task.bug, "patch": task.patch_kind, "patch_does": task.how,
+                "expected": task.expected, "got": verdict_of(res), "matched": matched,
+                "exit_code": r.exit_code if r else None, "timed_out": r.timed_out if r else None,
+                "error": res.error, "task_id": res.task_id, "instance_id": res.instance_id,
+                "phases_s": asdict(res.phases),
+                "output_tail": ((r.stdout + r.stderr)[-2000:] if r else ""),
+            })
+        modes[run.mode] = {
+            "pool": run.pool, "wall_s": run.wall_s, "tasks": len(rows),
+            "passed": sum(x["got"] == "pass" for x in rows),
+            "expected_match": sum(x["matched"] for x in rows),
+            "p50_phases_s": {p: statistics.median(getattr(r.phases, p) for r in run.results)
+                             for p in PHASES},
+            "results": rows,
+        }
+    return {"image": image, "ok": ok, "modes": modes}
+
+
+# --------------------------------------------------------------------------- #
+# main
+# --------------------------------------------------------------------------- #
+
+def _load_image_builder() -> Any:
+    path = ROOT / "images" / "build.py"
+    spec = importlib.util.spec_from_file_location("flowmesh_images", path)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load {path}")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def ensure_image(image: str) -> None:
+    build = _load_image_builder()
+    if image == build.SWE_BASE_IMAGE:
+        console.print(f"making sure {image} exists (the first build runs debootstrap and "
+                      "may take a minute or two; later runs reuse it)")
+        build.build_swe_base()
+    elif not build.image_exists(image):
+        raise RuntimeError(f"image {image} is not in podman storage (the tasks need python3, "
+                           f"pytest and git; build {build.SWE_BASE_IMAGE} with "
+                           "`python images/build.py swe-base`)")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="local_swe_eval.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", type=int, default=8, metavar="N", help="number of tasks (default 8)")
+    p.add_argument("--mode", choices=("persistent", "ephemeral", "both"), default="both")
+    p.add_argument("--image", default=DEFAULT_IMAGE, help=f"sandbox image (default {DEFAULT_IMAGE})")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    args = p.parse_args(argv)
+    if args.tasks < 1:
+        p.error("--tasks must be at least 1")
+    return args
+
+
+async def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        await asyncio.to_thread(ensure_image, args.image)
+    except Exception as exc:  # noqa: BLE001 - ImageBuildError and friends, reported plainly
+        console.print(f"[bold red]image not available:[/] {exc}")
+        return 2
+    swe = make_tasks(args.tasks)
+    kinds = sorted({t.bug for t in swe})
+    console.print(f"{len(swe)} tasks, {len(kinds)} bug kinds, "
+                  f"{sum(t.patch_kind == 'right' for t in swe)} right and "
+                  f"{sum(t.patch_kind == 'wrong' for t in swe)} wrong patches, image {args.image}")
+    modes = ["persistent", "ephemeral"] if args.mode == "both" else [args.mode]
+    runs: list[ModeRun] = []
+    async with Fleet(name="swe-eval") as fleet:
+        for mode in modes:
+            runs.append(await run_mode(fleet, mode, args.image, swe))
+    for run in runs:
+        console.print(task_table(run))
+        print_mismatches(run)
+    console.print(summary_table(runs))
+    ok = all(all(run.matched()) for run in runs)
+    if args.json:
+        Path(args.json).write_text(json.dumps(to_json(args.image, runs, ok), indent=2) + "\n")
+        console.print(f"results written to {args.json}")
+    if ok:
+        console.print("[bold green]every verdict matched its expectation[/]")
+    else:
+        bad = sum(not m for run in runs for m in run.matched())
+        console.print(f"[bold red]{bad} verdict(s) did not match their expectation[/]")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(sys.argv[1:])))

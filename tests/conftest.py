@@ -1,0 +1,79 @@
+"""Shared fixtures.  Everything here is real: podman (runc), the images built from
+Debian packages by images/build.py, the local provider on this host."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_images_module():
+    spec = importlib.util.spec_from_file_location("flowmesh_images_build", ROOT / "images" / "build.py")
+    mod = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if shutil.which("podman") is None:
+        raise pytest.UsageError("the tests use the real podman: apt-get install -y podman runc")
+
+
+@pytest.fixture(scope="session")
+def images_mod():
+    return _load_images_module()
+
+
+@pytest.fixture(scope="session")
+def busybox_image(images_mod) -> str:
+    return images_mod.build_busybox()
+
+
+@pytest.fixture(scope="session")
+def swe_image(images_mod) -> str:
+    return images_mod.build_swe_base()
+
+
+@pytest.fixture
+def fm_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "fmhome"
+    home.mkdir()
+    monkeypatch.setenv("FLOWMESH_HOME", str(home))
+    return home
+
+
+def podman_names(label: str) -> list[str]:
+    out = subprocess.run(["podman", "ps", "-a", "--filter", f"label={label}", "--format", "{{.Names}}"],
+                         check=True, capture_output=True, text=True).stdout
+    return [n for n in out.split() if n]
+
+
+@pytest.fixture
+async def fleet(fm_home: Path):
+    from flowmesh_sdk import Fleet
+    from flowmesh_providers.local import LocalProvider
+
+    # A fixed 2-cpu, 8 GB host so capacity tests mean the same on every machine.
+    provider = LocalProvider(cpus=2, memory_gb=8, state_dir=fm_home / "local" / "instances")
+    f = Fleet("test", home=fm_home, providers={"local": provider})
+    yield f
+    await f.close(timeout_s=30)
+    left = [n for n in podman_names(f"flowmesh.owner={f.owner}")]
+    assert not left, f"containers left behind: {left}"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_proxy_env():
+    # Tests only talk to 127.0.0.0/8.
+    os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+    yield

@@ -1,0 +1,151 @@
+"""The sandbox API on real podman containers (busybox image)."""
+
+import asyncio
+import os
+import uuid
+
+import pytest
+
+from flowmesh_sdk.errors import RuntimeMissingError, SandboxClosedError, SandboxFileError, SpecError
+from flowmesh_sdk.remote.local import LocalRunner
+from flowmesh_sdk.remote.runtime import ContainerRuntime, RuntimeConfig
+from flowmesh_sdk.sandbox import Sandbox
+from flowmesh_sdk.specs import SandboxSpec
+
+LABEL = "flowmesh.test"
+
+
+@pytest.fixture
+async def make_sandbox(busybox_image):
+    rt = ContainerRuntime(LocalRunner())
+    made: list[Sandbox] = []
+
+    async def make(**kw) -> Sandbox:
+        spec = SandboxSpec(image=kw.pop("image", busybox_image), **kw)
+        name = f"fm-test-{uuid.uuid4().hex[:8]}"
+        cid = await rt.create(name, spec, {LABEL: "sandbox"})
+        sb = Sandbox(rt, cid, name, spec)
+        made.append(sb)
+        return await sb.start()
+
+    yield make
+    for sb in made:
+        await sb.close()
+    assert not await rt.list({LABEL: "sandbox"})
+
+
+async def test_exit_codes_and_separate_streams(make_sandbox):
+    sb = await make_sandbox()
+    r = await sb.exec("echo out; echo err >&2; exit 7")
+    assert (r.exit_code, r.stdout, r.stderr, r.timed_out) == (7, "out\n", "err\n", False)
+    assert not r.ok
+    r = await sb.exec("printf 'no newline'")
+    assert r.stdout == "no newline" and r.exit_code == 0 and r.ok
+    r = await sb.exec("kill -TERM $$")
+    assert r.exit_code == 128 + 15
+
+
+async def test_quoting_env_and_cwd(make_sandbox):
+    sb = await make_sandbox(env={"FROM_SPEC": "spec value"})
+    r = await sb.exec("""printf '%s|%s|%s' "$FROM_SPEC" "$X" 'it'"'"'s'""", env={"X": "a'b\"c $HOME"})
+    assert r.stdout == "spec value|a'b\"c $HOME|it's"
+    r = await sb.exec("mkdir -p /tmp/w && cd /tmp/w && pwd")
+    assert r.stdout.strip() == "/tmp/w"
+    assert (await sb.exec("pwd", cwd="/tmp")).stdout.strip() == "/tmp"
+    r = await sb.exec("pwd", cwd="/does/not/exist")
+    assert r.exit_code == 126 and "exist" in r.stderr
+    with pytest.raises(SpecError, match="env"):
+        await sb.exec("true", env={"BAD KEY": "v"})
+    with pytest.raises(SpecError, match="timeout_s"):
+        await sb.exec("true", timeout_s=-1)
+
+
+async def test_timeout_kills_process_tree_and_sandbox_stays_usable(make_sandbox):
+    sb = await make_sandbox()
+    r = await sb.exec("(sleep 300 &) ; sleep 301 & sleep 302; echo never", timeout_s=1)
+    assert r.timed_out and "never" not in r.stdout and not r.ok
+    ps = await sb.exec("ps -o args | grep -c '^sleep 30[012]' || true")
+    assert ps.stdout.strip() == "0", ps.stdout
+    assert (await sb.exec("echo still here")).stdout == "still here\n"
+
+
+async def test_output_cap_truncates_with_marker(make_sandbox):
+    sb = await make_sandbox()
+    r = await sb.exec("head -c 300000 /dev/zero | tr '\\0' a; echo tail >&2", output_cap=1000)
+    assert r.stdout_truncated and r.stdout_bytes == 300000
+    assert r.stdout.startswith("a" * 1000)
+    assert "[flowmesh: output truncated: 300000 bytes written, first 1000 kept]" in r.stdout
+    assert r.stderr == "tail\n" and not r.stderr_truncated
+
+
+async def test_files_roundtrip_binary_and_text(make_sandbox, tmp_path):
+    sb = await make_sandbox()
+    text = "quotes ' \" $HOME `x` \\ and unicode ✓\n".encode()
+    await sb.write_file("/tmp/a/b/text.txt", text)
+    assert await sb.read_file("/tmp/a/b/text.txt") == text
+    blob = bytes(range(256)) * 40  # NUL bytes take the one-off exec path
+    await sb.write_file("/tmp/blob.bin", blob, mode=0o600)
+    assert await sb.read_file("/tmp/blob.bin") == blob
+    assert (await sb.exec("stat -c %a /tmp/blob.bin")).stdout.strip() == "600"
+    with pytest.raises(SandboxFileError, match="cannot read /nope"):
+        await sb.read_file("/nope")
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "m.py").write_text("X = 1\n")
+    (src / "top.txt").write_text("top\n")
+    await sb.upload(str(src), "/work")
+    assert (await sb.exec("cat /work/pkg/m.py /work/top.txt")).stdout == "X = 1\ntop\n"
+    await sb.exec("echo made-inside > /work/pkg/new.txt")
+    await sb.download("/work/pkg", str(tmp_path / "out"))
+    assert (tmp_path / "out" / "pkg" / "new.txt").read_text() == "made-inside\n"
+
+
+async def test_limits_hold_and_neighbours_unaffected(make_sandbox):
+    bomb = await make_sandbox(pids=40, memory_gb=0.0625, cpus=0.5)
+    calm = await make_sandbox()
+    limits = await bomb.exec("cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/pids/pids.max"
+                             " 2>/dev/null || cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/pids.max")
+    assert limits.stdout.split() == [str(64 * 1024 * 1024), "40"]
+    r = await bomb.exec("f(){ f|f & }; f; sleep 30", timeout_s=3)
+    assert r.timed_out or r.exit_code != 0
+    assert "fork" in r.stderr.lower() or r.timed_out
+    # allocating 200 MB in a 64 MB sandbox gets the allocator OOM-killed (137)
+    r = await bomb.exec("dd if=/dev/zero of=/dev/null bs=200M count=1", timeout_s=30)
+    assert r.exit_code == 137, r
+    assert (await bomb.exec("echo alive")).stdout == "alive\n"
+    assert (await calm.exec("echo calm")).stdout == "calm\n"
+
+
+async def test_network_off_by_default(make_sandbox):
+    off = await make_sandbox()
+    devs = (await off.exec("cat /proc/net/dev")).stdout
+    ifaces = {line.split(":")[0].strip() for line in devs.splitlines()[2:]}
+    assert ifaces == {"lo"}
+
+
+async def test_closed_sandbox_refuses(make_sandbox):
+    sb = await make_sandbox()
+    await sb.close()
+    with pytest.raises(SandboxClosedError):
+        await sb.exec("true")
+
+
+async def test_concurrent_execs_are_serialised(make_sandbox):
+    sb = await make_sandbox()
+    results = await asyncio.gather(*(sb.exec(f"echo {i}") for i in range(20)))
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(20)]
+
+
+async def test_missing_runtime_says_how_to_install():
+    rt = ContainerRuntime(LocalRunner(), RuntimeConfig(binary="no-such-podman"))
+    with pytest.raises(RuntimeMissingError, match="apt-get install -y podman"):
+        await rt.probe()
+
+
+async def test_runtime_flags_detected():
+    info = await ContainerRuntime(LocalRunner()).probe()
+    caps = int(next(l for l in open("/proc/self/status") if l.startswith("CapEff")).split()[1], 16)
+    has_ulimit = "--ulimit" in info.run_flags
+    assert has_ulimit == (not caps >> 24 & 1)
+    if not os.path.exists("/sys/fs/cgroup/cgroup.controllers") and info.binary == "podman":
+        assert info.run_flags[:2] == ("--runtime", "runc")
