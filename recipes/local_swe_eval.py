@@ -56,6 +56,8 @@ RC_APPLY_FAILED = 4    # git apply refused the patch
 RC_SETUP_FAILED = 5    # git init/commit failed
 
 console = Console()
+if not console.is_terminal:  # piped or captured: rich would fall back to 80 columns
+    console = Console(width=160)
 
 
 # --------------------------------------------------------------------------- #
@@ -402,12 +404,19 @@ async def _wait_warm(fleet: Fleet, pool: Pool, timeout_s: float = 60.0) -> None:
 
 async def run_mode(fleet: Fleet, mode: str, image: str, swe: list[SweTask]) -> ModeRun:
     spec = pool_spec(mode, image)
+    # Resolve the image once up front: the fleet's resolver caches it (30 s), so the
+    # tasks' "queued" phase is not charged with a `podman image inspect` per task.
+    await fleet.images.resolve(image)
     t_pool = time.monotonic()
     pool = await fleet.pool(spec)
     try:
         await _wait_warm(fleet, pool)
+        st, inst = pool.stats(), spec.instance
+        shape = (f"{st.instances} instance(s) of {inst.cpus} cpus up, {st.warm} warm container(s), "
+                 f"{spec.sandboxes_per_instance} sandboxes at a time" if mode == "persistent" else
+                 f"a fresh {inst.cpus}-cpu instance per task, {spec.max_instances} at a time")
         console.print(f"[dim]{mode}: pool {pool.name} ready in {time.monotonic() - t_pool:.1f} s "
-                      f"({pool.stats().instances} instance(s), {pool.stats().warm} warm)[/]")
+                      f"({shape})[/]")
         sb = pool.default_sandbox(image)  # the warm containers' shape, so tasks can take them
         tasks = [Task(name=t.name, sandbox=sb, command=TASK_SCRIPT, files=t.files,
                       timeout_s=TASK_TIMEOUT_S) for t in swe]
@@ -441,14 +450,15 @@ def _ms(s: float) -> str:
 
 
 def task_table(run: ModeRun) -> Table:
-    t = Table(title=f"{run.mode} pool ({run.pool})", title_justify="left")
+    t = Table(title=f"{run.mode} pool ({run.pool}); phases in ms", title_justify="left")
     for col in ("task", "patch", "expected", "got", "verdict", "instance"):
         t.add_column(col, no_wrap=True)
     for label in PHASE_LABELS:
-        t.add_column(f"{label} ms", justify="right")
+        t.add_column(label, justify="right")
     for task, res, ok in zip(run.tasks, run.results, run.matched()):
         got = verdict_of(res)
-        t.add_row(task.name, f"{task.patch_kind} ({task.how})", task.expected,
+        t.add_row(task.name, task.patch_kind + ("" if task.patch_kind == "right" else f": {task.how}"),
+                  task.expected,
                   f"[green]{got}[/]" if got == "pass" else f"[yellow]{got}[/]",
                   "[green]✓[/]" if ok else "[bold red]✗[/]", res.instance_id or "-",
                   *(_ms(getattr(res.phases, p)) for p in PHASES))

@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""Sandbox latency: the SDK against raw podman, on the same image and machine.
+
+Four measurements, ``--n`` samples each (after one unmeasured warm-up):
+
+(a) ``podman run --rm <run flags> --network none IMAGE true``: a cold container, the
+    baseline for getting a fresh sandbox.  The run flags are the ones the SDK's runtime
+    probe picks for this host (``--runtime runc`` on cgroups v1, ``--ulimit`` pins when
+    CAP_SYS_RESOURCE is missing), so both sides start containers the same way.
+(b) ``podman exec CTR true`` on a running container: the baseline for one command.
+(c) SDK time to first command: from entering ``pool.sandbox(...)`` on a persistent pool
+    with a warm container to the result of the first ``exec("true")``.  Before every
+    sample the pool's warm container is back (waited for on the event bus).
+(d) SDK exec round trip: ``sb.exec("true")`` on an open sandbox.
+
+Then ttfc_ratio = p50(c) / p50(a) and exec_ratio = p50(d) / p50(b), against the targets
+ttfc <= 0.1 and exec <= 0.05.  The last line printed is exactly
+``ttfc_ratio=<x> exec_ratio=<y>``.
+
+    python bench/sandbox_latency.py [--image IMG] [--n 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from flowmesh_sdk import EventKind, Fleet, InstanceSpec, Pool, PoolSpec
+from flowmesh_sdk.remote.local import LocalRunner
+from flowmesh_sdk.remote.runtime import ContainerRuntime, RuntimeInfo
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_IMAGE = "localhost/flowmesh/swe-base:bookworm"
+TTFC_TARGET = 0.1
+EXEC_TARGET = 0.05
+WARM_TIMEOUT_S = 60.0
+IDLE_PID1 = 'trap "exit 0" TERM INT; while :; do sleep 86400 & wait $!; done'
+
+console = Console(stderr=False)
+if not console.is_terminal:
+    console = Console(width=120)
+
+
+# --------------------------------------------------------------------------- #
+# helpers
+# --------------------------------------------------------------------------- #
+
+def pct(xs: list[float], q: float) -> float:
+    """The q-th percentile (0-100), linear interpolation between closest ranks."""
+    s = sorted(xs)
+    if len(s) == 1:
+        return s[0]
+    k = (len(s) - 1) * q / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+async def sample(n: int, one: Callable[[], Awaitable[float]], label: str) -> list[float]:
+    """One warm-up, then ``n`` timed calls of ``one`` (which returns seconds)."""
+    await one()
+    out = []
+    with console.status(f"{label}: 0/{n}") as status:
+        for i in range(n):
+            out.append(await one())
+            status.update(f"{label}: {i + 1}/{n}")
+    return out
+
+
+async def sh(*argv: str, check: bool = True) -> tuple[int, bytes, bytes]:
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE,
+                                                stdin=asyncio.subprocess.DEVNULL)
+    out, err = await proc.communicate()
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"`{' '.join(argv)}` exited {proc.returncode}: "
+                           f"{err.decode('utf-8', 'replace').strip()[-400:]}")
+    return proc.returncode or 0, out, err
+
+
+def ensure_image(image: str) -> None:
+    path = ROOT / "images" / "build.py"
+    spec = importlib.util.spec_from_file_location("flowmesh_images", path)
+    assert spec is not None and spec.loader is not None
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    builders = {build.SWE_BASE_IMAGE: build.build_swe_base, build.BUSYBOX_IMAGE: build.build_busybox}
+    if image in builders:
+        console.print(f"making sure {image} exists (a first swe-base build takes a minute or two)")
+        builders[image]()
+    elif not build.image_exists(image):
+        raise RuntimeError(f"image {image} is not in podman storage")
+
+
+# --------------------------------------------------------------------------- #
+# the four measurements
+# --------------------------------------------------------------------------- #
+
+async def raw_run(info: RuntimeInfo, image: str, n: int) -> list[float]:
+    argv = [info.binary, "run", "--rm", *info.run_flags, "--network", "none", image, "true"]
+    console.print(f"[dim](a) {' '.join(argv)}[/]")
+
+    async def one() -> float:
+        t0 = time.perf_counter()
+        await sh(*argv)
+        return time.perf_counter() - t0
+
+    return await sample(n, one, "(a) podman run --rm")
+
+
+async def raw_exec(info: RuntimeInfo, image: str, n: int) -> list[float]:
+    name = f"fm-bench-exec-{os.getpid()}"
+    await sh(info.binary, "run", "-d", "--name", name, *info.run_flags, "--network", "none",
+             "--entrypoint", "/bin/sh", image, "-c", IDLE_PID1)
+    console.print(f"[dim](b) {info.binary} exec {name} true[/]")
+    try:
+        async def one() -> float:
+            t0 = time.perf_counter()
+            await sh(info.binary, "exec", name, "true")
+            return time.perf_counter() - t0
+
+        return await sample(n, one, "(b) podman exec")
+    finally:
+        await sh(info.binary, "rm", "-f", "-t", "0", name, check=False)
+
+
+async def wait_warm(fleet: Fleet, pool: Pool) -> None:
+    """Until the pool holds a warm container again (event-driven, no sleeping)."""
+    sub = fleet.bus.subscribe(EventKind.SANDBOX_READY)  # subscribe first: no lost wake-up
+    try:
+        deadline = time.monotonic() + WARM_TIMEOUT_S
+        while pool.stats().warm < 1:
+            try:
+                await sub.next(max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                raise RuntimeError(f"pool {pool.name}: no warm container within "
+                                   f"{WARM_TIMEOUT_S:g} s ({pool.stats()})") from None
+    finally:
+        sub.close()
+
+
+async def sdk(image: str, n: int) -> tuple[list[float], list[float], dict[str, Any]]:
+    spec = PoolSpec(name="bench-warm", mode="persistent", instance=InstanceSpec(cpus=1, memory_gb=2),
+                    min_instances=1, max_instances=1, sandboxes_per_instance=1, warm_per_image=1,
+                    warm_images=(image,))
+    facts: dict[str, Any] = {}
+    async with Fleet(name="bench") as fleet:
+        pool = await fleet.pool(spec)
+        sb_spec = pool.default_sandbox(image)   # the warm containers' shape
+        hits: list[bool] = []
+
+        async def ttfc() -> float:
+            await wait_warm(fleet, pool)
+            warm_before = pool.stats().warm
+            t0 = time.perf_counter()
+            async with pool.sandbox(sb_spec) as sb:
+                res = await sb.exec("true")
+                dt = time.perf_counter() - t0
+                hits.append(pool.stats().warm < warm_before)  # it took the warm one
+                if res.exit_code != 0:
+                    raise RuntimeError(f"exec true exited {res.exit_code}: {res.stderr}")
+            return dt
+
+        ttfcs = await sample(n, ttfc, "(c) SDK acquire + first exec")
+        facts["warm_hits"] = f"{sum(hits[1:])}/{len(hits) - 1}"  # not counting the warm-up
+
+        await wait_warm(fleet, pool)  # let the refill finish: (d) measures a quiet sandbox
+        async with pool.sandbox(sb_spec) as sb:
+            await wait_warm(fleet, pool)
+
+            async def rtt() -> float:
+                t0 = time.perf_counter()
+                res = await sb.exec("true")
+                dt = time.perf_counter() - t0
+                if res.exit_code != 0:
+                    raise RuntimeError(f"exec true exited {res.exit_code}: {res.stderr}")
+                return dt
+
+            rtts = await sample(n, rtt, "(d) SDK exec round trip")
+    return ttfcs, rtts, facts
+
+
+# --------------------------------------------------------------------------- #
+# main
+# --------------------------------------------------------------------------- #
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="sandbox_latency.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--image", default=DEFAULT_IMAGE, help=f"image (default {DEFAULT_IMAGE})")
+    p.add_argument("--n", type=int, default=30, help="samples per measurement (default 30)")
+    args = p.parse_args(argv)
+    if args.n < 1:
+        p.error("--n must be at least 1")
+    return args
+
+
+async def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    await asyncio.to_thread(ensure_image, args.image)
+    info = await ContainerRuntime(LocalRunner()).probe()
+    console.print(f"{info.binary} {info.version}, cgroups {info.cgroups}, run flags: "
+                  f"{' '.join(info.run_flags) or '(none)'}; {os.cpu_count()} cpus; image {args.image}; "
+                  f"n={args.n} per measurement after 1 warm-up")
+
+    runs = await raw_run(info, args.image, args.n)
+    execs = await raw_exec(info, args.image, args.n)
+    ttfcs, rtts, facts = await sdk(args.image, args.n)
+
+    rows = [("(a) raw podman run --rm … true", runs),
+            ("(b) raw podman exec CTR true", execs),
+            ("(c) SDK warm acquire + first exec", ttfcs),
+            ("(d) SDK exec round trip", rtts)]
+    table = Table(title="sandbox latency (ms)", title_justify="left")
+    for col in ("measurement", "n", "p50", "p95", "min", "max"):
+        table.add_column(col, justify="left" if col == "measurement" else "right")
+    for label, xs in rows:
+        table.add_row(label, str(len(xs)), f"{pct(xs, 50) * 1e3:.1f}", f"{pct(xs, 95) * 1e3:.1f}",
+                      f"{min(xs) * 1e3:.1f}", f"{max(xs) * 1e3:.1f}")
+    console.print(table)
+    console.print(f"(c) took a warm container in {facts['warm_hits']} samples")
+
+    ttfc_ratio = pct(ttfcs, 50) / pct(runs, 50)
+    exec_ratio = pct(rtts, 50) / pct(execs, 50)
+    for name, val, target, what in (
+            ("ttfc_ratio", ttfc_ratio, TTFC_TARGET, "p50(c) / p50(a)"),
+            ("exec_ratio", exec_ratio, EXEC_TARGET, "p50(d) / p50(b)")):
+        met = val <= target
+        verdict = "[bold green]MET[/]" if met else "[bold red]NOT MET[/]"
+        console.print(f"{name} = {what} = {val:.3f}  target <= {target:g}: {verdict}")
+    print(f"ttfc_ratio={ttfc_ratio:.3f} exec_ratio={exec_ratio:.3f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(sys.argv[1:])))

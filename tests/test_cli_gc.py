@@ -1,0 +1,99 @@
+"""The flowmesh CLI, and recovery after a coordinator is killed mid-run."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+from conftest import podman_names
+
+CRASHER = textwrap.dedent("""
+    import asyncio, sys
+    from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec, Task
+    IMG = sys.argv[1]
+    async def main():
+        fleet = Fleet("crash")
+        pool = await fleet.pool(PoolSpec(name="doomed", instance=InstanceSpec(cpus=1, memory_gb=2),
+                                         min_instances=1, warm_per_image=1, warm_images=(IMG,)))
+        spec = SandboxSpec(image=IMG, cpus=1, memory_gb=0.5)
+        (res,) = await pool.map([Task(name="finished-before-crash", sandbox=spec, command="echo done")])
+        assert res.ok
+        await fleet.store.flush()
+        async with pool.sandbox(spec) as sb:
+            await sb.exec("true")
+            print("READY", fleet.owner, flush=True)
+            await asyncio.sleep(3600)
+    asyncio.run(main())
+""")
+
+
+def _flowmesh(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "flowmesh_sdk.cli.main", *args], capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+def test_gc_reclaims_everything_after_kill_9(fm_home, busybox_image, tmp_path):
+    env = dict(os.environ, FLOWMESH_HOME=str(fm_home), COLUMNS="200")
+    script = tmp_path / "crasher.py"
+    script.write_text(CRASHER)
+    proc = subprocess.Popen([sys.executable, str(script), busybox_image], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("READY"), (line, proc.stderr.read() if proc.poll() is not None else "")
+        owner = line.split()[1]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    left = podman_names(f"flowmesh.owner={owner}")
+    assert len(left) >= 2  # the task's sandbox and the warm one survive the crash
+    assert list((fm_home / "local" / "instances").glob("*.json"))
+
+    dry = _flowmesh("gc", env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert "dry run" in dry.stdout and "owner process exited" in dry.stdout
+    assert podman_names(f"flowmesh.owner={owner}") == left  # a dry run removes nothing
+
+    real = _flowmesh("gc", "--yes", env=env)
+    assert real.returncode == 0, real.stdout + real.stderr
+    assert "terminated 1 instance(s)" in real.stdout
+    assert podman_names(f"flowmesh.owner={owner}") == []
+    assert not list((fm_home / "local" / "instances").glob("*.json"))
+    assert "nothing left behind" in _flowmesh("gc", env=env).stdout
+
+    # the result produced before the crash was not lost
+    status = _flowmesh("status", env=env)
+    assert "finished-before-crash" in status.stdout and "succeeded" in status.stdout
+    pools = _flowmesh("pools", env=env)
+    assert "doomed" in pools.stdout and "persistent" in pools.stdout
+
+
+def test_gc_leaves_a_live_coordinators_work_alone(fm_home, busybox_image, tmp_path):
+    env = dict(os.environ, FLOWMESH_HOME=str(fm_home), COLUMNS="200")
+    script = tmp_path / "live.py"
+    script.write_text(CRASHER)
+    proc = subprocess.Popen([sys.executable, str(script), busybox_image], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("READY"), line
+        owner = line.split()[1]
+        out = _flowmesh("gc", "--yes", env=env)
+        assert out.returncode == 0 and "nothing left behind" in out.stdout
+        assert podman_names(f"flowmesh.owner={owner}")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        _flowmesh("gc", "--yes", env=env)
+    assert podman_names(f"flowmesh.owner={owner}") == []
+
+
+def test_cli_errors_are_clear(fm_home):
+    env = dict(os.environ, FLOWMESH_HOME=str(fm_home), COLUMNS="200")
+    out = _flowmesh("gc", "--provider", "nimbus", env=env)
+    assert out.returncode != 0 and "unknown provider 'nimbus'" in out.stderr
+    out = _flowmesh("gc", "--older-than", "soon", env=env)
+    assert out.returncode != 0 and "use a number with s, m, h or d" in out.stderr
+    out = _flowmesh("run", "no_such_recipe", env=env)
+    assert out.returncode != 0 and "no recipe 'no_such_recipe'" in out.stderr

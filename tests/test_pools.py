@@ -1,0 +1,180 @@
+"""Persistent and ephemeral pools on the local provider with real podman containers."""
+
+import asyncio
+
+import pytest
+
+from flowmesh_sdk import (EventKind, ImageNotFoundError, InstanceSpec, PoolClosedError, PoolSpec,
+                          QuotaError, QuotaLimits, SandboxSpec, SpecError, Task)
+from flowmesh_sdk.control.events import TASK_END
+
+
+def _spec(image: str, **kw) -> SandboxSpec:
+    kw.setdefault("memory_gb", 0.5)
+    return SandboxSpec(image=image, cpus=1, **kw)
+
+
+async def test_persistent_pool_reuses_instance_with_fresh_containers(fleet, busybox_image):
+    pool = await fleet.pool(PoolSpec(name="warm", instance=InstanceSpec(cpus=1, memory_gb=2),
+                                     min_instances=1, max_instances=1, sandboxes_per_instance=2,
+                                     warm_per_image=1, warm_images=(busybox_image,)))
+    assert pool.stats().ready == 1
+    spec = _spec(busybox_image)
+    seen_hosts, seen_instances = set(), set()
+    for i in range(3):
+        async with pool.sandbox(spec) as sb:
+            assert (await sb.exec("cat /tmp/marker 2>/dev/null || echo clean")).stdout == "clean\n"
+            await sb.exec("echo dirty > /tmp/marker")
+            seen_hosts.add((await sb.exec("hostname")).stdout)
+            seen_instances.add(sb.instance_id)
+    assert len(seen_hosts) == 3          # a fresh container each time
+    assert len(seen_instances) == 1      # on the same warm instance
+    rows = fleet.store.tasks(pool="warm")
+    await fleet.store.flush()
+    rows = fleet.store.tasks(pool="warm")
+    assert [r.state for r in rows] == ["succeeded"] * 3
+
+
+async def test_warm_acquire_skips_container_start(fleet, busybox_image):
+    pool = await fleet.pool(PoolSpec(name="w2", instance=InstanceSpec(cpus=1, memory_gb=2),
+                                     min_instances=1, max_instances=1, sandboxes_per_instance=1,
+                                     warm_per_image=1))
+    spec = _spec(busybox_image)
+    ready = fleet.bus.subscribe(EventKind.SANDBOX_READY)
+    async with pool.sandbox(spec):
+        pass
+    await ready.next(30)  # the task's own container
+    await ready.next(30)  # the warm one made after it
+    created_before = ready.queue.qsize()
+    async with pool.sandbox(spec) as sb:
+        # taken from the warm stack: no new container was started for this task
+        assert ready.queue.qsize() == created_before
+        assert (await sb.exec("echo hi")).stdout == "hi\n"
+
+
+async def test_map_scales_up_to_max_and_never_exceeds_capacity(fleet, busybox_image):
+    pool = await fleet.pool(PoolSpec(name="elastic", instance=InstanceSpec(cpus=1, memory_gb=2),
+                                     min_instances=0, max_instances=2, sandboxes_per_instance=2,
+                                     warm_per_image=0))
+    running = peak = 0
+    per_instance: dict[str, int] = {}
+
+    def track(ev):
+        nonlocal running, peak
+        if ev.kind is EventKind.TASK_STARTED:
+            running += 1
+            peak = max(peak, running)
+            per_instance[ev.instance_id] = per_instance.get(ev.instance_id, 0) + 1
+        elif ev.kind in TASK_END and ev.instance_id:
+            running -= 1
+
+    fleet.bus.on(track)
+    tasks = [Task(name=f"t{i}", sandbox=_spec(busybox_image, memory_gb=1),
+                  command=f"cat /in/n; sleep 0.3; exit $(( $(cat /in/n) % 3 == 0 ))",
+                  files={"/in/n": str(i).encode()}) for i in range(10)]
+    results = await pool.map(tasks)
+    assert [r.name for r in results] == [t.name for t in tasks]
+    assert [r.result.stdout.strip() for r in results] == [str(i) for i in range(10)]
+    assert [r.result.exit_code for r in results] == [1 if i % 3 == 0 else 0 for i in range(10)]
+    assert peak <= 4
+    assert len(per_instance) == 2       # scaled out to max_instances
+    assert all(r.phases.execution > 0 and r.phases.total >= r.phases.execution for r in results)
+    await fleet.store.flush()
+    states = {r.name: r.state for r in fleet.store.tasks(pool="elastic")}
+    assert states == {f"t{i}": ("failed" if i % 3 == 0 else "succeeded") for i in range(10)}
+
+
+async def test_idle_instances_are_reclaimed_down_to_min(fleet, busybox_image):
+    pool = await fleet.pool(PoolSpec(name="idle", instance=InstanceSpec(cpus=1, memory_gb=1),
+                                     min_instances=0, max_instances=1, idle_timeout_s=0.5,
+                                     warm_per_image=0))
+    terminated = fleet.bus.subscribe(EventKind.INSTANCE_TERMINATED)
+    async with pool.sandbox(_spec(busybox_image)) as sb:
+        inst = sb.instance_id
+    ev = await terminated.next(30)
+    assert ev.instance_id == inst
+    assert pool.stats().instances == 0
+    # and it comes back on demand
+    async with pool.sandbox(_spec(busybox_image)) as sb:
+        assert (await sb.exec("true")).exit_code == 0
+
+
+async def test_ephemeral_pool_fresh_instance_per_task(fleet, busybox_image):
+    pool = await fleet.pool(PoolSpec(name="eph", mode="ephemeral",
+                                     instance=InstanceSpec(cpus=1, memory_gb=1), max_instances=2))
+    terminated = fleet.bus.subscribe(EventKind.INSTANCE_TERMINATED)
+    results = await pool.map([Task(name=f"e{i}", sandbox=_spec(busybox_image), command="hostname")
+                              for i in range(3)])
+    assert all(r.ok for r in results)
+    assert len({r.instance_id for r in results}) == 3
+    gone = {(await terminated.next(30)).instance_id for _ in range(3)}
+    assert gone == {r.instance_id for r in results}
+    assert pool.stats().instances == 0
+    assert await fleet.provider("local").list_tagged({"flowmesh:pool": "eph"}) == []
+
+
+async def test_missing_image_fails_before_any_instance(fleet):
+    pool = await fleet.pool(PoolSpec(name="noimg", mode="ephemeral",
+                                     instance=InstanceSpec(cpus=1, memory_gb=1)))
+    events = fleet.bus.subscribe()
+    with pytest.raises(ImageNotFoundError, match="localhost/flowmesh/does-not-exist:1"):
+        async with pool.sandbox(_spec("localhost/flowmesh/does-not-exist:1")):
+            pass
+    kinds = []
+    while not events.queue.empty():
+        kinds.append(events.queue.get_nowait().kind)
+    assert EventKind.TASK_REJECTED in kinds
+    assert EventKind.INSTANCE_REQUESTED not in kinds
+    res = await pool.run_task(Task(name="x", sandbox=_spec("localhost/flowmesh/does-not-exist:1"),
+                                   command="true"))
+    assert not res.ok and res.error.startswith("ImageNotFoundError")
+
+
+async def test_impossible_size_and_unknown_provider(fleet):
+    with pytest.raises(SpecError, match=r"pool.instance: no offer of provider 'local' fits: this host has 2 cpus"):
+        await fleet.pool(PoolSpec(name="huge", instance=InstanceSpec(cpus=64, memory_gb=1)))
+    with pytest.raises(SpecError, match="unknown provider 'nimbus'"):
+        await fleet.pool(PoolSpec(name="cloud", provider="nimbus"))
+    pool = await fleet.pool(PoolSpec(name="small", instance=InstanceSpec(cpus=1, memory_gb=1)))
+    with pytest.raises(SpecError, match="sandbox.memory_gb"):
+        async with pool.sandbox(SandboxSpec(image="x", memory_gb=4)):
+            pass
+
+
+async def test_tenant_quota_rejects_at_submission(fm_home, busybox_image):
+    from flowmesh_sdk import Fleet
+    from flowmesh_providers.local import LocalProvider
+    prov = LocalProvider(cpus=2, memory_gb=8, state_dir=fm_home / "q")
+    async with Fleet("quota", home=fm_home, providers={"local": prov},
+                     quotas={"*": QuotaLimits(max_in_flight=1)}) as fleet:
+        pool = await fleet.pool(PoolSpec(name="q", instance=InstanceSpec(cpus=1, memory_gb=2),
+                                         sandboxes_per_instance=2, warm_per_image=0))
+        async with pool.sandbox(_spec(busybox_image), tenant="alice"):
+            with pytest.raises(QuotaError, match="tenant 'alice'"):
+                async with pool.sandbox(_spec(busybox_image), tenant="alice"):
+                    pass
+            async with pool.sandbox(_spec(busybox_image), tenant="bob") as sb:
+                assert (await sb.exec("echo bob")).stdout == "bob\n"
+
+
+async def test_drain_waits_for_in_flight_then_terminates(fleet, busybox_image):
+    pool = await fleet.pool(PoolSpec(name="drain", instance=InstanceSpec(cpus=1, memory_gb=2),
+                                     min_instances=1, warm_per_image=1, warm_images=(busybox_image,)))
+    started = asyncio.Event()
+
+    async def long_task() -> str:
+        async with pool.sandbox(_spec(busybox_image)) as sb:
+            started.set()
+            return (await sb.exec("sleep 1; echo finished")).stdout
+
+    job = asyncio.ensure_future(long_task())
+    await started.wait()
+    drain = asyncio.ensure_future(pool.drain())
+    await asyncio.sleep(0)
+    with pytest.raises(PoolClosedError):
+        async with pool.sandbox(_spec(busybox_image)):
+            pass
+    assert await job == "finished\n"
+    await drain
+    assert pool.stats().instances == 0
+    assert await fleet.provider("local").list_tagged({"flowmesh:pool": "drain"}) == []
