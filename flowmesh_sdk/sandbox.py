@@ -11,8 +11,9 @@ So each sandbox holds one ``exec -i CTR /bin/sh`` open and frames commands over 
   deadline and leaves a marker, then answers ``__FM__ ID RC TIMEDOUT OUTBYTES ERRBYTES``
   followed by at most CAP bytes of each stream.
 
-Only POSIX sh, ``setsid`` (optional), ``sleep``, ``wc``, ``head`` and ``rm`` are needed in
-the image, so busybox and Debian images both work.
+Only POSIX sh, ``setsid`` (optional), ``sleep``, ``wc``, ``cat``, ``head`` and ``rm`` are
+needed in the image, so busybox and Debian images both work.  A command costs five forks
+in the container (watchdog, its sleep, the command, ``wc``, ``cat``).
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ _HOST_GRACE_S = 15.0                  # agent must answer within timeout + grace
 _AGENT = r"""
 __fm_d="${TMPDIR:-/tmp}/.flowmesh-$$"; mkdir -p "$__fm_d" || exit 97
 __fm_ss=; command -v setsid >/dev/null 2>&1 && __fm_ss=setsid
+__o="$__fm_d/out"; __e="$__fm_d/err"; __t="$__fm_d/timedout"; __pf="$__fm_d/pid"
 __fm_run() {
-  __o="$__fm_d/$1.out"; __e="$__fm_d/$1.err"; __t="$__fm_d/$1.to"; __pf="$__fm_d/$1.pid"
   ( trap 'kill $__s 2>/dev/null; exit 0' TERM
     sleep "$2" & __s=$!; wait $__s
     : > "$__t"; read __q < "$__pf"; kill -KILL -- -$__q 2>/dev/null || kill -KILL $__q 2>/dev/null ) &
@@ -50,11 +51,11 @@ __fm_run() {
   __p=$!; echo $__p > "$__pf"
   wait $__p; __rc=$?
   kill $__w 2>/dev/null; wait $__w 2>/dev/null
-  __to=0; [ -e "$__t" ] && __to=1
-  __os=$(wc -c < "$__o"); __es=$(wc -c < "$__e")
-  printf '__FM__ %s %s %s %s %s\n' "$1" "$__rc" "$__to" $__os $__es
-  head -c "$3" "$__o"; head -c "$3" "$__e"
-  rm -f "$__o" "$__e" "$__t" "$__pf"
+  __to=0; [ -e "$__t" ] && { __to=1; rm -f "$__t"; }
+  set -- "$1" "$3" $(wc -c "$__o" "$__e")
+  printf '__FM__ %s %s %s %s %s\n' "$1" "$__rc" "$__to" "$3" "$5"
+  if [ "$3" -le "$2" ] && [ "$5" -le "$2" ]; then cat "$__o" "$__e"
+  else head -c "$2" "$__o"; head -c "$2" "$__e"; fi
 }
 echo __FM_READY__
 """

@@ -390,12 +390,11 @@ async def _wait_warm(fleet: Fleet, pool: Pool, timeout_s: float = 60.0) -> None:
     """Wait (on the event bus, not by polling) until the pool holds a warm container."""
     if not pool.spec.warm_images or pool.stats().warm > 0:
         return
-    sub = fleet.bus.subscribe(EventKind.SANDBOX_READY)
+    sub = fleet.bus.subscribe(EventKind.SANDBOX_READY)  # before checking: no lost wake-up
     try:
         deadline = time.monotonic() + timeout_s
         while pool.stats().warm == 0:
-            await sub.next(max(0.01, deadline - time.monotonic()))
-            await asyncio.sleep(0)  # the warm container is stacked just after the event
+            await sub.next(max(0.0, deadline - time.monotonic()))
     except asyncio.TimeoutError:
         console.print(f"[yellow]{pool.name}: no warm container after {timeout_s:g} s; going on[/]")
     finally:
