@@ -69,13 +69,20 @@ class TaskRun:
     def mark(self, what: str) -> None:
         self.marks[what] = time.monotonic()
 
-    def phases(self) -> PhaseTimings:
+    def _span(self, a: str, b: str) -> float:
         m = self.marks
-        order = ["submitted", "admitted", "placed", "started", "finished", "torn_down"]
-        vals = []
-        for a, b in zip(order, order[1:]):
-            vals.append(max(0.0, m[b] - m[a]) if a in m and b in m else 0.0)
-        return PhaseTimings(*vals)
+        return max(0.0, m[b] - m[a]) if a in m and b in m else 0.0
+
+    def phases(self) -> PhaseTimings:
+        """queued: waiting for the semaphore; scheduling: dispatch checks (image, quota)
+        plus finding a slot; env_startup: instance and sandbox ready; execution: the work;
+        teardown: sandbox destroyed and slot (or instance) given back."""
+        return PhaseTimings(
+            queued=self._span("checked", "admitted"),
+            scheduling=self._span("submitted", "checked") + self._span("admitted", "placed"),
+            env_startup=self._span("placed", "started"),
+            execution=self._span("started", "finished"),
+            teardown=self._span("finished", "torn_down"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +252,7 @@ class Pool(abc.ABC):
             self.ctx.quota.admit(tenant)
         except FlowMeshError as exc:
             self._reject(run, exc)
+        run.mark("checked")
         self._in_flight += 1
         self._idle.clear()
         inst: ManagedInstance | None = None

@@ -4,7 +4,10 @@
   that already holds the image (locality), then the least loaded.
 * Warm containers (``warm_per_image`` per sandbox shape, at most one instance's worth of
   slots in all) are started ahead of demand with their command channel open, so
-  acquiring one costs a few milliseconds.  They do not take slots.
+  acquiring one costs a few milliseconds.  They do not take slots.  A shape is what a
+  container fixes at creation: image, cpus, memory, pids, network, workdir.  Images in
+  ``PoolSpec.warm_images`` are warmed in the shape of :meth:`Pool.default_sandbox`; other
+  shapes are warmed after their first use.
 * Elastic between ``min_instances`` and ``max_instances`` on queue depth: when the tasks
   waiting for a slot outnumber the free and coming slots, more instances are launched in
   one batched call.  A failed launch backs scaling off for a while.
@@ -49,6 +52,8 @@ class PersistentPool(Pool):
 
     async def start(self) -> PersistentPool:
         """Launch ``min_instances`` (waiting until they are READY) and start the reaper."""
+        for image in self.spec.warm_images:
+            await self.ctx.images.resolve(image)  # fail fast, and warm the dispatch cache
         need = self.spec.min_instances - self._live()
         if need > 0:
             self._pending += need
@@ -56,8 +61,8 @@ class PersistentPool(Pool):
                 await self._launch(need)
             finally:
                 self._pending -= need
-        for mi in list(self.instances.values()):
-            for image in self.spec.warm_images:
+        for image in self.spec.warm_images:
+            for mi in list(self.instances.values()):
                 self._refill_warm(mi, self.default_sandbox(image))
         self._spawn(self._reap_idle())
         return self
