@@ -1,0 +1,56 @@
+"""The main job (recipes/local_swe_eval.py), the README example and the benchmark, run
+for real on the SWE image built from Debian packages (built once, then cached)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def test_main_job_verdicts_are_honest(fm_home, swe_image, tmp_path):
+    out = tmp_path / "results.json"
+    env = dict(os.environ, FLOWMESH_HOME=str(fm_home))
+    proc = subprocess.run([sys.executable, "-m", "flowmesh_sdk.cli.main", "run", "local_swe_eval",
+                           "--tasks", "4", "--json", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "every verdict matched its expectation" in proc.stdout
+    data = json.loads(out.read_text())
+    assert data["ok"] is True and set(data["modes"]) == {"persistent", "ephemeral"}
+    for mode in data["modes"].values():
+        rows = mode["results"]
+        assert len(rows) == 4
+        for row in rows:
+            # right patches pass, wrong patches fail -- decided by pytest inside the sandbox
+            assert row["got"] == ("pass" if row["patch"] == "right" else "fail"), row
+            assert row["exit_code"] == (0 if row["patch"] == "right" else 1), row
+        assert {r["patch"] for r in rows} >= {"right"} and any(r["patch"] != "right" for r in rows)
+    eph = data["modes"]["ephemeral"]["results"]
+    assert len({r["instance_id"] for r in eph}) == 4  # a fresh instance per task
+
+
+def test_readme_example_runs(fm_home, swe_image, tmp_path):
+    code = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)[0]
+    script = tmp_path / "readme_example.py"
+    script.write_text(code)
+    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, FLOWMESH_HOME=str(fm_home)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("0 ") and "1 passed" in proc.stdout
+    assert lines[-1] == str([f"{i}\n" for i in range(8)])
+
+
+def test_benchmark_prints_ratios(fm_home, busybox_image):
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "sandbox_latency.py"),
+                           "--image", busybox_image, "--n", "3"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, FLOWMESH_HOME=str(fm_home)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.fullmatch(r"ttfc_ratio=\d+\.\d{3} exec_ratio=\d+\.\d{3}", proc.stdout.strip().splitlines()[-1])
