@@ -17,12 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .config import Owner
-from .provider import TAG_OWNER, TAG_POOL, Provider
+from .provider import LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, TAG_OWNER, TAG_POOL, Provider
 from .remote.runtime import ContainerInfo, ContainerRuntime
-
-LABEL_OWNER = "flowmesh.owner"
-LABEL_INSTANCE = "flowmesh.instance"
-LABEL_FLEET = "flowmesh.fleet"
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,13 @@ TAG_POOL = "flowmesh:pool"
 TAG_OWNER = "flowmesh:owner"
 TAG_REQUEST = "flowmesh:request"
 
+# Labels on every sandbox container, so ``gc`` can find them on the machine itself.
+LABEL_FLEET = "flowmesh.fleet"
+LABEL_POOL = "flowmesh.pool"
+LABEL_INSTANCE = "flowmesh.instance"
+LABEL_OWNER = "flowmesh.owner"
+LABEL_TASK = "flowmesh.task"
+
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:

@@ -10,7 +10,7 @@ from conftest import podman_names
 
 CRASHER = textwrap.dedent("""
     import asyncio, sys
-    from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec, Task
+    from flowmesh_sdk import EventKind, Fleet, InstanceSpec, PoolSpec, SandboxSpec, Task
     IMG = sys.argv[1]
     async def main():
         fleet = Fleet("crash")
@@ -22,6 +22,8 @@ CRASHER = textwrap.dedent("""
         await fleet.store.flush()
         async with pool.sandbox(spec) as sb:
             await sb.exec("true")
+            while pool.stats().warming:  # let warm refills finish: no podman call in flight
+                await fleet.bus.wait_for(lambda e: e.kind is EventKind.SANDBOX_READY, 60)
             print("READY", fleet.owner, flush=True)
             await asyncio.sleep(3600)
     asyncio.run(main())

@@ -58,8 +58,7 @@ async def main() -> int:
             # 2. A command past its timeout is killed (with every process it started) and
             #    comes back as a result with timed_out=True; the sandbox stays usable.
             slow = await sb.exec("sleep 30 & sleep 30; echo never", timeout_s=1)
-            print(f"timeout: timed_out={slow.timed_out} ok={slow.ok} "
-                  f"duration<5s={slow.duration_s < 5}")
+            print(f"timeout: timed_out={slow.timed_out} exit={slow.exit_code} ok={slow.ok}")
             after = await sb.exec("echo still usable")
             print(f"after timeout: {after.stdout.strip()}")
 
@@ -81,7 +80,6 @@ async def main() -> int:
                   f"env_startup {p.env_startup * 1000:.0f} ms, execution {p.execution * 1000:.0f} ms, "
                   f"teardown {p.teardown * 1000:.0f} ms)")
 
-        await fleet.store.flush()
         print(f"events: {len(finished)} tasks finished, "
               f"{finished.count('task.succeeded')} succeeded")
         ok = all(r.ok for r in results)

@@ -21,7 +21,7 @@ from .. import gc as gc_mod
 from ..config import home_dir
 from ..control.store import MetadataStore
 from ..errors import FlowMeshError
-from ..provider import available_providers, load_provider
+from ..provider import LABEL_INSTANCE, LABEL_POOL, available_providers, load_provider
 from ..remote.local import LocalRunner
 from ..remote.runtime import ContainerRuntime
 
@@ -161,8 +161,8 @@ async def _gc(names: list[str], age: float | None, all_: bool, yes: bool) -> Non
     for o in the_plan.instances:
         table.add_row("instance", o.provider, o.instance_id, o.pool, f"{o.age_s:.0f}s", o.reason)
     for c in the_plan.containers:
-        table.add_row("container", "local", c.name, c.labels.get("flowmesh.pool", ""), "-",
-                      f"instance {c.labels.get('flowmesh.instance', '?')}")
+        table.add_row("container", "local", c.name, c.labels.get(LABEL_POOL, ""), "-",
+                      f"instance {c.labels.get(LABEL_INSTANCE, '?')}")
     total = len(the_plan.instances) + len(the_plan.containers)
     if not total:
         console.print("nothing left behind")

@@ -24,7 +24,8 @@ from ..control.limits import Quota, Semaphore
 from ..errors import FlowMeshError, PoolClosedError, SandboxTimeout
 from ..images import ImageResolver
 from ..lifecycle import InstanceState, Lifecycle, TaskState, task_lifecycle
-from ..provider import TAG_FLEET, TAG_OWNER, TAG_POOL, TAG_REQUEST, LaunchRequest, Offer, Provider
+from ..provider import (LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, LABEL_POOL, LABEL_TASK, TAG_FLEET,
+                        TAG_OWNER, TAG_POOL, TAG_REQUEST, LaunchRequest, Offer, Provider)
 from ..remote.runner import Runner
 from ..remote.runtime import ContainerRuntime
 from ..sandbox import Sandbox
@@ -32,12 +33,6 @@ from ..specs import ExecResult, PhaseTimings, PoolSpec, SandboxSpec, Task, TaskR
 from .instance import ManagedInstance
 
 log = logging.getLogger("flowmesh.pools")
-
-LABEL_FLEET = "flowmesh.fleet"
-LABEL_POOL = "flowmesh.pool"
-LABEL_INSTANCE = "flowmesh.instance"
-LABEL_OWNER = "flowmesh.owner"
-LABEL_TASK = "flowmesh.task"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +91,7 @@ class PoolStats:
     waiting: int
     free_slots: int
     warm: int
+    warming: int
 
 
 class Pool(abc.ABC):
@@ -201,7 +197,8 @@ class Pool(abc.ABC):
             launching=sum(i.state in (InstanceState.REQUESTED, InstanceState.RUNNING) for i in insts),
             in_flight=self._in_flight, waiting=self._sem.waiting,
             free_slots=sum(i.free for i in insts),
-            warm=sum(len(v) for i in insts for v in i.warm.values()))
+            warm=sum(len(v) for i in insts for v in i.warm.values()),
+            warming=sum(n for i in insts for n in i.warming.values()))
 
     async def drain(self, timeout_s: float | None = None) -> None:
         """Admit nothing new, let in-flight tasks finish, then terminate every instance."""

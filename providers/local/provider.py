@@ -15,7 +15,7 @@ from pathlib import Path
 
 from flowmesh_sdk.config import home_dir
 from flowmesh_sdk.errors import CapacityError, SpecError
-from flowmesh_sdk.provider import (TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest,
+from flowmesh_sdk.provider import (LABEL_INSTANCE, TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest,
                                    Provider, ProviderState)
 from flowmesh_sdk.remote.local import LocalRunner
 from flowmesh_sdk.remote.runner import Runner
@@ -24,8 +24,6 @@ from flowmesh_sdk.specs import InstanceSpec, Offer
 
 from .host import HostCapacity
 from .records import RecordDir
-
-LABEL_INSTANCE = "flowmesh.instance"
 
 
 class LocalProvider(Provider):
