@@ -97,17 +97,19 @@ class Fleet:
             spec = PoolSpec(**kwargs)
         elif kwargs:
             raise SpecError("pool", "give a PoolSpec or keyword fields, not both")
-        if spec.name in self.pools:
+        if spec.name in self.pools and not self.pools[spec.name].closed:
             raise SpecError("pool.name", f"a pool named {spec.name!r} already exists in this fleet")
         provider = self.provider(spec.provider)
-        offers = await provider.offers(spec.instance)
+        offers = [o for o in await provider.offers(spec.instance)
+                  if spec.region is None or o.region == spec.region]
         if not offers:
             why = getattr(provider, "explain_misfit", None)
-            raise SpecError("pool.instance", f"no offer of provider {spec.provider!r} fits"
+            where = f" in region {spec.region!r}" if spec.region else ""
+            raise SpecError("pool.instance", f"no offer of provider {spec.provider!r}{where} fits"
                             + (f": {why(spec.instance)}" if why else ""))
         offer = min(offers, key=lambda o: o.price_per_hour)
         ctx = PoolContext(fleet=self.name, owner=self.owner, bus=self.bus, images=self.images,
-                          quota=self.quota, runtime_for=self.runtime_for,
+                          quota=self.quota, control=self.control, runtime_for=self.runtime_for,
                           bootstrap_timeout_s=self.bootstrap_timeout_s)
         cls = PersistentPool if spec.mode is PoolMode.PERSISTENT else EphemeralPool
         pool = cls(ctx, spec, provider, offer)

@@ -62,6 +62,8 @@ class Capabilities:
     stop_start: bool = False
     max_batch: int = 1            # most instances one launch call may ask for
     remote: bool = True           # False when instances are slices of this host
+    launch_rate_per_s: float | None = None  # client-side token bucket on launch calls
+    launch_burst: int = 1
 
 
 class ProviderState(str, enum.Enum):

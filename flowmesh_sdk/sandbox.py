@@ -34,7 +34,7 @@ from .remote.runtime import ContainerRuntime
 from .specs import ExecResult, SandboxSpec, check_number, frozen_env
 
 DEFAULT_OUTPUT_CAP = 1 << 20          # bytes kept per stream per command
-_FILE_CAP = 256 << 20                 # read_file limit
+FILE_CAP = 256 << 20                  # read_file limit
 _INLINE_WRITE_MAX = 1 << 20           # larger (or binary with NUL) writes use a one-off exec
 _HOST_GRACE_S = 15.0                  # agent must answer within timeout + grace
 
@@ -201,7 +201,7 @@ class Sandbox:
             pass
 
     # ---- files -----------------------------------------------------------------
-    async def read_file(self, path: str, *, max_bytes: int = _FILE_CAP) -> bytes:
+    async def read_file(self, path: str, *, max_bytes: int = FILE_CAP) -> bytes:
         code, _, out, err, osz, _, _ = await self._call(f"cat -- {sh_quote(path)}".encode(), 300.0,
                                                         max_bytes, "/")
         if code != 0:

@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Coroutine, Iterable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from .fleet import Fleet
 from .pools.base import Pool, PoolStats
-from .sandbox import Sandbox
+from .sandbox import DEFAULT_OUTPUT_CAP, FILE_CAP, Sandbox
 from .specs import ExecResult, PoolSpec, SandboxSpec, Task, TaskResult
 
 T = TypeVar("T")
@@ -45,14 +45,15 @@ class SyncSandbox:
         self.sandbox = sandbox
 
     def exec(self, cmd: str, *, timeout_s: float | None = None, env: Mapping[str, str] | None = None,
-             cwd: str | None = None) -> ExecResult:
-        return self._loop.call(self.sandbox.exec(cmd, timeout_s=timeout_s, env=env, cwd=cwd))
+             cwd: str | None = None, output_cap: int = DEFAULT_OUTPUT_CAP) -> ExecResult:
+        return self._loop.call(self.sandbox.exec(cmd, timeout_s=timeout_s, env=env, cwd=cwd,
+                                                 output_cap=output_cap))
 
-    def read_file(self, path: str) -> bytes:
-        return self._loop.call(self.sandbox.read_file(path))
+    def read_file(self, path: str, *, max_bytes: int = FILE_CAP) -> bytes:
+        return self._loop.call(self.sandbox.read_file(path, max_bytes=max_bytes))
 
-    def write_file(self, path: str, data: bytes | str) -> None:
-        self._loop.call(self.sandbox.write_file(path, data))
+    def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
+        self._loop.call(self.sandbox.write_file(path, data, mode=mode))
 
     def upload(self, local_dir: str, remote_dir: str) -> None:
         self._loop.call(self.sandbox.upload(local_dir, remote_dir))
@@ -68,8 +69,8 @@ class SyncPool:
 
     @contextlib.contextmanager
     def sandbox(self, spec: SandboxSpec | None = None, *, image: str | None = None,
-                tenant: str = "default") -> Iterator[SyncSandbox]:
-        cm = self.pool.sandbox(spec, image=image, tenant=tenant)
+                tenant: str = "default", name: str | None = None) -> Iterator[SyncSandbox]:
+        cm = self.pool.sandbox(spec, image=image, tenant=tenant, name=name)
         sb = self._loop.call(cm.__aenter__())
         try:
             yield SyncSandbox(self._loop, sb)
@@ -79,14 +80,22 @@ class SyncPool:
         else:
             self._loop.call(cm.__aexit__(None, None, None))
 
-    def map(self, tasks: Iterable[Task]) -> list[TaskResult]:
-        return self._loop.call(self.pool.map(list(tasks)))
+    def run_task(self, task: Task) -> TaskResult:
+        return self._loop.call(self.pool.run_task(task))
+
+    def map(self, tasks: Iterable[Task], *,
+            on_result: Callable[[TaskResult], None] | None = None) -> list[TaskResult]:
+        """``on_result`` runs on the facade's loop thread as each task finishes."""
+        return self._loop.call(self.pool.map(list(tasks), on_result=on_result))
+
+    def default_sandbox(self, image: str) -> SandboxSpec:
+        return self.pool.default_sandbox(image)
 
     def stats(self) -> PoolStats:
         return self.pool.stats()
 
-    def drain(self) -> None:
-        self._loop.call(self.pool.drain())
+    def drain(self, timeout_s: float | None = None) -> None:
+        self._loop.call(self.pool.drain(timeout_s))
 
 
 class SyncFleet:
@@ -95,14 +104,18 @@ class SyncFleet:
 
         async def make() -> Fleet:
             return Fleet(*args, **kwargs)
-        self.fleet = self._loop.call(make())
+        try:
+            self.fleet = self._loop.call(make())
+        except BaseException:
+            self._loop.stop()
+            raise
 
     def pool(self, spec: PoolSpec | None = None, **kwargs: Any) -> SyncPool:
         return SyncPool(self._loop, self._loop.call(self.fleet.pool(spec, **kwargs)))
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
         try:
-            self._loop.call(self.fleet.close())
+            self._loop.call(self.fleet.close(timeout_s))
         finally:
             self._loop.stop()
 

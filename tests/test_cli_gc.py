@@ -10,13 +10,13 @@ from conftest import podman_names
 
 CRASHER = textwrap.dedent("""
     import asyncio, sys
-    from flowmesh_sdk import EventKind, Fleet, InstanceSpec, PoolSpec, SandboxSpec, Task
+    from flowmesh_sdk import EventKind, Fleet, InstanceSpec, PoolSpec, Task
     IMG = sys.argv[1]
     async def main():
         fleet = Fleet("crash")
         pool = await fleet.pool(PoolSpec(name="doomed", instance=InstanceSpec(cpus=1, memory_gb=2),
                                          min_instances=1, warm_per_image=1, warm_images=(IMG,)))
-        spec = SandboxSpec(image=IMG, cpus=1, memory_gb=0.5)
+        spec = pool.default_sandbox(IMG)  # the warm shape: no warm eviction in flight at the kill
         (res,) = await pool.map([Task(name="finished-before-crash", sandbox=spec, command="echo done")])
         assert res.ok
         await fleet.store.flush()

@@ -5,7 +5,7 @@ import pytest
 from flowmesh_sdk.control import EventBus, EventKind, InProcessBackend, QuotaLimits
 from flowmesh_sdk.control.events import Event
 from flowmesh_sdk.control.limits import Quota, Semaphore, TokenBucket
-from flowmesh_sdk.errors import QuotaError, SandboxTimeout, SpecError
+from flowmesh_sdk.errors import QuotaError, SpecError, ThrottledError
 
 
 def test_token_bucket_burst_then_empty():
@@ -28,7 +28,7 @@ async def test_token_bucket_acquire_serves_waiters_in_order():
 async def test_token_bucket_deadline():
     b = TokenBucket(rate=0.01, burst=1)
     await b.acquire()
-    with pytest.raises(SandboxTimeout, match="next token"):
+    with pytest.raises(ThrottledError, match="next token"):
         await b.acquire(timeout_s=1.0)
 
 

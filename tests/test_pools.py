@@ -178,3 +178,60 @@ async def test_drain_waits_for_in_flight_then_terminates(fleet, busybox_image):
     await drain
     assert pool.stats().instances == 0
     assert await fleet.provider("local").list_tagged({"flowmesh:pool": "drain"}) == []
+
+
+async def test_cancelled_task_is_recorded_and_sandbox_closed(fleet, busybox_image):
+    pool = await fleet.pool(PoolSpec(name="cancel", instance=InstanceSpec(cpus=1, memory_gb=1),
+                                     warm_per_image=0))
+    events = fleet.bus.subscribe(EventKind.TASK_CANCELLED, EventKind.SANDBOX_CLOSED)
+    started = asyncio.Event()
+
+    async def body() -> None:
+        async with pool.sandbox(_spec(busybox_image), name="to-cancel") as sb:
+            started.set()
+            await sb.exec("sleep 60")
+
+    job = asyncio.ensure_future(body())
+    await started.wait()
+    job.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await job
+    kinds = {(await events.next(30)).kind for _ in range(2)}
+    assert kinds == {EventKind.TASK_CANCELLED, EventKind.SANDBOX_CLOSED}
+    await fleet.store.flush()
+    (row,) = [r for r in fleet.store.tasks(pool="cancel") if r.name == "to-cancel"]
+    assert row.state == "cancelled"
+    assert pool.stats().in_flight == 0 and pool.stats().free_slots == 1
+
+
+async def test_region_filter_and_idle_reclaim_reports_draining(fleet, busybox_image):
+    with pytest.raises(SpecError, match="in region 'us-east-1'"):
+        await fleet.pool(PoolSpec(name="far", region="us-east-1", instance=InstanceSpec(cpus=1, memory_gb=1)))
+    pool = await fleet.pool(PoolSpec(name="near", region="local", instance=InstanceSpec(cpus=1, memory_gb=1),
+                                     idle_timeout_s=0.3, warm_per_image=0))
+    seen = fleet.bus.subscribe(EventKind.INSTANCE_DRAINING, EventKind.INSTANCE_TERMINATED)
+    async with pool.sandbox(_spec(busybox_image)):
+        pass
+    first, second = await seen.next(30), await seen.next(30)
+    assert (first.kind, first.detail, second.kind) == (EventKind.INSTANCE_DRAINING, "idle",
+                                                       EventKind.INSTANCE_TERMINATED)
+
+
+def test_sync_facade(fm_home, busybox_image):
+    from flowmesh_sdk.sync import SyncFleet
+    from flowmesh_providers.local import LocalProvider
+    prov = LocalProvider(cpus=2, memory_gb=8, state_dir=fm_home / "sync")
+    done: list[str] = []
+    with SyncFleet("sync", home=fm_home, providers={"local": prov}) as fleet:
+        pool = fleet.pool(name="s", instance=InstanceSpec(cpus=1, memory_gb=2))
+        with pool.sandbox(image=busybox_image) as sb:
+            sb.write_file("/tmp/x", b"abc", mode=0o640)
+            assert sb.read_file("/tmp/x") == b"abc"
+            r = sb.exec("yes | head -c 5000", output_cap=10)
+            assert r.stdout_truncated and r.stdout_bytes == 5000
+        res = pool.map([Task(name=f"m{i}", sandbox=pool.default_sandbox(busybox_image), command="true")
+                        for i in range(2)], on_result=lambda r: done.append(r.name))
+        assert all(r.ok for r in res) and sorted(done) == ["m0", "m1"]
+    assert fleet.fleet.pools["s"].closed
+    with pytest.raises(SpecError):
+        SyncFleet("Bad Name")

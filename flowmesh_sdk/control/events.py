@@ -36,10 +36,11 @@ class EventKind(str, enum.Enum):
     TASK_FAILED = "task.failed"
     TASK_TIMED_OUT = "task.timed_out"
     TASK_REJECTED = "task.rejected"
+    TASK_CANCELLED = "task.cancelled"
 
 
 TASK_END = frozenset({EventKind.TASK_SUCCEEDED, EventKind.TASK_FAILED, EventKind.TASK_TIMED_OUT,
-                      EventKind.TASK_REJECTED})
+                      EventKind.TASK_REJECTED, EventKind.TASK_CANCELLED})
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import collections
 import time
 from dataclasses import dataclass
 
-from ..errors import QuotaError, SandboxTimeout
+from ..errors import QuotaError, ThrottledError
 from ..specs import check_number
 
 
@@ -44,7 +44,8 @@ class TokenBucket:
         return False
 
     async def acquire(self, tokens: float = 1.0, *, timeout_s: float | None = None) -> float:
-        """Take ``tokens``; returns the seconds waited.  Raises SandboxTimeout past ``timeout_s``."""
+        """Take ``tokens``; returns the seconds waited.  Raises ThrottledError at once when the
+        next token is due after ``timeout_s``."""
         if tokens > self.burst:
             raise ValueError(f"rate_limit[{self.key}]: {tokens} tokens exceed burst {self.burst}")
         t0 = time.monotonic()
@@ -53,8 +54,8 @@ class TokenBucket:
             if self._tokens < tokens:
                 wait = (tokens - self._tokens) / self.rate
                 if timeout_s is not None and time.monotonic() - t0 + wait > timeout_s:
-                    raise SandboxTimeout(f"rate limit {self.key!r}: next token in {wait:.2f} s, "
-                                         f"past the {timeout_s:g} s deadline")
+                    raise ThrottledError(f"rate limit {self.key!r}: next token in {wait:.2f} s, "
+                                         f"past the {timeout_s:g} s deadline", code="RateLimit")
                 await asyncio.sleep(wait)
                 self._refill()
             self._tokens -= tokens

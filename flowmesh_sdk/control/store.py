@@ -38,6 +38,7 @@ _INSTANCE_STATE = {
 _TASK_STATE = {
     EventKind.TASK_SUCCEEDED: "succeeded", EventKind.TASK_FAILED: "failed",
     EventKind.TASK_TIMED_OUT: "timed_out", EventKind.TASK_REJECTED: "rejected",
+    EventKind.TASK_CANCELLED: "cancelled",
 }
 
 

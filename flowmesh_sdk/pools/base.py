@@ -19,6 +19,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
+from ..control.backend import ControlBackend
 from ..control.events import Event, EventBus, EventKind
 from ..control.limits import Quota, Semaphore
 from ..errors import FlowMeshError, PoolClosedError, SandboxTimeout
@@ -44,6 +45,7 @@ class PoolContext:
     bus: EventBus
     images: ImageResolver
     quota: Quota
+    control: ControlBackend
     runtime_for: Callable[[Runner], ContainerRuntime]
     bootstrap_timeout_s: float = 600.0
 
@@ -60,6 +62,7 @@ class TaskRun:
     instance_id: str | None = None
     result: ExecResult | None = None
     error: str | None = None
+    cancelled: bool = False
 
     def mark(self, what: str) -> None:
         self.marks[what] = time.monotonic()
@@ -109,7 +112,8 @@ class Pool(abc.ABC):
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._sem: Semaphore = Semaphore(self._capacity(), key=f"pool:{spec.name}")
+        self._sem: Semaphore = ctx.control.semaphore(f"fleet:{ctx.fleet}:pool:{spec.name}",
+                                                     self._capacity())
         self._bg: set[asyncio.Task[object]] = set()
         self._publish(EventKind.POOL_CREATED, detail=json.dumps(_spec_json(spec), sort_keys=True))
 
@@ -220,6 +224,10 @@ class Pool(abc.ABC):
 
     close = drain
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def __aenter__(self) -> Pool:
         return self
 
@@ -276,7 +284,8 @@ class Pool(abc.ABC):
             finally:
                 run.mark("finished")
         except BaseException as exc:
-            run.error = run.error or f"{type(exc).__name__}: {exc}"
+            run.cancelled = isinstance(exc, asyncio.CancelledError)
+            run.error = run.error or ("cancelled" if run.cancelled else f"{type(exc).__name__}: {exc}")
             raise
         finally:
             try:
@@ -302,7 +311,9 @@ class Pool(abc.ABC):
     def _finish(self, run: TaskRun) -> None:
         lc = run.lifecycle
         res = run.result
-        if run.error is None and (res is None or res.exit_code == 0) and not (res and res.timed_out):
+        if run.cancelled:
+            kind, state = EventKind.TASK_CANCELLED, TaskState.CANCELLED
+        elif run.error is None and (res is None or res.exit_code == 0) and not (res and res.timed_out):
             kind, state = EventKind.TASK_SUCCEEDED, TaskState.SUCCEEDED
         elif res is not None and res.timed_out:
             kind, state = EventKind.TASK_TIMED_OUT, TaskState.TIMED_OUT
@@ -325,6 +336,10 @@ class Pool(abc.ABC):
                 TAG_REQUEST: request_id}
         req = LaunchRequest(offer=self.offer, spec=self.spec.instance, count=count,
                             request_id=request_id, tags=tags)
+        caps = self.provider.capabilities
+        if caps.launch_rate_per_s:
+            await self.ctx.control.rate_limiter(f"{self.provider.name}:launch", caps.launch_rate_per_s,
+                                                caps.launch_burst).acquire()
         launched = await self.provider.launch(req)
         managed = []
         for inst in launched:
@@ -384,6 +399,12 @@ class Pool(abc.ABC):
                 mi.lifecycle.to(InstanceState.TERMINATED)
             self.instances.pop(mi.id, None)
             self._publish(EventKind.INSTANCE_TERMINATED, instance_id=mi.id)
+
+    async def _close_sandbox(self, sandbox: Sandbox | None) -> None:
+        if sandbox is None:
+            return
+        await sandbox.close()
+        self._publish(EventKind.SANDBOX_CLOSED, instance_id=sandbox.instance_id, detail=sandbox.name)
 
     async def _new_sandbox(self, mi: ManagedInstance, spec: SandboxSpec, task_id: str) -> Sandbox:
         digest = await mi.ensure_image(spec.image)

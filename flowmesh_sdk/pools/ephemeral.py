@@ -27,8 +27,7 @@ class EphemeralPool(Pool):
 
     async def _teardown(self, sandbox: Sandbox | None, inst: ManagedInstance | None) -> None:
         try:
-            if sandbox is not None:
-                await sandbox.close()
+            await self._close_sandbox(sandbox)
         finally:
             if inst is not None and inst.id in self.instances:
                 await self._terminate([inst])

@@ -22,6 +22,7 @@ import logging
 import math
 import time
 
+from ..control.events import EventKind
 from ..errors import SandboxTimeout
 from ..lifecycle import InstanceState
 from ..sandbox import Sandbox
@@ -107,7 +108,8 @@ class PersistentPool(Pool):
         return max(cands, key=lambda i: (bool(i.warm.get(key)), image in i.images, i.free))
 
     def _maybe_scale_up(self) -> None:
-        if self._closing or time.monotonic() < self._blocked_until:
+        # Even while draining: tasks admitted before the drain still need their slots.
+        if time.monotonic() < self._blocked_until:
             return
         slots = self.spec.sandboxes_per_instance
         free = sum(i.free for i in self._ready())
@@ -118,7 +120,6 @@ class PersistentPool(Pool):
             self._spawn(self._scale_up(n))
 
     async def _scale_up(self, n: int) -> None:
-        from ..control.events import EventKind
         self._publish(EventKind.POOL_SCALED, detail=f"+{n} (live {self._live()} of max "
                                                      f"{self.spec.max_instances})")
         try:
@@ -175,8 +176,7 @@ class PersistentPool(Pool):
 
     async def _teardown(self, sandbox: Sandbox | None, inst: ManagedInstance | None) -> None:
         try:
-            if sandbox is not None:
-                await sandbox.close()
+            await self._close_sandbox(sandbox)
         finally:
             if inst is not None:
                 inst.active -= 1
@@ -197,6 +197,7 @@ class PersistentPool(Pool):
                 reap = [i for i in idle if now - i.last_used >= idle_s][:max(0, excess)]
                 for mi in reap:
                     mi.lifecycle.to(InstanceState.DRAINING)
+                    self._publish(EventKind.INSTANCE_DRAINING, instance_id=mi.id, detail="idle")
             if reap:
                 await self._terminate(reap)
                 continue
