@@ -49,7 +49,14 @@ class QuotaError(ProviderError):
 
 
 class ThrottledError(ProviderError):
-    """The API is rate limiting us; retry the same call after a backoff."""
+    """The API is rate limiting us; retry the same call after a backoff.
+
+    ``retry_after_s`` is the server's hint (``Retry-After``), when it gave one."""
+
+    def __init__(self, message: str, *, provider: str = "", code: str = "",
+                 retry_after_s: float | None = None) -> None:
+        self.retry_after_s = retry_after_s
+        super().__init__(message, provider=provider, code=code)
 
 
 class AuthError(ProviderError):
@@ -58,6 +65,10 @@ class AuthError(ProviderError):
 
 class NotFoundError(ProviderError):
     """The instance (or other resource) does not exist."""
+
+
+class RegistryUnavailableError(ProviderError):
+    """An image registry is down or failing (connection refused, 5xx); retried per policy."""
 
 
 class ImageNotFoundError(FlowMeshError):
@@ -112,6 +123,7 @@ __all__ = [
     "PoolClosedError",
     "ProviderError",
     "QuotaError",
+    "RegistryUnavailableError",
     "RuntimeMissingError",
     "SandboxClosedError",
     "SandboxFileError",

@@ -17,11 +17,14 @@ from typing import Any
 
 from .config import Owner, home_dir
 from .control.backend import ControlBackend, InProcessBackend
-from .control.events import EventBus
+from .control.events import Event, EventBus, EventKind
 from .control.limits import QuotaLimits
 from .control.store import MetadataStore
 from .errors import SpecError
-from .images import ImageResolver, LocalStoreResolver
+from .images import (DefaultResolver, ImageResolver, LocalStoreResolver, PullBudget, PullPolicy,
+                     RegistryResolver)
+from .registry.auth import Credentials, write_auth_file
+from .registry.client import RegistryClient
 from .provider import Provider, load_provider
 from .remote.local import LocalRunner
 from .remote.runner import Runner
@@ -40,6 +43,9 @@ class Fleet:
     ``providers`` maps names to ready provider objects; any other name is loaded from
     the ``flowmesh_sdk.providers`` entry points with ``provider_options[name]``.
     ``quotas`` sets per-tenant limits (``"*"`` is the default for every tenant).
+    Images: ``localhost/...`` come from this host's store; any other reference is resolved
+    in its registry (credentials from ``registry_credentials`` or the podman/docker auth
+    files) within ``pull_policy``'s per-registry budget.
     """
 
     def __init__(self, name: str = "default", *, home: str | Path | None = None,
@@ -48,6 +54,8 @@ class Fleet:
                  control: ControlBackend | None = None, images: ImageResolver | None = None,
                  runtime_config: RuntimeConfig | None = None,
                  quotas: Mapping[str, QuotaLimits] | None = None,
+                 registry_credentials: Mapping[str, Credentials] | None = None,
+                 pull_policy: PullPolicy | None = None,
                  bootstrap_timeout_s: float = 600.0) -> None:
         check_name("fleet.name", name)
         self.name = name
@@ -63,7 +71,13 @@ class Fleet:
         self._provider_options = {k: dict(v) for k, v in (provider_options or {}).items()}
         self._runtimes: dict[int, ContainerRuntime] = {}
         self._local_runner = LocalRunner()
-        self.images = images or LocalStoreResolver(self.runtime_for(self._local_runner))
+        self._registry_creds = dict(registry_credentials or {})
+        self._authfiles: dict[str, str] = {}
+        self.pulls = PullBudget(self.control, pull_policy, on_retry=self._pull_retry)
+        self.registry = RegistryClient(credentials=self._registry_creds)
+        self.images = images or DefaultResolver(
+            LocalStoreResolver(self.runtime_for(self._local_runner)),
+            RegistryResolver(self.registry, self.pulls))
         quotas = dict(quotas or {})
         self.quota = self.control.quota(f"fleet:{name}:tenants", quotas.pop("*", None))
         for tenant, limits in quotas.items():
@@ -74,6 +88,23 @@ class Fleet:
 
     def __repr__(self) -> str:
         return f"Fleet({self.name!r}, pools={sorted(self.pools)})"
+
+    def _pull_retry(self, what: str, attempt: int, exc: BaseException, wait_s: float) -> None:
+        self.bus.publish(Event(EventKind.IMAGE_PULL_RETRY, fleet=self.name,
+                               detail=f"{what}: attempt {attempt} failed ({exc}); retry in {wait_s:.1f} s"))
+
+    def authfile_for(self, registry: str) -> str | None:
+        """A 0600 auth file for a registry given explicit credentials (podman reads its
+        default auth files for the others)."""
+        creds = self._registry_creds.get(registry)
+        if creds is None:
+            return None
+        if registry not in self._authfiles:
+            d = self.home / "auth"
+            d.mkdir(mode=0o700, exist_ok=True)
+            safe = "".join(c if c.isalnum() else "_" for c in registry)
+            self._authfiles[registry] = str(write_auth_file(d / f"{safe}.json", registry, creds))
+        return self._authfiles[registry]
 
     def provider(self, name: str) -> Provider:
         if name not in self._providers:
@@ -109,7 +140,8 @@ class Fleet:
                             + (f": {why(spec.instance)}" if why else ""))
         offer = min(offers, key=lambda o: o.price_per_hour)
         ctx = PoolContext(fleet=self.name, owner=self.owner, bus=self.bus, images=self.images,
-                          quota=self.quota, control=self.control, runtime_for=self.runtime_for,
+                          quota=self.quota, control=self.control, pulls=self.pulls,
+                          authfile_for=self.authfile_for, runtime_for=self.runtime_for,
                           bootstrap_timeout_s=self.bootstrap_timeout_s)
         cls = PersistentPool if spec.mode is PoolMode.PERSISTENT else EphemeralPool
         pool = cls(ctx, spec, provider, offer)
@@ -132,6 +164,7 @@ class Fleet:
         finally:
             for prov in self._providers.values():
                 await prov.close()
+            await self.registry.close()
             await self.store.flush()
             self.store.close()
 

@@ -1,65 +1,212 @@
-"""Image resolution at dispatch: a task whose image does not resolve fails before any
-instance is launched or any slot is taken.
+"""Images at dispatch: resolve before anything is launched, pin by digest, pull within
+a per-registry budget.
 
-:class:`LocalStoreResolver` (the default) looks in this host's container store and pulls
-once when the image is missing.  A registry-backed resolver implements the same
-:class:`ImageResolver` interface.
+* :class:`ImageInfo` is what a pool gets back from resolution: the digest and the exact
+  reference the runtime runs (``registry/repo@sha256:...``), so a tag that moves mid-run
+  cannot mix two images in one RL step, plus the layers and their sizes (for locality
+  and the disk budget).
+* :class:`LocalStoreResolver` answers for ``localhost/...`` images, which live only in
+  this host's container store (built here, never pulled).
+* :class:`RegistryResolver` answers for everything else through the OCI registry client,
+  with a per-tag TTL cache, single-flight lookups and the :class:`PullBudget`.
+* :class:`DefaultResolver` routes between the two.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import logging
+import random
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
 
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
+
+from .control.backend import ControlBackend
+from .errors import ImageNotFoundError, RegistryUnavailableError, ThrottledError
+from .registry.client import RegistryClient
+from .registry.reference import ImageRef
 from .remote.runtime import ContainerRuntime
+
+log = logging.getLogger("flowmesh.images")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class LayerInfo:
+    digest: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class ImageInfo:
+    image: str                      # as the user wrote it
+    digest: str                     # manifest digest (registry) or image id (local store)
+    run_ref: str                    # what the runtime pulls and runs
+    registry: str | None = None     # None: this host's store only
+    insecure: bool = False          # a loopback registry: plain HTTP, --tls-verify=false
+    layers: tuple[LayerInfo, ...] = ()
+
+    @property
+    def size(self) -> int:
+        return sum(layer.size for layer in self.layers)
 
 
 class ImageResolver(abc.ABC):
     @abc.abstractmethod
-    async def resolve(self, image: str) -> str:
-        """The image's digest (``sha256:...``); ImageNotFoundError when it does not exist."""
+    async def resolve(self, image: str) -> ImageInfo:
+        """Resolve ``image``; ImageNotFoundError when it does not exist."""
+
+
+# ---- the pull budget ------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class PullPolicy:
+    """Per-registry limits: a token bucket on registry requests and pulls, a cap on
+    concurrent pulls, and bounded retries with exponential backoff and jitter for a
+    throttled (429) or unavailable registry (honouring ``Retry-After``)."""
+
+    rate_per_s: float = 20.0
+    burst: int = 40
+    max_concurrent_pulls: int = 4
+    attempts: int = 5
+    backoff_s: float = 0.5
+    backoff_max_s: float = 30.0
+
+
+RetryHook = Callable[[str, int, BaseException, float], None]
+
+
+class PullBudget:
+    def __init__(self, control: ControlBackend, policy: PullPolicy | None = None,
+                 on_retry: RetryHook | None = None) -> None:
+        self.control = control
+        self.policy = policy or PullPolicy()
+        self.on_retry = on_retry
+
+    def _wait(self, state: RetryCallState) -> float:
+        p = self.policy
+        delay = min(p.backoff_max_s, p.backoff_s * 2 ** (state.attempt_number - 1))
+        delay *= 0.5 + random.random() / 2
+        exc = state.outcome.exception() if state.outcome else None
+        if isinstance(exc, ThrottledError) and exc.retry_after_s:
+            delay = max(delay, min(exc.retry_after_s, p.backoff_max_s))
+        return delay
+
+    async def run(self, registry: str, what: str, fn: Callable[[], Awaitable[T]], *,
+                  pull: bool = False) -> T:
+        """Run ``fn`` within ``registry``'s budget, retrying throttling and outages."""
+        p = self.policy
+        bucket = self.control.rate_limiter(f"registry:{registry}", p.rate_per_s, p.burst)
+        sem = self.control.semaphore(f"registry:{registry}:pulls", p.max_concurrent_pulls) if pull else None
+
+        def before_sleep(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            wait = state.next_action.sleep if state.next_action else 0.0
+            log.warning("%s: attempt %d failed (%s); retrying in %.1f s", what,
+                        state.attempt_number, exc, wait)
+            if self.on_retry is not None and exc is not None:
+                self.on_retry(what, state.attempt_number, exc, wait)
+
+        async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(p.attempts), wait=self._wait, reraise=True,
+                retry=retry_if_exception_type((ThrottledError, RegistryUnavailableError)),
+                before_sleep=before_sleep):
+            with attempt:
+                if sem is not None:
+                    await sem.acquire()
+                try:
+                    await bucket.acquire()
+                    return await fn()
+                finally:
+                    if sem is not None:
+                        sem.release()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+# ---- resolvers --------------------------------------------------------------------------
+
+class _Cache:
+    """Per-image TTL cache with single-flight lookups."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._hits: dict[str, tuple[ImageInfo, float]] = {}
+        self._inflight: dict[str, asyncio.Future[ImageInfo]] = {}
+
+    async def get(self, image: str, fetch: Callable[[], Awaitable[ImageInfo]]) -> ImageInfo:
+        hit = self._hits.get(image)
+        if hit is not None and time.monotonic() - hit[1] < self.ttl_s:
+            return hit[0]
+        fut = self._inflight.get(image)
+        if fut is None:
+            fut = self._inflight[image] = asyncio.ensure_future(fetch())
+            fut.add_done_callback(lambda f: self._done(image, f))
+        return await asyncio.shield(fut)
+
+    def _done(self, image: str, fut: asyncio.Future[ImageInfo]) -> None:
+        self._inflight.pop(image, None)
+        if not fut.cancelled() and fut.exception() is None:
+            self._hits[image] = (fut.result(), time.monotonic())
+        else:
+            self._hits.pop(image, None)
+
+    def forget(self, image: str) -> None:
+        self._hits.pop(image, None)
 
 
 class LocalStoreResolver(ImageResolver):
-    """Resolves against this host's podman/docker store.
-
-    Concurrent lookups of one image share a single call.  A hit younger than ``ttl_s`` is
-    answered from memory; an older hit is answered from memory too while one refresh runs
-    in the background (an image removed meanwhile still fails at container creation).
-    """
+    """``localhost/...`` images: present in this host's store, or not at all."""
 
     def __init__(self, runtime: ContainerRuntime, *, ttl_s: float = 30.0) -> None:
         self.runtime = runtime
-        self.ttl_s = ttl_s
-        self._cache: dict[str, tuple[str, float]] = {}
-        self._inflight: dict[str, asyncio.Future[str]] = {}
+        self._cache = _Cache(ttl_s)
 
-    async def resolve(self, image: str) -> str:
-        hit = self._cache.get(image)
-        if hit is not None:
-            if time.monotonic() - hit[1] >= self.ttl_s and image not in self._inflight:
-                self._lookup(image).add_done_callback(_consume)
-            return hit[0]
-        return await asyncio.shield(self._lookup(image))
+    async def resolve(self, image: str) -> ImageInfo:
+        return await self._cache.get(image, lambda: self._fetch(image))
 
-    def _lookup(self, image: str) -> asyncio.Future[str]:
-        fut = self._inflight.get(image)
-        if fut is None:
-            fut = self._inflight[image] = asyncio.ensure_future(self._fetch(image))
-            fut.add_done_callback(lambda _f: self._inflight.pop(image, None))
-        return fut
-
-    async def _fetch(self, image: str) -> str:
-        try:
-            digest = await self.runtime.ensure_image(image)
-        except BaseException:
-            self._cache.pop(image, None)
-            raise
-        self._cache[image] = (digest, time.monotonic())
-        return digest
+    async def _fetch(self, image: str) -> ImageInfo:
+        found = await self.runtime.image_inspect(image)
+        if found is None:
+            raise ImageNotFoundError(image, f"not in the local store of {self.runtime.runner.label} "
+                                            "(localhost/ images are built here, never pulled)")
+        digest, image_id = found
+        return ImageInfo(image=image, digest=digest, run_ref=image_id)
 
 
-def _consume(fut: asyncio.Future[str]) -> None:
-    if not fut.cancelled():
-        fut.exception()  # a failed background refresh only drops the cache entry
+class RegistryResolver(ImageResolver):
+    """Images in an OCI registry, resolved to the platform manifest digest."""
+
+    def __init__(self, client: RegistryClient, budget: PullBudget, *, ttl_s: float = 30.0,
+                 arch: str = "x86_64") -> None:
+        self.client = client
+        self.budget = budget
+        self.arch = arch
+        self._cache = _Cache(ttl_s)
+
+    async def resolve(self, image: str) -> ImageInfo:
+        return await self._cache.get(image, lambda: self._fetch(image))
+
+    async def _fetch(self, image: str) -> ImageInfo:
+        ref = ImageRef.parse(image)
+        res = await self.budget.run(ref.registry, f"resolve {image}",
+                                    lambda: self.client.resolve(ref, arch=self.arch))
+        return ImageInfo(image=image, digest=res.digest, run_ref=res.pinned, registry=ref.registry,
+                         insecure=ref.loopback,
+                         layers=tuple(LayerInfo(layer.digest, layer.size) for layer in res.layers))
+
+
+class DefaultResolver(ImageResolver):
+    """``localhost/...`` -> this host's store; anything else -> its registry."""
+
+    def __init__(self, local: ImageResolver, registry: ImageResolver | None) -> None:
+        self.local = local
+        self.registry = registry
+
+    async def resolve(self, image: str) -> ImageInfo:
+        if image.startswith("localhost/") or self.registry is None:
+            return await self.local.resolve(image)
+        return await self.registry.resolve(image)

@@ -138,6 +138,7 @@ class PoolSpec:
     warm_per_image: int = 1
     warm_images: tuple[str, ...] = ()
     region: str | None = None
+    image_cache_gb: float | None = None
 
     def __post_init__(self) -> None:
         check_name("pool.name", self.name)
@@ -159,8 +160,17 @@ class PoolSpec:
         check_number("pool.warm_per_image", self.warm_per_image, lo=0,
                      hi=self.sandboxes_per_instance, integer=True)
         object.__setattr__(self, "warm_images", tuple(self.warm_images))
+        if self.image_cache_gb is not None:
+            check_number("pool.image_cache_gb", self.image_cache_gb, lo=0, hi=self.instance.disk_gb,
+                         lo_open=True)
         if self.mode is PoolMode.EPHEMERAL and self.min_instances:
             raise SpecError("pool.min_instances", "must be 0 for an ephemeral pool (no warm instances)")
+
+    @property
+    def image_cache_bytes(self) -> int:
+        """The disk an instance may fill with images: ``image_cache_gb``, else 80% of disk."""
+        gb = self.image_cache_gb if self.image_cache_gb is not None else 0.8 * self.instance.disk_gb
+        return int(gb * 1024 ** 3)
 
     def check_fits(self, sandbox: SandboxSpec) -> None:
         """Raise SpecError when a sandbox cannot fit this pool's instances."""

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, field
 from ..control.backend import ControlBackend
 from ..control.events import Event, EventBus, EventKind
 from ..control.limits import Quota, Semaphore
-from ..errors import FlowMeshError, PoolClosedError, SandboxTimeout
-from ..images import ImageResolver
+from ..errors import FlowMeshError, ImageNotFoundError, PoolClosedError, SandboxTimeout
+from ..images import ImageInfo, ImageResolver, PullBudget
 from ..lifecycle import InstanceState, Lifecycle, TaskState, task_lifecycle
 from ..provider import (LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, LABEL_POOL, LABEL_TASK, TAG_FLEET,
                         TAG_OWNER, TAG_POOL, TAG_REQUEST, LaunchRequest, Offer, Provider)
@@ -31,6 +31,7 @@ from ..remote.runner import Runner
 from ..remote.runtime import ContainerRuntime
 from ..sandbox import Sandbox
 from ..specs import ExecResult, PhaseTimings, PoolSpec, SandboxSpec, Task, TaskResult
+from .images import InstanceImages
 from .instance import ManagedInstance
 
 log = logging.getLogger("flowmesh.pools")
@@ -46,6 +47,8 @@ class PoolContext:
     images: ImageResolver
     quota: Quota
     control: ControlBackend
+    pulls: PullBudget
+    authfile_for: Callable[[str], str | None]
     runtime_for: Callable[[Runner], ContainerRuntime]
     bootstrap_timeout_s: float = 600.0
 
@@ -115,6 +118,9 @@ class Pool(abc.ABC):
         self._sem: Semaphore = ctx.control.semaphore(f"fleet:{ctx.fleet}:pool:{spec.name}",
                                                      self._capacity())
         self._bg: set[asyncio.Task[object]] = set()
+        self.image_cache = InstanceImages(ctx.pulls, spec.image_cache_bytes,
+                                          remote=provider.capabilities.remote,
+                                          authfile_for=ctx.authfile_for, publish=self._publish)
         self._publish(EventKind.POOL_CREATED, detail=json.dumps(_spec_json(spec), sort_keys=True))
 
     def __repr__(self) -> str:
@@ -126,11 +132,11 @@ class Pool(abc.ABC):
         """Most tasks in flight at once."""
 
     @abc.abstractmethod
-    async def _place(self, spec: SandboxSpec, run: TaskRun) -> ManagedInstance | None:
+    async def _place(self, spec: SandboxSpec, info: ImageInfo, run: TaskRun) -> ManagedInstance | None:
         """Reserve a slot (scheduling phase)."""
 
     @abc.abstractmethod
-    async def _provision(self, spec: SandboxSpec, inst: ManagedInstance | None,
+    async def _provision(self, spec: SandboxSpec, info: ImageInfo, inst: ManagedInstance | None,
                          run: TaskRun) -> Sandbox:
         """Make the sandbox ready (env startup phase)."""
 
@@ -253,7 +259,7 @@ class Pool(abc.ABC):
             self._reject(run, PoolClosedError(f"pool {self.name!r} is draining"))
         try:
             self.spec.check_fits(spec)
-            await self.ctx.images.resolve(spec.image)
+            info = await self.ctx.images.resolve(spec.image)
             self.ctx.quota.admit(tenant)
         except FlowMeshError as exc:
             self._reject(run, exc)
@@ -269,10 +275,10 @@ class Pool(abc.ABC):
             admitted = True
             run.mark("admitted")
             lc.to(TaskState.SCHEDULED)
-            inst = await self._place(spec, run)
+            inst = await self._place(spec, info, run)
             run.mark("placed")
             lc.to(TaskState.STARTING)
-            sandbox = await self._provision(spec, inst, run)
+            sandbox = await self._provision(spec, info, inst, run)
             inst = self.instances.get(sandbox.instance_id, inst)
             run.instance_id = sandbox.instance_id
             run.mark("started")
@@ -381,7 +387,7 @@ class Pool(abc.ABC):
     async def _bootstrap_steps(self, mi: ManagedInstance) -> None:
         await mi.runtime.probe()
         for image in self.spec.warm_images:
-            await mi.ensure_image(image)
+            await self.image_cache.ensure(mi, await self.ctx.images.resolve(image))
 
     async def _terminate(self, insts: list[ManagedInstance]) -> None:
         """Destroy warm sandboxes, terminate the instances in one call, drop them."""
@@ -403,23 +409,44 @@ class Pool(abc.ABC):
     async def _close_sandbox(self, sandbox: Sandbox | None) -> None:
         if sandbox is None:
             return
-        await sandbox.close()
+        try:
+            await sandbox.close()
+        finally:
+            self.image_cache.release(self.instances.get(sandbox.instance_id), sandbox.image_id)
         self._publish(EventKind.SANDBOX_CLOSED, instance_id=sandbox.instance_id, detail=sandbox.name)
 
-    async def _new_sandbox(self, mi: ManagedInstance, spec: SandboxSpec, task_id: str) -> Sandbox:
-        digest = await mi.ensure_image(spec.image)
+    async def _new_sandbox(self, mi: ManagedInstance, spec: SandboxSpec, info: ImageInfo,
+                           task_id: str) -> Sandbox:
+        """A container from the pinned image on ``mi``, its channel open."""
         name = f"fm-{self.name}-{uuid.uuid4().hex[:10]}"
         labels = {LABEL_FLEET: self.ctx.fleet, LABEL_POOL: self.name, LABEL_INSTANCE: mi.id,
                   LABEL_OWNER: self.ctx.owner, LABEL_TASK: task_id}
-        cid = await mi.runtime.create(name, spec, labels)
-        sb = Sandbox(mi.runtime, cid, name, spec, instance_id=mi.id, image_id=digest)
+        await self.image_cache.ensure(mi, info)
+        try:
+            cid = await mi.runtime.create(name, spec, labels, image=info.run_ref)
+        except ImageNotFoundError:
+            # removed behind our back (a store shared with other pools): pull it again, once
+            mi.images.pop(info.digest, None)
+            await self.image_cache.ensure(mi, info)
+            cid = await mi.runtime.create(name, spec, labels, image=info.run_ref)
+        self.image_cache.acquire(mi, info.digest)
+        sb = Sandbox(mi.runtime, cid, name, spec, instance_id=mi.id, image_id=info.digest)
         try:
             await sb.start()
         except BaseException:
+            self.image_cache.release(mi, info.digest)
             await mi.runtime.remove([cid])
             raise
         self._publish(EventKind.SANDBOX_READY, instance_id=mi.id, detail=name)
         return sb
+
+    async def prefetch(self, images: Iterable[str]) -> list[ImageInfo]:
+        """Resolve ``images`` (failing fast) and pull them onto every READY instance,
+        ahead of an RL step.  Returns what they resolved to."""
+        infos = [await self.ctx.images.resolve(image) for image in images]
+        ready = [mi for mi in self.instances.values() if mi.state is InstanceState.READY]
+        await asyncio.gather(*(self.image_cache.ensure(mi, info) for mi in ready for info in infos))
+        return infos
 
     def _spawn(self, coro) -> asyncio.Task[object]:
         task = asyncio.ensure_future(coro)

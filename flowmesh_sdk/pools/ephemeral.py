@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..images import ImageInfo
 from ..sandbox import Sandbox
 from ..specs import SandboxSpec
 from .base import Pool, TaskRun
@@ -12,15 +13,15 @@ class EphemeralPool(Pool):
     def _capacity(self) -> int:
         return self.spec.max_instances
 
-    async def _place(self, spec: SandboxSpec, run: TaskRun) -> ManagedInstance | None:
+    async def _place(self, spec: SandboxSpec, info: ImageInfo, run: TaskRun) -> ManagedInstance | None:
         return None  # the instance is made for this task in _provision
 
-    async def _provision(self, spec: SandboxSpec, inst: ManagedInstance | None,
+    async def _provision(self, spec: SandboxSpec, info: ImageInfo, inst: ManagedInstance | None,
                          run: TaskRun) -> Sandbox:
         (mi,) = await self._launch(1)
         mi.active = 1
         try:
-            return await self._new_sandbox(mi, spec, run.id)
+            return await self._new_sandbox(mi, spec, info, run.id)
         except BaseException:
             await self._terminate([mi])
             raise

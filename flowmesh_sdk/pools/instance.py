@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 
+from ..images import ImageInfo
 from ..lifecycle import InstanceState, Lifecycle, instance_lifecycle
 from ..provider import Instance
 from ..remote.runtime import ContainerRuntime
@@ -14,9 +16,17 @@ from ..specs import SandboxSpec
 WarmKey = tuple[str, float, float, int, bool, str]
 
 
-def warm_key(spec: SandboxSpec) -> WarmKey:
-    """What a container fixes at creation (env and timeouts are per command)."""
-    return (spec.image, spec.cpus, spec.memory_gb, spec.pids, spec.network, spec.workdir)
+def warm_key(spec: SandboxSpec, digest: str) -> WarmKey:
+    """What a container fixes at creation (env and timeouts are per command).  Keyed by
+    the image digest, not the tag: a moved tag never hands out an old warm container."""
+    return (digest, spec.cpus, spec.memory_gb, spec.pids, spec.network, spec.workdir)
+
+
+@dataclass(slots=True)
+class CachedImage:
+    info: ImageInfo
+    last_used: float
+    in_use: int = 0
 
 
 class ManagedInstance:
@@ -27,11 +37,11 @@ class ManagedInstance:
         self.slots = slots
         self.active = 0
         self.lifecycle: Lifecycle[InstanceState] = instance_lifecycle(instance.id)
-        self.images: dict[str, str] = {}            # image reference -> digest held
+        self.images: dict[str, CachedImage] = {}    # digest -> what this instance holds
         self.warm: dict[WarmKey, list[Sandbox]] = {}
         self.warming: dict[WarmKey, int] = {}
         self.last_used = time.monotonic()
-        self._pulls: dict[str, asyncio.Task[str]] = {}
+        self.pulls: dict[str, asyncio.Future[CachedImage]] = {}   # digest -> pull in flight
 
     def __repr__(self) -> str:
         return f"ManagedInstance({self.id} {self.state.value} {self.active}/{self.slots})"
@@ -60,14 +70,22 @@ class ManagedInstance:
         self.warm.clear()
         return out
 
-    async def ensure_image(self, image: str) -> str:
-        """Make ``image`` present on this instance; concurrent callers share one pull."""
-        if image in self.images:
-            return self.images[image]
-        task = self._pulls.get(image)
-        if task is None:
-            task = self._pulls[image] = asyncio.ensure_future(self.runtime.ensure_image(image))
-            task.add_done_callback(lambda _t: self._pulls.pop(image, None))
-        digest = await asyncio.shield(task)
-        self.images[image] = digest
-        return digest
+    def layers(self) -> set[str]:
+        return {layer.digest for c in self.images.values() for layer in c.info.layers}
+
+    def locality(self, info: ImageInfo) -> float:
+        """FlowMesh's G_loc for an image here: 1.0 when held, else the share of its bytes
+        already present as layers of other images (0.0 when nothing is known)."""
+        if info.digest in self.images:
+            return 1.0
+        if not info.size:
+            return 0.0
+        have = self.layers()
+        return sum(layer.size for layer in info.layers if layer.digest in have) / info.size
+
+    def cache_bytes(self) -> int:
+        seen: dict[str, int] = {}
+        for c in self.images.values():
+            for layer in c.info.layers:
+                seen[layer.digest] = layer.size
+        return sum(seen.values())

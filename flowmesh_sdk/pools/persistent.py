@@ -24,6 +24,7 @@ import time
 
 from ..control.events import EventKind
 from ..errors import SandboxTimeout
+from ..images import ImageInfo
 from ..lifecycle import InstanceState
 from ..sandbox import Sandbox
 from ..specs import SandboxSpec
@@ -53,8 +54,7 @@ class PersistentPool(Pool):
 
     async def start(self) -> PersistentPool:
         """Launch ``min_instances`` (waiting until they are READY) and start the reaper."""
-        for image in self.spec.warm_images:
-            await self.ctx.images.resolve(image)  # fail fast, and warm the dispatch cache
+        warm = [await self.ctx.images.resolve(image) for image in self.spec.warm_images]  # fail fast
         need = self.spec.min_instances - self._live()
         if need > 0:
             self._pending += need
@@ -62,9 +62,9 @@ class PersistentPool(Pool):
                 await self._launch(need)
             finally:
                 self._pending -= need
-        for image in self.spec.warm_images:
+        for info in warm:
             for mi in list(self.instances.values()):
-                self._refill_warm(mi, self.default_sandbox(image))
+                self._refill_warm(mi, self.default_sandbox(info.image), info)
         self._spawn(self._reap_idle())
         return self
 
@@ -75,14 +75,14 @@ class PersistentPool(Pool):
         return len(self._ready()) + self._pending
 
     # ---- scheduling ------------------------------------------------------------
-    async def _place(self, spec: SandboxSpec, run: TaskRun) -> ManagedInstance:
-        key = warm_key(spec)
+    async def _place(self, spec: SandboxSpec, info: ImageInfo, run: TaskRun) -> ManagedInstance:
+        key = warm_key(spec, info.digest)
         deadline = time.monotonic() + self.ctx.bootstrap_timeout_s
         async with self._cond:
             self._want += 1
             try:
                 while True:
-                    mi = self._pick(key, spec.image)
+                    mi = self._pick(key, info)
                     if mi is not None:
                         mi.active += 1
                         mi.last_used = time.monotonic()
@@ -101,11 +101,13 @@ class PersistentPool(Pool):
             finally:
                 self._want -= 1
 
-    def _pick(self, key: WarmKey, image: str) -> ManagedInstance | None:
+    def _pick(self, key: WarmKey, info: ImageInfo) -> ManagedInstance | None:
+        """A warm container of this shape first, then locality (image or its layers held),
+        then the most free slots."""
         cands = [i for i in self._ready() if i.free > 0]
         if not cands:
             return None
-        return max(cands, key=lambda i: (bool(i.warm.get(key)), image in i.images, i.free))
+        return max(cands, key=lambda i: (bool(i.warm.get(key)), i.locality(info), i.free))
 
     def _maybe_scale_up(self) -> None:
         # Even while draining: tasks admitted before the drain still need their slots.
@@ -138,32 +140,32 @@ class PersistentPool(Pool):
                 self._cond.notify_all()
 
     # ---- sandboxes -------------------------------------------------------------
-    async def _provision(self, spec: SandboxSpec, inst: ManagedInstance | None,
+    async def _provision(self, spec: SandboxSpec, info: ImageInfo, inst: ManagedInstance | None,
                          run: TaskRun) -> Sandbox:
         assert inst is not None
-        key = warm_key(spec)
-        sb = inst.take_warm(key)
+        sb = inst.take_warm(warm_key(spec, info.digest))
         if sb is None:
-            sb = await self._new_sandbox(inst, spec, run.id)
+            sb = await self._new_sandbox(inst, spec, info, run.id)
         else:
             sb.spec = spec  # same container shape; env and timeouts are the caller's
-        self._refill_warm(inst, spec)
+        self._refill_warm(inst, spec, info)
         return sb
 
-    def _refill_warm(self, mi: ManagedInstance, spec: SandboxSpec) -> None:
-        key = warm_key(spec)
+    def _refill_warm(self, mi: ManagedInstance, spec: SandboxSpec, info: ImageInfo) -> None:
+        key = warm_key(spec, info.digest)
         if self._closing or mi.warm_count(key) >= self.spec.warm_per_image:
             return
         mi.warming[key] = mi.warming.get(key, 0) + 1
-        self._spawn(self._make_warm(mi, key, spec))
+        self._spawn(self._make_warm(mi, key, spec, info))
 
-    async def _make_warm(self, mi: ManagedInstance, key: WarmKey, spec: SandboxSpec) -> None:
+    async def _make_warm(self, mi: ManagedInstance, key: WarmKey, spec: SandboxSpec,
+                         info: ImageInfo) -> None:
         try:
-            sb = await self._new_sandbox(mi, spec, "warm")
+            sb = await self._new_sandbox(mi, spec, info, "warm")
         finally:
             mi.warming[key] -= 1
         if self._closing or mi.state is not InstanceState.READY:
-            await sb.close()
+            await self._close_sandbox(sb)
             return
         stack = mi.warm.pop(key, [])
         stack.append(sb)
@@ -172,7 +174,7 @@ class PersistentPool(Pool):
         while sum(len(v) for v in mi.warm.values()) > mi.slots:
             oldest = next(iter(mi.warm))
             victims = mi.warm.pop(oldest)
-            await asyncio.gather(*(v.close() for v in victims), return_exceptions=True)
+            await asyncio.gather(*(self._close_sandbox(v) for v in victims), return_exceptions=True)
 
     async def _teardown(self, sandbox: Sandbox | None, inst: ManagedInstance | None) -> None:
         try:

@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from ..errors import ContainerRuntimeError, ImageNotFoundError, RuntimeMissingError
+from ..errors import (AuthError, ContainerRuntimeError, ImageNotFoundError, RegistryUnavailableError,
+                      RuntimeMissingError, ThrottledError)
 from ..specs import SandboxSpec
 from .runner import Channel, CommandResult, Runner
 
@@ -116,34 +117,47 @@ class ContainerRuntime:
         return self._info
 
     # ---- images ----------------------------------------------------------------
-    async def image_id(self, image: str) -> str | None:
-        """The image's digest (or id) in this machine's store, None when absent."""
+    async def image_inspect(self, image: str) -> tuple[str, str] | None:
+        """``(digest, image id)`` of an image in this machine's store, None when absent.
+        The digest is the manifest digest when known, else the image id."""
         info = await self.probe()
         res = await self._run([info.binary, "image", "inspect", "--format",
                                "{{.Digest}} {{.Id}}", image], check=False)
         if not res.ok:
             return None
         digest, _, ident = res.text().strip().partition(" ")
-        return digest if digest.startswith("sha256:") else f"sha256:{ident.removeprefix('sha256:')}"
+        ident = ident.removeprefix("sha256:")
+        return (digest if digest.startswith("sha256:") else f"sha256:{ident}"), ident
 
-    async def ensure_image(self, image: str) -> str:
-        """Return the local image id, pulling it once if missing."""
-        found = await self.image_id(image)
-        if found:
-            return found
+    async def pull(self, ref: str, *, tls_verify: bool = True, authfile: str | None = None) -> None:
+        """Pull ``ref`` (normally ``repo@digest``); a no-op when it is already here.
+
+        Errors are the SDK's: ImageNotFoundError, AuthError, ThrottledError (429) and
+        RegistryUnavailableError (down, or a layer that failed its digest check), so the
+        pull budget can retry what is worth retrying."""
+        if await self.image_inspect(ref) is not None:
+            return
         info = await self.probe()
-        res = await self._run([info.binary, "pull", "--quiet", image], check=False,
-                              timeout_s=max(self.config.command_timeout_s, 900.0))
+        argv = [info.binary, "pull", "--quiet"]
+        if not tls_verify:
+            argv.append("--tls-verify=false")
+        if authfile:
+            argv += ["--authfile", authfile]
+        res = await self._run(argv + [ref], check=False, timeout_s=max(self.config.command_timeout_s, 900.0))
         if not res.ok:
-            raise ImageNotFoundError(image, f"pull failed on {self.runner.label}: {res.describe()}")
-        found = await self.image_id(image)
-        if not found:
-            raise ImageNotFoundError(image, f"not present on {self.runner.label} after pull")
-        return found
+            raise pull_error(ref, self.runner.label, res)
+
+    async def remove_image(self, ref: str) -> bool:
+        """Untag ``ref`` (the image goes when its last name does); False if a container uses it."""
+        info = await self.probe()
+        res = await self._run([info.binary, "rmi", ref], check=False)
+        return res.ok
 
     # ---- containers ------------------------------------------------------------
-    async def create(self, name: str, spec: SandboxSpec, labels: Mapping[str, str]) -> str:
-        """Start a sandbox container that idles until commands arrive; returns its id."""
+    async def create(self, name: str, spec: SandboxSpec, labels: Mapping[str, str], *,
+                     image: str | None = None) -> str:
+        """Start a sandbox container that idles until commands arrive; returns its id.
+        ``image`` (a pinned reference or image id) overrides ``spec.image``."""
         info = await self.probe()
         argv = [info.binary, "run", "-d", "--name", name, *info.run_flags,
                 "--cpus", f"{spec.cpus:g}", "--memory", f"{spec.memory_mib}m",
@@ -153,7 +167,7 @@ class ContainerRuntime:
             argv += ["--network", "none"]
         for k, v in sorted(labels.items()):
             argv += ["--label", f"{k}={v}"]
-        argv += ["--entrypoint", "/bin/sh", spec.image, "-c", _IDLE_PID1]
+        argv += ["--entrypoint", "/bin/sh", image or spec.image, "-c", _IDLE_PID1]
         res = await self._run(argv, check=False)
         if not res.ok:
             err = res.stderr.decode("utf-8", "replace")
@@ -210,3 +224,23 @@ class ContainerRuntime:
         if check and not res.ok:
             raise ContainerRuntimeError(f"on {self.runner.label}: {res.describe()}")
         return res
+
+
+def pull_error(ref: str, where: str, res: CommandResult) -> Exception:
+    """Map a failed ``pull`` to the SDK's error classes by what the runtime printed."""
+    err = res.stderr.decode("utf-8", "replace")
+    low = err.lower()
+    registry = ref.split("/", 1)[0]
+    msg = f"pull of {ref} on {where} failed: {res.describe()}"
+    if "toomanyrequests" in low or "429" in low:
+        return ThrottledError(msg, provider=registry, code="TooManyRequests")
+    if "unauthorized" in low or "authentication required" in low or "denied" in low:
+        return AuthError(f"registry {registry} refused the pull of {ref}; log in with "
+                         f"`podman login {registry}` ({res.describe()})", provider=registry,
+                         code="Unauthorized")
+    if "manifest unknown" in low or "name unknown" in low or "not found" in low:
+        return ImageNotFoundError(ref, f"{where}: {res.describe()}")
+    if "digest" in low and ("mismatch" in low or "did not match" in low):
+        return RegistryUnavailableError(f"{msg} (a layer failed its digest check; not used)",
+                                        provider=registry, code="DigestMismatch")
+    return RegistryUnavailableError(msg, provider=registry, code="PullFailed")

@@ -1,0 +1,89 @@
+"""Images on a pool's instances: pulls within the registry budget (one per image per
+instance, however many tasks ask at once), in-use counts, and a bounded disk: when an
+instance's image cache crosses its high-water mark, least-recently-used images that no
+sandbox uses are removed until it is back under the low-water mark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from ..control.events import EventKind
+from ..errors import ImageNotFoundError
+from ..images import ImageInfo, PullBudget
+from .instance import CachedImage, ManagedInstance
+
+LOW_WATER = 0.8   # evict down to this share of the budget
+
+
+class InstanceImages:
+    def __init__(self, budget: PullBudget, cache_bytes: int, *, remote: bool,
+                 authfile_for: Callable[[str], str | None],
+                 publish: Callable[..., None]) -> None:
+        self.budget = budget
+        self.cache_bytes = cache_bytes
+        self.remote = remote
+        self.authfile_for = authfile_for
+        self.publish = publish
+
+    async def ensure(self, mi: ManagedInstance, info: ImageInfo) -> CachedImage:
+        """Make ``info`` present on ``mi``; concurrent callers share one pull."""
+        cached = mi.images.get(info.digest)
+        if cached is not None:
+            cached.last_used = time.monotonic()
+            return cached
+        fut = mi.pulls.get(info.digest)
+        if fut is None:
+            fut = mi.pulls[info.digest] = asyncio.ensure_future(self._pull(mi, info))
+            fut.add_done_callback(lambda _f: mi.pulls.pop(info.digest, None))
+        return await asyncio.shield(fut)
+
+    async def _pull(self, mi: ManagedInstance, info: ImageInfo) -> CachedImage:
+        t0 = time.monotonic()
+        if info.registry is None:
+            if self.remote:
+                raise ImageNotFoundError(info.image, "localhost/ images exist only in this host's "
+                                                     "store; push it to a registry for remote instances")
+        else:
+            await self.budget.run(
+                info.registry, f"pull {info.image} on {mi.id}",
+                lambda: mi.runtime.pull(info.run_ref, tls_verify=not info.insecure,
+                                        authfile=self.authfile_for(info.registry or "")),
+                pull=True)
+            self.publish(EventKind.IMAGE_PULLED, instance_id=mi.id,
+                         detail=f"{info.run_ref} {info.size} bytes in {time.monotonic() - t0:.2f} s")
+        cached = mi.images[info.digest] = CachedImage(info, time.monotonic())
+        await self.evict(mi, keep=info.digest)
+        return cached
+
+    def acquire(self, mi: ManagedInstance, digest: str) -> None:
+        cached = mi.images.get(digest)
+        if cached is not None:
+            cached.in_use += 1
+            cached.last_used = time.monotonic()
+
+    def release(self, mi: ManagedInstance | None, digest: str) -> None:
+        cached = mi.images.get(digest) if mi is not None else None
+        if cached is not None and cached.in_use > 0:
+            cached.in_use -= 1
+            cached.last_used = time.monotonic()
+
+    async def evict(self, mi: ManagedInstance, *, keep: str = "") -> list[str]:
+        """Above the high-water mark, remove LRU images no sandbox uses."""
+        if mi.cache_bytes() <= self.cache_bytes:
+            return []
+        removed: list[str] = []
+        for cached in sorted(mi.images.values(), key=lambda c: c.last_used):
+            if mi.cache_bytes() <= self.cache_bytes * LOW_WATER:
+                break
+            info = cached.info
+            if cached.in_use or info.digest == keep or info.registry is None:
+                continue  # in use, just pulled, or built here (never evicted)
+            if await mi.runtime.remove_image(info.run_ref):
+                mi.images.pop(info.digest, None)
+                removed.append(info.digest)
+                self.publish(EventKind.IMAGE_EVICTED, instance_id=mi.id,
+                             detail=f"{info.run_ref} ({info.size} bytes)")
+        return removed

@@ -1,0 +1,1 @@
+"""OCI registry client: references, credentials, manifest resolution."""
