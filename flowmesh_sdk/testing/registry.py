@@ -224,6 +224,9 @@ class LocalRegistry:
             raise ValueError(f"auth must be one of {_AUTH_MODES}, not {auth!r}")
         if anonymous_pull and auth != "token":
             raise ValueError("anonymous_pull is for auth='token' (htpasswd guards every request)")
+        if token_header not in ("x5c", "kid", "jwk"):
+            raise ValueError(f"token_header must be 'x5c', 'kid' or 'jwk', not {token_header!r}")
+        self._explicit_credentials = username is not None or password is not None
         self.auth = auth
         self._storage_arg = Path(storage_dir) if storage_dir is not None else None
         self._username = username if auth else None
@@ -310,8 +313,11 @@ class LocalRegistry:
     # ---- lifecycle -------------------------------------------------------- #
 
     def _binary(self) -> str:
-        binary = self._binary_arg or shutil.which("docker-registry") or (
-            "/usr/bin/docker-registry" if os.access("/usr/bin/docker-registry", os.X_OK) else None)
+        if self._binary_arg is not None:
+            binary = shutil.which(self._binary_arg)
+        else:
+            binary = shutil.which("docker-registry") or (
+                "/usr/bin/docker-registry" if os.access("/usr/bin/docker-registry", os.X_OK) else None)
         if not binary:
             raise RegistryNotInstalled(
                 f"docker-registry (distribution v2) is not installed: {_INSTALL_HINT}")
@@ -369,7 +375,7 @@ class LocalRegistry:
         password = self._password or secrets.token_urlsafe(18)
         entry = _bcrypt_entry(self._username, password)
         if entry is None:
-            if self._password is not None or self._username not in (_DEFAULT_USER, _PROVISIONED_USER):
+            if self._explicit_credentials:
                 raise RegistryError(
                     "htpasswd entries need bcrypt: apt-get install -y apache2-utils "
                     "(or pip install bcrypt)")

@@ -1,0 +1,114 @@
+"""Image references, credentials files and the pull budget (no registry needed)."""
+
+import asyncio
+import json
+import os
+
+import pytest
+
+from flowmesh_sdk.control import InProcessBackend
+from flowmesh_sdk.errors import AuthError, RegistryUnavailableError, SpecError, ThrottledError
+from flowmesh_sdk.images import PullBudget, PullPolicy
+from flowmesh_sdk.registry.auth import Credentials, load_credentials, write_auth_file
+from flowmesh_sdk.registry.reference import ImageRef
+
+D = "sha256:" + "ab" * 32
+
+
+@pytest.mark.parametrize("text, registry, repo, tag, digest", [
+    ("python", "docker.io", "library/python", "latest", None),
+    ("python:3.11", "docker.io", "library/python", "3.11", None),
+    ("org/app:v1", "docker.io", "org/app", "v1", None),
+    ("127.0.0.1:5000/flowmesh/swe-base:bookworm", "127.0.0.1:5000", "flowmesh/swe-base", "bookworm", None),
+    ("localhost/flowmesh/busybox:1", "localhost", "flowmesh/busybox", "1", None),
+    (f"ghcr.io/a/b/c@{D}", "ghcr.io", "a/b/c", None, D),
+    (f"reg.example:443/x:t@{D}", "reg.example:443", "x", "t", D),
+])
+def test_reference_parsing(text, registry, repo, tag, digest):
+    ref = ImageRef.parse(text)
+    assert (ref.registry, ref.repository, ref.tag, ref.digest) == (registry, repo, tag, digest)
+    assert ref.reference == (digest or tag)
+
+
+@pytest.mark.parametrize("bad", ["", "UPPER/case", "a b", "x@sha256:123", "x:-bad", "x:"])
+def test_reference_rejects(bad):
+    with pytest.raises(SpecError, match="image"):
+        ImageRef.parse(bad)
+
+
+def test_pinning_and_loopback():
+    ref = ImageRef.parse("127.0.0.1:5000/flowmesh/swe-base:bookworm")
+    assert ref.loopback and ImageRef.parse("localhost:5000/x").loopback
+    assert not ImageRef.parse("registry.example.com/x").loopback
+    assert ref.with_digest(D).pinned() == f"127.0.0.1:5000/flowmesh/swe-base@{D}"
+    with pytest.raises(ValueError):
+        ref.pinned()
+
+
+def test_credentials_from_auth_files_never_in_repr(tmp_path, monkeypatch):
+    path = write_auth_file(tmp_path / "auth.json", "127.0.0.1:5000", Credentials("alice", "s3cret"))
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    assert json.loads(path.read_text())["auths"]["127.0.0.1:5000"]["auth"]
+    monkeypatch.setenv("REGISTRY_AUTH_FILE", str(path))
+    creds = load_credentials("127.0.0.1:5000")
+    assert creds == Credentials("alice", "s3cret")
+    assert "s3cret" not in repr(creds) and "s3cret" not in str(creds)
+    assert load_credentials("other:1") is None
+    err = AuthError("registry x refused", provider="x")
+    assert "s3cret" not in str(err)
+
+
+async def test_pull_budget_retries_throttling_then_succeeds():
+    retries: list[tuple[str, int]] = []
+    budget = PullBudget(InProcessBackend(), PullPolicy(attempts=4, backoff_s=0.01, backoff_max_s=0.05),
+                        on_retry=lambda what, n, exc, wait: retries.append((what, n)))
+    calls = 0
+
+    async def flaky() -> str:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise ThrottledError("429", provider="r", retry_after_s=0.01)
+        return "ok"
+
+    assert await budget.run("r", "resolve x", flaky) == "ok"
+    assert calls == 3 and retries == [("resolve x", 1), ("resolve x", 2)]
+
+
+async def test_pull_budget_gives_up_and_does_not_retry_auth():
+    budget = PullBudget(InProcessBackend(), PullPolicy(attempts=3, backoff_s=0.01, backoff_max_s=0.02))
+    calls = 0
+
+    async def down() -> None:
+        nonlocal calls
+        calls += 1
+        raise RegistryUnavailableError("connection refused", provider="r")
+
+    with pytest.raises(RegistryUnavailableError):
+        await budget.run("r", "pull", down)
+    assert calls == 3
+
+    async def refused() -> None:
+        nonlocal calls
+        calls += 1
+        raise AuthError("no", provider="r")
+
+    calls = 0
+    with pytest.raises(AuthError):
+        await budget.run("r", "pull", refused)
+    assert calls == 1
+
+
+async def test_pull_budget_caps_concurrent_pulls():
+    budget = PullBudget(InProcessBackend(), PullPolicy(max_concurrent_pulls=2, rate_per_s=1000, burst=100))
+    running = peak = 0
+
+    async def pull() -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.01)
+        running -= 1
+
+    await asyncio.gather(*(budget.run("r", f"pull {i}", pull, pull=True) for i in range(6)))
+    assert peak == 2
