@@ -684,11 +684,16 @@ def task_files_from_dir(directory: str | os.PathLike[str]) -> dict[str, bytes]:
 
 
 def list_task_images() -> list[str]:
-    """References of all swe-task images in local podman storage (sorted)."""
+    """``localhost/flowmesh/swe-task-*`` references in local podman storage (sorted).
+
+    Other names of the same images (such as ``HOST:PORT/flowmesh/swe-task-...``
+    left behind by push()) are not listed.
+    """
     res = _run([_podman(), "images", "--filter", f"label={LABEL_IMAGE}={SWE_TASK_IMAGE_KIND}",
                 "--format", "{{.Repository}}:{{.Tag}}"], what="podman images", capture=True)
     return sorted({ln.strip() for ln in res.stdout.splitlines()
-                   if ln.strip() and not ln.strip().endswith(":<none>")})
+                   if ln.strip().startswith(SWE_TASK_REPO_PREFIX)
+                   and not ln.strip().endswith(":<none>")})
 
 
 # --------------------------------------------------------------------------- #

@@ -79,7 +79,7 @@ def test_gc_leaves_a_live_coordinators_work_alone(fm_home, busybox_image, tmp_pa
                             stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline()
-        assert line.startswith("READY"), line
+        assert line.startswith("READY"), (line, proc.stderr.read() if proc.poll() is not None else "")
         owner = line.split()[1]
         out = _flowmesh("gc", "--yes", env=env)
         assert out.returncode == 0 and "nothing left behind" in out.stdout

@@ -509,13 +509,18 @@ def test_cli_task_subcommand(images_mod, swe_image, tmp_path, capsys):
     (repo / "pkg" / "m.py").write_text(f"# {uuid.uuid4().hex}\n")
     (repo / ".git").mkdir()  # skipped
     (repo / ".git" / "HEAD").write_text("junk\n")
+    name = f"cli-test-{uuid.uuid4().hex[:8]}"  # unique: parallel runs must not share it
+    ref = f"localhost/flowmesh/swe-task-{name}:v1"
     try:
-        assert images_mod.main(["task", "cli-test", str(repo), "--tag", "v1"]) == 0
-        assert capsys.readouterr().out.strip() == "localhost/flowmesh/swe-task-cli-test:v1"
-        assert "localhost/flowmesh/swe-task-cli-test:v1" in images_mod.list_task_images()
+        assert images_mod.main(["task", name, str(repo), "--tag", "v1"]) == 0
+        assert capsys.readouterr().out.strip() == ref
+        assert ref in images_mod.list_task_images()
+        flags = images_mod.podman_run_ulimit_args()
+        res = subprocess.run(["podman", "run", "--rm", "--network", "none", *flags, ref, "git", "ls-files"],
+                             capture_output=True, text=True, timeout=60)
+        assert res.stdout.split() == ["pkg/m.py"], res.stderr
     finally:
-        subprocess.run(["podman", "image", "rm", "--force", "localhost/flowmesh/swe-task-cli-test:v1"],
-                       capture_output=True)
+        subprocess.run(["podman", "image", "rm", "--force", ref], capture_output=True)
 
 
 # --------------------------------------------------------------------------- #
@@ -577,12 +582,16 @@ def test_push_and_second_task_image_pulls_one_layer(images_mod, swe_image, regis
     pushed: list[tuple[str, str]] = []
     # podman refuses a runroot longer than 50 characters: keep the store path short
     store = Path(tempfile.mkdtemp(prefix="fm-pull-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    pod: list[str] = []
     try:
         t0 = time.monotonic()
         for ref in (swe_image, *refs):
             pushed.append((ref, images_mod.push(ref, reg)))
         print(f"\n[timing] push swe-base + 2 task images: {time.monotonic() - t0:.1f}s")
         assert pushed[0][1] == f"{reg}/flowmesh/swe-base:bookworm"
+        # the registry names that push() leaves in local storage are not task images to list
+        listed = images_mod.list_task_images()
+        assert set(refs) <= set(listed) and not any(r.startswith(reg) for r in listed)
 
         base_m = _manifest(reg, "flowmesh/swe-base", "bookworm")
         task_ms = [_manifest(reg, *t.split("/", 1)[1].rsplit(":", 1)) for _, t in pushed[1:]]
@@ -593,8 +602,10 @@ def test_push_and_second_task_image_pulls_one_layer(images_mod, swe_image, regis
             assert m["layers"][-1]["size"] < 1_000_000  # the task layer is small
 
         # pull both into an empty store; the second pull fetches only its own blobs
+        driver = subprocess.run(["podman", "info", "--format", "{{.Store.GraphDriverName}}"],
+                                capture_output=True, text=True).stdout.strip() or "vfs"
         pod = ["podman", "--root", str(store / "root"), "--runroot", str(store / "run"),
-               "--storage-driver", "vfs"]
+               "--storage-driver", driver]
         first = pushed[1][1]
         second = pushed[2][1]
         res = subprocess.run([*pod, "pull", "-q", "--tls-verify=false", first],
@@ -605,7 +616,7 @@ def test_push_and_second_task_image_pulls_one_layer(images_mod, swe_image, regis
         res = subprocess.run([*pod, "pull", "-q", "--tls-verify=false", second],
                              capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr
-        print(f"[timing] pull of the second task image (incl. the vfs copy of the base): "
+        print(f"[timing] pull of the second task image (base layer already local): "
               f"{time.monotonic() - t0:.2f}s")
         time.sleep(0.2)
         with open(log, "rb") as fh:
@@ -619,7 +630,6 @@ def test_push_and_second_task_image_pulls_one_layer(images_mod, swe_image, regis
             subprocess.run(["podman", "untag", src, target], capture_output=True)
         for ref in refs:
             subprocess.run(["podman", "image", "rm", "--force", ref], capture_output=True)
-        if store.exists():
-            subprocess.run(["podman", "--root", str(store / "root"), "--runroot", str(store / "run"),
-                            "--storage-driver", "vfs", "system", "reset", "--force"], capture_output=True)
-            shutil.rmtree(store, ignore_errors=True)
+        if pod:
+            subprocess.run([*pod, "system", "reset", "--force"], capture_output=True)
+        shutil.rmtree(store, ignore_errors=True)

@@ -28,13 +28,25 @@ FAST = PullPolicy(attempts=3, backoff_s=0.05, backoff_max_s=0.2)
 def registry(busybox_image):
     with LocalRegistry() as reg:
         reg.push(busybox_image, "flowmesh/busybox:1")
+        host = reg.host
         yield reg
+    _forget_images_from(host)
 
 
 @pytest.fixture
 def proxy(registry):
     with FaultProxy(registry.host) as px:
+        host = px.host
         yield px
+    _forget_images_from(host)
+
+
+def _forget_images_from(host: str) -> None:
+    """Drop what the tests pulled from a registry that is going away."""
+    ids = subprocess.run(["podman", "images", "-q", "--filter", f"reference={host}/*/*"],
+                         capture_output=True, text=True).stdout.split()
+    if ids:
+        subprocess.run(["podman", "rmi", "-f", *set(ids)], capture_output=True)
 
 
 def make_image(reg: LocalRegistry, base: str, tmp: Path, name: str, content: str | None = None) -> tuple[str, str]:
@@ -88,19 +100,20 @@ async def test_client_resolves_manifest_digest_and_layers(registry):
 
 
 async def test_sandbox_is_pinned_and_a_moved_tag_does_not_mix(rfleet, registry, busybox_image, tmp_path):
-    ref_a, digest_a = make_image(registry, busybox_image, tmp_path, "moving", "A")
+    a, b = f"A-{uuid.uuid4().hex}", f"B-{uuid.uuid4().hex}"
+    ref_a, digest_a = make_image(registry, busybox_image, tmp_path, "moving", a)
     pool = await rfleet.pool(PoolSpec(name="pin", instance=InstanceSpec(cpus=1, memory_gb=2),
                                       sandboxes_per_instance=2, warm_per_image=0))
     async with pool.sandbox(_spec(ref_a)) as sb:
         assert sb.image_id == digest_a
-        assert (await sb.exec("cat /data")).stdout == "A"
+        assert (await sb.exec("cat /data")).stdout == a
         name = subprocess.run(["podman", "inspect", "--format", "{{.ImageName}}", sb.container_id],
                               check=True, capture_output=True, text=True).stdout.strip()
         assert name.endswith(f"@{digest_a}")
-    ref_b, digest_b = make_image(registry, busybox_image, tmp_path, "moving", "B")
+    ref_b, digest_b = make_image(registry, busybox_image, tmp_path, "moving", b)
     assert ref_b == ref_a and digest_b != digest_a      # the tag moved in the registry
     async with pool.sandbox(_spec(ref_a)) as sb:       # same step (within the TTL): still A
-        assert sb.image_id == digest_a and (await sb.exec("cat /data")).stdout == "A"
+        assert sb.image_id == digest_a and (await sb.exec("cat /data")).stdout == a
 
 
 async def test_one_pull_per_image_per_instance_and_only_new_layers(rfleet, registry, proxy,
@@ -159,12 +172,13 @@ async def test_throttled_registry_backs_off_without_failing(rfleet, registry, pr
 
 
 async def test_corrupt_layer_is_detected_repulled_and_never_run(rfleet, registry, proxy, busybox_image, tmp_path):
-    ref, _ = make_image(registry, busybox_image, tmp_path, "corrupt", "intact-content")
+    content = f"intact-{uuid.uuid4().hex}"   # unique: the layer must not be in the store yet
+    ref, _ = make_image(registry, busybox_image, tmp_path, "corrupt", content)
     pool = await rfleet.pool(PoolSpec(name="cor", instance=InstanceSpec(cpus=1, memory_gb=1)))
     retries = rfleet.bus.subscribe(EventKind.IMAGE_PULL_RETRY)
     proxy.corrupt_next_blob(1)
     async with pool.sandbox(_spec(via(proxy, ref, registry))) as sb:
-        assert (await sb.exec("cat /data")).stdout == "intact-content"
+        assert (await sb.exec("cat /data")).stdout == content
     details = [e.detail for e in _drain(retries)]
     assert details and "pull" in details[0] and "digest" in details[0].lower()
 
