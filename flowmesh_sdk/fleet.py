@@ -23,7 +23,7 @@ from .control.store import MetadataStore
 from .errors import SpecError
 from .images import (DefaultResolver, ImageResolver, LocalStoreResolver, PullBudget, PullPolicy,
                      RegistryResolver)
-from .registry.auth import Credentials, write_auth_file
+from .registry.auth import Credentials, env_credentials, write_auth_file
 from .registry.client import RegistryClient
 from .provider import Provider, load_provider
 from .remote.local import LocalRunner
@@ -94,9 +94,9 @@ class Fleet:
                                detail=f"{what}: attempt {attempt} failed ({exc}); retry in {wait_s:.1f} s"))
 
     def authfile_for(self, registry: str) -> str | None:
-        """A 0600 auth file for a registry given explicit credentials (podman reads its
-        default auth files for the others)."""
-        creds = self._registry_creds.get(registry)
+        """A 0600 auth file for a registry whose credentials came from ``registry_credentials``
+        or the environment (podman reads the default auth files by itself)."""
+        creds = self._registry_creds.get(registry) or env_credentials(registry)
         if creds is None:
             return None
         if registry not in self._authfiles:

@@ -54,6 +54,8 @@ def test_credentials_from_auth_files_never_in_repr(tmp_path, monkeypatch):
     assert creds == Credentials("alice", "s3cret")
     assert "s3cret" not in repr(creds) and "s3cret" not in str(creds)
     assert load_credentials("other:1") is None
+    monkeypatch.setenv("FLOWMESH_REGISTRY_AUTH_OTHER_1", "bob:pa:ss")
+    assert load_credentials("other:1") == Credentials("bob", "pa:ss")
     err = AuthError("registry x refused", provider="x")
     assert "s3cret" not in str(err)
 

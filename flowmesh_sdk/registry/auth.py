@@ -1,8 +1,14 @@
-"""Registry credentials, from the user's podman/docker auth files (never logged).
+"""Registry credentials, from the environment or the user's podman/docker auth files
+(never logged).
 
-Looked up, first match wins: ``$REGISTRY_AUTH_FILE``, ``$XDG_RUNTIME_DIR/containers/auth.json``,
-``~/.config/containers/auth.json``, ``~/.docker/config.json``.  Each holds
-``{"auths": {"HOST": {"auth": base64("user:password")}}}``.
+Looked up, first match wins:
+
+1. ``FLOWMESH_REGISTRY_AUTH_<HOST>`` = ``user:password``, where ``<HOST>`` is the registry
+   host (with port) upper-cased and every character but letters and digits replaced by
+   ``_`` (``127.0.0.1:5000`` -> ``FLOWMESH_REGISTRY_AUTH_127_0_0_1_5000``);
+2. the auth files ``$REGISTRY_AUTH_FILE``, ``$XDG_RUNTIME_DIR/containers/auth.json``,
+   ``~/.config/containers/auth.json``, ``~/.docker/config.json``, each holding
+   ``{"auths": {"HOST": {"auth": base64("user:password")}}}``.
 """
 
 from __future__ import annotations
@@ -38,7 +44,22 @@ def auth_files() -> list[Path]:
     return out
 
 
+def env_var(registry: str) -> str:
+    return "FLOWMESH_REGISTRY_AUTH_" + "".join(c if c.isalnum() else "_" for c in registry.upper())
+
+
+def env_credentials(registry: str) -> Credentials | None:
+    value = os.environ.get(env_var(registry))
+    if not value or ":" not in value:
+        return None
+    user, _, pw = value.partition(":")
+    return Credentials(user, pw)
+
+
 def load_credentials(registry: str, files: list[Path] | None = None) -> Credentials | None:
+    found = env_credentials(registry)
+    if found is not None:
+        return found
     for path in files if files is not None else auth_files():
         try:
             data = json.loads(path.read_text())
