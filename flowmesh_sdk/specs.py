@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from .errors import SpecError
+from .registry.reference import ImageRef
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
@@ -100,9 +101,10 @@ class SandboxSpec:
     timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.image, str) or not self.image.strip() or any(
-                c.isspace() for c in self.image):
-            raise SpecError("sandbox.image", f"must be a non-empty image reference, got {self.image!r}")
+        try:
+            ImageRef.parse(self.image)
+        except SpecError as exc:
+            raise SpecError("sandbox.image", str(exc).removeprefix("image: ")) from None
         check_number("sandbox.cpus", self.cpus, lo=0, hi=1024, lo_open=True)
         check_number("sandbox.memory_gb", self.memory_gb, lo=0.004, hi=32768)
         check_number("sandbox.pids", self.pids, lo=8, hi=4_194_304, integer=True)
