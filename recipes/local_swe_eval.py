@@ -1,10 +1,18 @@
 #!/usr/bin/env python3
-"""Evaluate candidate patches for small SWE-style tasks in local sandboxes.
+"""Evaluate candidate patches for small SWE-style tasks in sandboxes that run per-task
+images pulled from a registry by digest.
 
 Each task is a tiny git repository with one bug, a pytest test that fails because of
-it, and a candidate patch (a unified diff).  Inside a fresh sandbox the task:
+it, and a candidate patch (a unified diff).  Like SWE-bench, every task gets its own
+image: ``images/build.py`` builds ``localhost/flowmesh/swe-task-<name>:<tag>`` FROM
+swe-base with the repository committed at ``/work/repo`` (one small layer).  The recipe
+pushes swe-base and every task image to a registry (a throw-away ``docker-registry`` on
+127.0.0.1, or ``--registry HOST:PORT``), removes the local task images, and runs each
+task in ``HOST/flowmesh/swe-task-<name>:<tag>``: the SDK resolves it to its manifest
+digest and pulls it by digest (only the task's own layer travels; swe-base stays local).
+Inside the sandbox only the patch is shipped; the task:
 
-1. commits the repository with git,
+1. checks that ``/work/repo`` is the image's clean commit,
 2. checks that the test fails before the patch (else the task itself is broken),
 3. applies the patch with ``git apply`` and restores ``tests/`` from the commit (a patch
    must fix the code, not edit the test),
@@ -12,11 +20,13 @@ it, and a candidate patch (a unified diff).  Inside a fresh sandbox the task:
 
 Half the patches are right and half are wrong, so the expected verdict of every task is
 known; the run succeeds only if every task's verdict matches.  The same batch runs on a
-persistent pool (warm instance, a fresh container per task) and on an ephemeral pool (a
-fresh instance per task), one after the other, and the per-phase latencies are compared.
+persistent pool (one warm instance, every image prefetched onto it, a fresh container per
+task) and on an ephemeral pool (a fresh instance per task, which pulls its image), one
+after the other; images pulled from the registry are removed in between, so both modes
+really pull.
 
     python recipes/local_swe_eval.py [--tasks N] [--mode persistent|ephemeral|both]
-                                     [--image IMG] [--json PATH]
+                                     [--registry HOST:PORT] [--json PATH]
 
 Importable too: ``await main(["--tasks", "4"])`` returns the exit status.
 """

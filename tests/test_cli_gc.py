@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from conftest import podman_names
 
 CRASHER = textwrap.dedent("""
@@ -35,19 +37,28 @@ def _flowmesh(*args, env=None):
                           text=True, env=env, timeout=300)
 
 
+def _start_coordinator(env, image, tmp_path) -> tuple[subprocess.Popen, str]:
+    """Start CRASHER; returns the process (holding a sandbox) and its owner id."""
+    script = tmp_path / "coordinator.py"
+    script.write_text(CRASHER)
+    proc = subprocess.Popen([sys.executable, str(script), image], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    line = proc.stdout.readline()
+    if not line.startswith("READY"):
+        proc.kill()
+        pytest.fail(f"coordinator did not start: {line!r} {proc.stderr.read()}")
+    return proc, line.split()[1]
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
 def test_gc_reclaims_everything_after_kill_9(fm_home, busybox_image, tmp_path):
     env = dict(os.environ, FLOWMESH_HOME=str(fm_home), COLUMNS="200")
-    script = tmp_path / "crasher.py"
-    script.write_text(CRASHER)
-    proc = subprocess.Popen([sys.executable, str(script), busybox_image], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("READY"), (line, proc.stderr.read() if proc.poll() is not None else "")
-        owner = line.split()[1]
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
+    proc, owner = _start_coordinator(env, busybox_image, tmp_path)
+    _kill(proc)
     left = podman_names(f"flowmesh.owner={owner}")
     assert len(left) >= 2  # the task's sandbox and the warm one survive the crash
     assert list((fm_home / "local" / "instances").glob("*.json"))
@@ -73,20 +84,13 @@ def test_gc_reclaims_everything_after_kill_9(fm_home, busybox_image, tmp_path):
 
 def test_gc_leaves_a_live_coordinators_work_alone(fm_home, busybox_image, tmp_path):
     env = dict(os.environ, FLOWMESH_HOME=str(fm_home), COLUMNS="200")
-    script = tmp_path / "live.py"
-    script.write_text(CRASHER)
-    proc = subprocess.Popen([sys.executable, str(script), busybox_image], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc, owner = _start_coordinator(env, busybox_image, tmp_path)
     try:
-        line = proc.stdout.readline()
-        assert line.startswith("READY"), (line, proc.stderr.read() if proc.poll() is not None else "")
-        owner = line.split()[1]
         out = _flowmesh("gc", "--yes", env=env)
         assert out.returncode == 0 and "nothing left behind" in out.stdout
         assert podman_names(f"flowmesh.owner={owner}")
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
+        _kill(proc)
         _flowmesh("gc", "--yes", env=env)
     assert podman_names(f"flowmesh.owner={owner}") == []
 
