@@ -57,8 +57,8 @@ class ImageInfo:
 
 class ImageResolver(abc.ABC):
     @abc.abstractmethod
-    async def resolve(self, image: str) -> ImageInfo:
-        """Resolve ``image``; ImageNotFoundError when it does not exist."""
+    async def resolve(self, image: str, *, arch: str = "x86_64") -> ImageInfo:
+        """Resolve ``image`` for instances of ``arch``; ImageNotFoundError when it does not exist."""
 
 
 # ---- the pull budget ------------------------------------------------------------------
@@ -138,6 +138,7 @@ class _Cache:
         self._inflight: dict[str, asyncio.Future[ImageInfo]] = {}
 
     async def get(self, image: str, fetch: Callable[[], Awaitable[ImageInfo]]) -> ImageInfo:
+        """``image`` is the cache key (a reference, plus the platform where it matters)."""
         hit = self._hits.get(image)
         if hit is not None and time.monotonic() - hit[1] < self.ttl_s:
             return hit[0]
@@ -165,7 +166,7 @@ class LocalStoreResolver(ImageResolver):
         self.runtime = runtime
         self._cache = _Cache(ttl_s)
 
-    async def resolve(self, image: str) -> ImageInfo:
+    async def resolve(self, image: str, *, arch: str = "x86_64") -> ImageInfo:
         return await self._cache.get(image, lambda: self._fetch(image))
 
     async def _fetch(self, image: str) -> ImageInfo:
@@ -180,20 +181,18 @@ class LocalStoreResolver(ImageResolver):
 class RegistryResolver(ImageResolver):
     """Images in an OCI registry, resolved to the platform manifest digest."""
 
-    def __init__(self, client: RegistryClient, budget: PullBudget, *, ttl_s: float = 30.0,
-                 arch: str = "x86_64") -> None:
+    def __init__(self, client: RegistryClient, budget: PullBudget, *, ttl_s: float = 30.0) -> None:
         self.client = client
         self.budget = budget
-        self.arch = arch
         self._cache = _Cache(ttl_s)
 
-    async def resolve(self, image: str) -> ImageInfo:
-        return await self._cache.get(image, lambda: self._fetch(image))
+    async def resolve(self, image: str, *, arch: str = "x86_64") -> ImageInfo:
+        return await self._cache.get(f"{image} {arch}", lambda: self._fetch(image, arch))
 
-    async def _fetch(self, image: str) -> ImageInfo:
+    async def _fetch(self, image: str, arch: str) -> ImageInfo:
         ref = ImageRef.parse(image)
         res = await self.budget.run(ref.registry, f"resolve {image}",
-                                    lambda: self.client.resolve(ref, arch=self.arch))
+                                    lambda: self.client.resolve(ref, arch=arch))
         return ImageInfo(image=image, digest=res.digest, run_ref=res.pinned, registry=ref.registry,
                          insecure=ref.loopback,
                          layers=tuple(LayerInfo(layer.digest, layer.size) for layer in res.layers))
@@ -206,7 +205,7 @@ class DefaultResolver(ImageResolver):
         self.local = local
         self.registry = registry
 
-    async def resolve(self, image: str) -> ImageInfo:
+    async def resolve(self, image: str, *, arch: str = "x86_64") -> ImageInfo:
         if image.startswith("localhost/") or self.registry is None:
-            return await self.local.resolve(image)
-        return await self.registry.resolve(image)
+            return await self.local.resolve(image, arch=arch)
+        return await self.registry.resolve(image, arch=arch)

@@ -649,7 +649,8 @@ def build_task_image(name: str, repo_files: Mapping[str, bytes], tag: str | None
                 os.chmod(dest, 0o644)
             os.chmod(repo, 0o755)
             iidfile = ctx / "iid"
-            cmd = [podman, "build", "--squash", *podman_build_args(),
+            # --timestamp 0: the same repository gives the same layer, config and digest
+            cmd = [podman, "build", "--squash", "--timestamp", "0", *podman_build_args(),
                    "--iidfile", str(iidfile), "-f", str(ctx / "Containerfile"), "-t", ref, str(ctx)]
             proc = subprocess.run(cmd, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             if proc.returncode != 0:

@@ -24,6 +24,8 @@ def test_main_job_verdicts_are_honest(fm_home, swe_image, tmp_path):
     assert "every verdict matched its expectation" in proc.stdout
     data = json.loads(out.read_text())
     assert data["ok"] is True and set(data["modes"]) == {"persistent", "ephemeral"}
+    host = data["registry"]
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", host), host  # the throw-away local registry
     for mode in data["modes"].values():
         rows = mode["results"]
         assert len(rows) == 4
@@ -31,9 +33,21 @@ def test_main_job_verdicts_are_honest(fm_home, swe_image, tmp_path):
             # right patches pass, wrong patches fail -- decided by pytest inside the sandbox
             assert row["got"] == ("pass" if row["patch"] == "right" else "fail"), row
             assert row["exit_code"] == (0 if row["patch"] == "right" else 1), row
+            # each task ran its own image, pulled from the registry and pinned by digest
+            assert row["image"].startswith(f"{host}/flowmesh/swe-task-"), row["image"]
+            assert row["digest"].startswith("sha256:") and len(row["digest"]) == 71, row["digest"]
+            assert row["pinned"] == row["image"].rsplit(":", 1)[0] + "@" + row["digest"], row
+        assert len({r["digest"] for r in rows}) == 4  # one image per task
+        assert mode["pulls"] >= 1, mode["pull_events"]
         assert {r["patch"] for r in rows} >= {"right"} and any(r["patch"] != "right" for r in rows)
+    per = data["modes"]["persistent"]
+    assert per["prefetch_s"] is not None and per["pulls"] == 4  # all prefetched onto one instance
     eph = data["modes"]["ephemeral"]["results"]
     assert len({r["instance_id"] for r in eph}) == 4  # a fresh instance per task
+    # clean-up: nothing pulled from the registry (or built for it) is left behind
+    left = subprocess.run(["podman", "images", "-q", "--filter", f"reference={host}/*/*"],
+                          capture_output=True, text=True, check=True).stdout.split()
+    assert left == []
 
 
 def test_readme_example_runs(fm_home, swe_image, tmp_path):

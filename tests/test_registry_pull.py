@@ -16,7 +16,7 @@ from flowmesh_sdk import (AuthError, EventKind, Fleet, ImageNotFoundError, Insta
 from flowmesh_sdk.errors import RegistryUnavailableError
 from flowmesh_sdk.images import PullPolicy
 from flowmesh_sdk.registry.auth import Credentials
-from flowmesh_sdk.registry.client import RegistryClient
+from flowmesh_sdk.registry.client import DOCKER_LIST, OCI_INDEX, RegistryClient
 from flowmesh_sdk.testing.proxy import FaultProxy
 from flowmesh_sdk.testing.registry import LocalRegistry
 from flowmesh_providers.local import LocalProvider
@@ -236,3 +236,28 @@ async def test_prefetch_warms_instances_ahead_of_a_step(rfleet, registry, busybo
     assert _drain(pulled) == []                          # nothing pulled at acquire time
     with pytest.raises(ImageNotFoundError):
         await pool.prefetch([f"{registry.host}/fmtest/none:1"])
+
+
+async def test_image_index_is_narrowed_to_the_instance_platform(registry, busybox_image, tmp_path):
+    # two different images under one multi-arch index: "arm64" and "amd64"
+    other, _ = make_image(registry, busybox_image, tmp_path, "amd64-part", "amd64")
+    subprocess.run(["podman", "pull", "-q", "--tls-verify=false", other], check=True, capture_output=True)
+    index = f"localhost/fmtest/multi-{uuid.uuid4().hex[:8]}:1"
+    try:
+        subprocess.run(["podman", "manifest", "create", index], check=True, capture_output=True)
+        for arch, src in (("arm64", busybox_image), ("amd64", other)):
+            subprocess.run(["podman", "manifest", "add", "--arch", arch, index, f"containers-storage:{src}"],
+                           check=True, capture_output=True)
+        ref = f"{registry.host}/fmtest/multi:1"
+        subprocess.run(["podman", "manifest", "push", "--all", "--tls-verify=false", index, f"docker://{ref}"],
+                       check=True, capture_output=True)
+    finally:
+        subprocess.run(["podman", "manifest", "rm", index], capture_output=True)
+    async with RegistryClient(use_auth_files=False) as client:
+        arm, amd = await client.resolve(ref, arch="arm64"), await client.resolve(ref, arch="x86_64")
+    assert arm.index_digest == amd.index_digest and arm.digest != amd.digest
+    assert (arm.platform, amd.platform) == ("linux/arm64", "linux/amd64")
+    entries = {m["platform"]["architecture"]: m["digest"]
+               for m in registry.request("GET", "/v2/fmtest/multi/manifests/1", headers={
+                   "Accept": f"{OCI_INDEX}, {DOCKER_LIST}"}).json()["manifests"]}
+    assert entries == {"arm64": arm.digest, "amd64": amd.digest}

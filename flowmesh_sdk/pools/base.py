@@ -259,7 +259,7 @@ class Pool(abc.ABC):
             self._reject(run, PoolClosedError(f"pool {self.name!r} is draining"))
         try:
             self.spec.check_fits(spec)
-            info = await self.ctx.images.resolve(spec.image)
+            info = await self.ctx.images.resolve(spec.image, arch=self.spec.instance.arch)
             self.ctx.quota.admit(tenant)
         except FlowMeshError as exc:
             self._reject(run, exc)
@@ -387,7 +387,7 @@ class Pool(abc.ABC):
     async def _bootstrap_steps(self, mi: ManagedInstance) -> None:
         await mi.runtime.probe()
         for image in self.spec.warm_images:
-            await self.image_cache.ensure(mi, await self.ctx.images.resolve(image))
+            await self.image_cache.ensure(mi, await self.ctx.images.resolve(image, arch=self.spec.instance.arch))
 
     async def _terminate(self, insts: list[ManagedInstance]) -> None:
         """Destroy warm sandboxes, terminate the instances in one call, drop them."""
@@ -443,7 +443,7 @@ class Pool(abc.ABC):
     async def prefetch(self, images: Iterable[str]) -> list[ImageInfo]:
         """Resolve ``images`` (failing fast) and pull them onto every READY instance,
         ahead of an RL step.  Returns what they resolved to."""
-        infos = [await self.ctx.images.resolve(image) for image in images]
+        infos = [await self.ctx.images.resolve(image, arch=self.spec.instance.arch) for image in images]
         ready = [mi for mi in self.instances.values() if mi.state is InstanceState.READY]
         await asyncio.gather(*(self.image_cache.ensure(mi, info) for mi in ready for info in infos))
         return infos

@@ -47,13 +47,15 @@ class InstanceImages:
                 raise ImageNotFoundError(info.image, "localhost/ images exist only in this host's "
                                                      "store; push it to a registry for remote instances")
         else:
-            await self.budget.run(
+            pulled = await self.budget.run(
                 info.registry, f"pull {info.image} on {mi.id}",
                 lambda: mi.runtime.pull(info.run_ref, tls_verify=not info.insecure,
                                         authfile=self.authfile_for(info.registry or "")),
                 pull=True)
-            self.publish(EventKind.IMAGE_PULLED, instance_id=mi.id,
-                         detail=f"{info.run_ref} {info.size} bytes in {time.monotonic() - t0:.2f} s")
+            if pulled:  # not when the machine's store already had it
+                self.publish(EventKind.IMAGE_PULLED, instance_id=mi.id,
+                             detail=f"{info.run_ref} (image size {info.size} bytes) in "
+                                    f"{time.monotonic() - t0:.2f} s")
         cached = mi.images[info.digest] = CachedImage(info, time.monotonic())
         await self.evict(mi, keep=info.digest)
         return cached

@@ -76,8 +76,8 @@ class ManagedInstance:
     def locality(self, info: ImageInfo) -> float:
         """FlowMesh's G_loc for an image here: 1.0 when held, else the share of its bytes
         already present as layers of other images (0.0 when nothing is known)."""
-        if info.digest in self.images:
-            return 1.0
+        if info.digest in self.images or info.digest in self.pulls:
+            return 1.0  # held, or on its way: joining the pull beats starting another
         if not info.size:
             return 0.0
         have = self.layers()

@@ -54,7 +54,7 @@ class PersistentPool(Pool):
 
     async def start(self) -> PersistentPool:
         """Launch ``min_instances`` (waiting until they are READY) and start the reaper."""
-        warm = [await self.ctx.images.resolve(image) for image in self.spec.warm_images]  # fail fast
+        warm = [await self.ctx.images.resolve(image, arch=self.spec.instance.arch) for image in self.spec.warm_images]  # fail fast
         need = self.spec.min_instances - self._live()
         if need > 0:
             self._pending += need

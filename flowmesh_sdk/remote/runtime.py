@@ -129,14 +129,14 @@ class ContainerRuntime:
         ident = ident.removeprefix("sha256:")
         return (digest if digest.startswith("sha256:") else f"sha256:{ident}"), ident
 
-    async def pull(self, ref: str, *, tls_verify: bool = True, authfile: str | None = None) -> None:
-        """Pull ``ref`` (normally ``repo@digest``); a no-op when it is already here.
+    async def pull(self, ref: str, *, tls_verify: bool = True, authfile: str | None = None) -> bool:
+        """Pull ``ref`` (normally ``repo@digest``); False (nothing done) when it is already here.
 
         Errors are the SDK's: ImageNotFoundError, AuthError, ThrottledError (429) and
         RegistryUnavailableError (down, or a layer that failed its digest check), so the
         pull budget can retry what is worth retrying."""
         if await self.image_inspect(ref) is not None:
-            return
+            return False
         info = await self.probe()
         argv = [info.binary, "pull", "--quiet"]
         if not tls_verify:
@@ -146,6 +146,7 @@ class ContainerRuntime:
         res = await self._run(argv + [ref], check=False, timeout_s=max(self.config.command_timeout_s, 900.0))
         if not res.ok:
             raise pull_error(ref, self.runner.label, res)
+        return True
 
     async def remove_image(self, ref: str) -> bool:
         """Untag ``ref`` (the image goes when its last name does); False if a container uses it."""
@@ -232,7 +233,7 @@ def pull_error(ref: str, where: str, res: CommandResult) -> Exception:
     low = err.lower()
     registry = ref.split("/", 1)[0]
     msg = f"pull of {ref} on {where} failed: {res.describe()}"
-    if "toomanyrequests" in low or "429" in low:
+    if "toomanyrequests" in low or "too many requests" in low:
         return ThrottledError(msg, provider=registry, code="TooManyRequests")
     if "unauthorized" in low or "authentication required" in low or "denied" in low:
         return AuthError(f"registry {registry} refused the pull of {ref}; log in with "
