@@ -261,3 +261,22 @@ async def test_image_index_is_narrowed_to_the_instance_platform(registry, busybo
                for m in registry.request("GET", "/v2/fmtest/multi/manifests/1", headers={
                    "Accept": f"{OCI_INDEX}, {DOCKER_LIST}"}).json()["manifests"]}
     assert entries == {"arm64": arm.digest, "amd64": amd.digest}
+
+
+@pytest.mark.parametrize("anonymous_pull", [False, True])
+async def test_client_follows_the_bearer_token_challenge(busybox_image, anonymous_pull):
+    with LocalRegistry(auth="token", anonymous_pull=anonymous_pull) as reg:
+        ref = reg.push(busybox_image, "tok/busybox:1")
+        async with RegistryClient(use_auth_files=False) as anon:
+            if anonymous_pull:
+                assert (await anon.resolve(ref)).digest == reg.pushed[ref]
+            else:
+                with pytest.raises(AuthError, match=f"registry {reg.host} refused anonymous access"):
+                    await anon.resolve(ref)
+        creds = {reg.host: Credentials(reg.username, reg.password)}
+        async with RegistryClient(credentials=creds, use_auth_files=False) as client:
+            assert (await client.resolve(ref)).digest == reg.pushed[ref]
+        bad = {reg.host: Credentials(reg.username, "wrong")}
+        async with RegistryClient(credentials=bad, use_auth_files=False) as client:
+            with pytest.raises(AuthError, match=f"refused user '{reg.username}'"):
+                await client.resolve(ref)
