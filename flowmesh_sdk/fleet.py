@@ -26,10 +26,11 @@ from .images import (DefaultResolver, ImageResolver, LocalStoreResolver, PullBud
 from .registry.auth import Credentials, env_credentials, write_auth_file
 from .registry.client import RegistryClient
 from .provider import Provider, load_provider
+from .provisioning import Failover, Provisioner, RetryPolicy
 from .remote.local import LocalRunner
 from .remote.runner import Runner
 from .remote.runtime import ContainerRuntime, RuntimeConfig
-from .specs import PoolMode, PoolSpec, check_name
+from .specs import Offer, PoolMode, PoolSpec, check_name
 from .pools.base import Pool, PoolContext
 from .pools.ephemeral import EphemeralPool
 from .pools.persistent import PersistentPool
@@ -56,6 +57,7 @@ class Fleet:
                  quotas: Mapping[str, QuotaLimits] | None = None,
                  registry_credentials: Mapping[str, Credentials] | None = None,
                  pull_policy: PullPolicy | None = None,
+                 retry_policy: RetryPolicy | None = None,
                  bootstrap_timeout_s: float = 600.0) -> None:
         check_name("fleet.name", name)
         self.name = name
@@ -74,6 +76,7 @@ class Fleet:
         self._registry_creds = dict(registry_credentials or {})
         self._authfiles: dict[str, str] = {}
         self.pulls = PullBudget(self.control, pull_policy, on_retry=self._pull_retry)
+        self.provisioner = Provisioner(self.control, retry_policy, on_failover=self._failover)
         self.registry = RegistryClient(credentials=self._registry_creds)
         self.images = images or DefaultResolver(
             LocalStoreResolver(self.runtime_for(self._local_runner)),
@@ -92,6 +95,13 @@ class Fleet:
     def _pull_retry(self, what: str, attempt: int, exc: BaseException, wait_s: float) -> None:
         self.bus.publish(Event(EventKind.IMAGE_PULL_RETRY, fleet=self.name,
                                detail=f"{what}: attempt {attempt} failed ({exc}); retry in {wait_s:.1f} s"))
+
+    def _failover(self, f: Failover, nxt: Offer | None) -> None:
+        where = f"{nxt.provider}/{nxt.region}/{nxt.instance_type}" if nxt else "none left"
+        self.bus.publish(Event(EventKind.LAUNCH_FAILOVER, fleet=self.name,
+                               detail=f"{f.offer.provider}/{f.offer.region}/{f.offer.instance_type}"
+                                      f"{' spot' if f.offer.spot else ''} {f.reason}: {f.error} -> "
+                                      f"{where} ({f.price_delta:+.4f} $/h)"))
 
     def authfile_for(self, registry: str) -> str | None:
         """A 0600 auth file for a registry whose credentials came from ``registry_credentials``
@@ -138,13 +148,14 @@ class Fleet:
             where = f" in region {spec.region!r}" if spec.region else ""
             raise SpecError("pool.instance", f"no offer of provider {spec.provider!r}{where} fits"
                             + (f": {why(spec.instance)}" if why else ""))
-        offer = min(offers, key=lambda o: o.price_per_hour)
+        offers.sort(key=lambda o: o.price_per_hour)  # cheapest first; the bidder will rank them
         ctx = PoolContext(fleet=self.name, owner=self.owner, bus=self.bus, images=self.images,
                           quota=self.quota, control=self.control, pulls=self.pulls,
+                          provisioner=self.provisioner,
                           authfile_for=self.authfile_for, runtime_for=self.runtime_for,
                           bootstrap_timeout_s=self.bootstrap_timeout_s)
         cls = PersistentPool if spec.mode is PoolMode.PERSISTENT else EphemeralPool
-        pool = cls(ctx, spec, provider, offer)
+        pool = cls(ctx, spec, provider, offers)
         self.pools[spec.name] = pool
         try:
             await pool.start()

@@ -56,14 +56,25 @@ LABEL_TASK = "flowmesh.task"
 
 
 @dataclass(frozen=True, slots=True)
+class ApiRate:
+    """A published API limit, enforced client-side by a token bucket per provider, region
+    and API: ``burst`` tokens, refilled at ``rate_per_s``.  ``per_instance``: one token per
+    instance asked for (a resource bucket) rather than one per call."""
+
+    api: str                      # "launch", "describe", "terminate", "list"
+    rate_per_s: float
+    burst: float
+    per_instance: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Capabilities:
     spot: bool = False
     gpus: bool = False
     stop_start: bool = False
     max_batch: int = 1            # most instances one launch call may ask for
     remote: bool = True           # False when instances are slices of this host
-    launch_rate_per_s: float | None = None  # client-side token bucket on launch calls
-    launch_burst: int = 1
+    rates: tuple[ApiRate, ...] = ()
 
 
 class ProviderState(str, enum.Enum):

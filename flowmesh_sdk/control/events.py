@@ -22,6 +22,7 @@ class EventKind(str, enum.Enum):
     POOL_CREATED = "pool.created"
     POOL_SCALED = "pool.scaled"
     POOL_DRAINED = "pool.drained"
+    LAUNCH_FAILOVER = "launch.failover"
     INSTANCE_REQUESTED = "instance.requested"
     INSTANCE_RUNNING = "instance.running"
     INSTANCE_READY = "instance.ready"

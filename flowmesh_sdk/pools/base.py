@@ -16,17 +16,18 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from ..control.backend import ControlBackend
 from ..control.events import Event, EventBus, EventKind
 from ..control.limits import Quota, Semaphore
-from ..errors import FlowMeshError, ImageNotFoundError, PoolClosedError, SandboxTimeout
+from ..errors import FlowMeshError, ImageNotFoundError, InstanceLost, PoolClosedError, SandboxTimeout
 from ..images import ImageInfo, ImageResolver, PullBudget
 from ..lifecycle import InstanceState, Lifecycle, TaskState, task_lifecycle
 from ..provider import (LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, LABEL_POOL, LABEL_TASK, TAG_FLEET,
-                        TAG_OWNER, TAG_POOL, TAG_REQUEST, LaunchRequest, Offer, Provider)
+                        TAG_OWNER, TAG_POOL, Offer, Provider, ProviderState)
+from ..provisioning import Provisioner
 from ..remote.runner import Runner
 from ..remote.runtime import ContainerRuntime
 from ..sandbox import Sandbox
@@ -48,6 +49,7 @@ class PoolContext:
     quota: Quota
     control: ControlBackend
     pulls: PullBudget
+    provisioner: Provisioner
     authfile_for: Callable[[str], str | None]
     runtime_for: Callable[[Runner], ContainerRuntime]
     bootstrap_timeout_s: float = 600.0
@@ -103,12 +105,13 @@ class PoolStats:
 class Pool(abc.ABC):
     """A pool of instances of one size on one provider.  See the two kinds."""
 
-    def __init__(self, ctx: PoolContext, spec: PoolSpec, provider: Provider, offer: Offer) -> None:
+    def __init__(self, ctx: PoolContext, spec: PoolSpec, provider: Provider,
+                 offers: Sequence[Offer]) -> None:
         self.ctx = ctx
         self.spec = spec
         self.name = spec.name
         self.provider = provider
-        self.offer = offer
+        self.offers = tuple(offers)   # in preference order: failover walks down the list
         self.instances: dict[str, ManagedInstance] = {}
         self._closing = False
         self._closed = False
@@ -336,24 +339,20 @@ class Pool(abc.ABC):
 
     # ---- instances -------------------------------------------------------------
     async def _launch(self, count: int) -> list[ManagedInstance]:
-        """Launch ``count`` instances in one provider call and bootstrap each."""
-        request_id = f"{self.name}-{uuid.uuid4().hex[:12]}"
-        tags = {TAG_FLEET: self.ctx.fleet, TAG_POOL: self.name, TAG_OWNER: self.ctx.owner,
-                TAG_REQUEST: request_id}
-        req = LaunchRequest(offer=self.offer, spec=self.spec.instance, count=count,
-                            request_id=request_id, tags=tags)
-        caps = self.provider.capabilities
-        if caps.launch_rate_per_s:
-            await self.ctx.control.rate_limiter(f"{self.provider.name}:launch", caps.launch_rate_per_s,
-                                                caps.launch_burst).acquire()
-        launched = await self.provider.launch(req)
+        """Launch ``count`` instances in one provider call (failing over down the offers),
+        wait until the provider says they run, and bootstrap each."""
+        tags = {TAG_FLEET: self.ctx.fleet, TAG_POOL: self.name, TAG_OWNER: self.ctx.owner}
+        outcome = await self.ctx.provisioner.launch({self.provider.name: self.provider}, self.offers,
+                                                    self.spec.instance, count, tags,
+                                                    request_prefix=self.name)
         managed = []
-        for inst in launched:
+        for inst in outcome.instances:
             mi = ManagedInstance(inst, self.ctx.runtime_for(self.provider.runner(inst)),
                                  self._slots_per_instance())
             self.instances[mi.id] = mi
             self._publish(EventKind.INSTANCE_REQUESTED, instance_id=mi.id, detail=inst.instance_type)
             managed.append(mi)
+        await self._await_running(managed)
         results = await asyncio.gather(*(self._bootstrap(mi) for mi in managed), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors and len(errors) == len(results):
@@ -362,6 +361,29 @@ class Pool(abc.ABC):
 
     def _slots_per_instance(self) -> int:
         return 1
+
+    async def _await_running(self, insts: list[ManagedInstance]) -> None:
+        """Until the provider reports every instance running: one batched describe per round,
+        backing off from 0.5 s to 5 s, up to the bootstrap deadline (clouds push no events)."""
+        deadline = time.monotonic() + self.ctx.bootstrap_timeout_s
+        delay = 0.5
+        while True:
+            pending = [mi for mi in insts if mi.instance.state is ProviderState.PENDING]
+            if not pending:
+                return
+            if time.monotonic() + delay > deadline:
+                raise SandboxTimeout(f"instances {[mi.id for mi in pending]} still pending after "
+                                     f"{self.ctx.bootstrap_timeout_s:g} s")
+            await asyncio.sleep(delay)
+            delay = min(5.0, delay * 2)
+            seen = {i.id: i for i in await self.ctx.provisioner.call(
+                self.provider, pending[0].instance.region, "describe",
+                lambda: self.provider.describe([mi.id for mi in pending]))}
+            for mi in pending:
+                if mi.id in seen:
+                    mi.instance = seen[mi.id]
+                    if mi.instance.state is ProviderState.TERMINATED:
+                        raise InstanceLost(f"instance {mi.id} was terminated before it ran")
 
     async def _bootstrap(self, mi: ManagedInstance) -> None:
         """RUNNING -> runtime present -> warm images pulled -> READY (or FAILED, terminated)."""
@@ -399,7 +421,17 @@ class Pool(abc.ABC):
                 self._publish(EventKind.INSTANCE_DRAINING, instance_id=mi.id)
         warm = [sb for mi in insts for sb in mi.all_warm()]
         await asyncio.gather(*(sb.close() for sb in warm), return_exceptions=True)
-        await self.provider.terminate([mi.id for mi in insts])
+        ids = [mi.id for mi in insts]
+        region = insts[0].instance.region
+        await self.ctx.provisioner.call(self.provider, region, "terminate",
+                                        lambda: self.provider.terminate(ids))
+        # confirmed by describe before the records go: absent or terminated
+        still = [i.id for i in await self.ctx.provisioner.call(
+            self.provider, region, "describe", lambda: self.provider.describe(ids))
+            if i.state is not ProviderState.TERMINATED and i.state is not ProviderState.STOPPING]
+        if still:
+            log.warning("pool %s: %s not yet terminated after the call; gc will find them if they "
+                        "linger", self.name, still)
         for mi in insts:
             if mi.lifecycle.can(InstanceState.TERMINATED):
                 mi.lifecycle.to(InstanceState.TERMINATED)

@@ -1,0 +1,162 @@
+"""Retries, client-side rate limits and failover, wrapped around the provider contract
+from outside (drivers never retry on their own).
+
+* ``ThrottledError``: exponential backoff with jitter on the SAME offer (same request id,
+  so a launch that did go through is not doubled), bounded by ``RetryPolicy.attempts``;
+  the server's ``Retry-After`` hint is honoured.
+* ``CapacityError``: the next offer (the caller orders them: zone, type, region,
+  provider); each failover is logged and published with the reason and the price delta,
+  so a dearer fallback is visible.
+* ``QuotaError``: that (provider, region) is skipped for the rest of the run.
+* ``AuthError`` and ``SpecError``: stop at once.
+* A token bucket per (provider, region, API), sized from the provider's declared
+  ``Capabilities.rates``, keeps the fleet under the published limits in the first place.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
+
+from .control.backend import ControlBackend
+from .errors import AuthError, CapacityError, FlowMeshError, QuotaError, SpecError, ThrottledError
+from .provider import TAG_REQUEST, Instance, LaunchRequest, Provider
+from .specs import InstanceSpec, Offer
+
+log = logging.getLogger("flowmesh.provisioning")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    attempts: int = 6
+    backoff_s: float = 0.5
+    backoff_max_s: float = 20.0
+
+
+@dataclass(frozen=True, slots=True)
+class Failover:
+    """One offer given up on, and why."""
+
+    offer: Offer
+    reason: str                   # "capacity", "quota", "quota (skipped)", "throttled"
+    error: str
+    price_delta: float            # next offer's $/h minus this one's (None-safe: 0 at the end)
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchOutcome:
+    instances: tuple[Instance, ...]
+    offer: Offer
+    failovers: tuple[Failover, ...]
+
+
+FailoverHook = Callable[[Failover, Offer | None], None]
+
+
+class Provisioner:
+    def __init__(self, control: ControlBackend, policy: RetryPolicy | None = None,
+                 on_failover: FailoverHook | None = None) -> None:
+        self.control = control
+        self.policy = policy or RetryPolicy()
+        self.on_failover = on_failover
+        self.skipped: set[tuple[str, str]] = set()   # (provider, region) out of quota
+
+    # ---- rate limits and retries -------------------------------------------------
+    async def _limit(self, provider: Provider, region: str, api: str, instances: int = 1) -> None:
+        for rate in provider.capabilities.rates:
+            if rate.api != api:
+                continue
+            bucket = self.control.rate_limiter(f"{provider.name}:{region}:{api}"
+                                               + (":instances" if rate.per_instance else ""),
+                                               rate.rate_per_s, rate.burst)
+            await bucket.acquire(min(float(instances), bucket.burst) if rate.per_instance else 1.0)
+
+    def _wait(self, state: RetryCallState) -> float:
+        p = self.policy
+        delay = min(p.backoff_max_s, p.backoff_s * 2 ** (state.attempt_number - 1))
+        delay *= 0.5 + random.random() / 2
+        exc = state.outcome.exception() if state.outcome else None
+        if isinstance(exc, ThrottledError) and exc.retry_after_s:
+            delay = max(delay, min(exc.retry_after_s, p.backoff_max_s))
+        return delay
+
+    async def call(self, provider: Provider, region: str, api: str, fn: Callable[[], Awaitable[T]],
+                   *, instances: int = 1) -> T:
+        """``fn`` within the (provider, region, api) bucket, retrying throttling."""
+        def before_sleep(state: RetryCallState) -> None:
+            log.warning("%s %s %s throttled (attempt %d): %s; backing off %.1f s", provider.name,
+                        region, api, state.attempt_number,
+                        state.outcome.exception() if state.outcome else "",
+                        state.next_action.sleep if state.next_action else 0.0)
+
+        async for attempt in AsyncRetrying(stop=stop_after_attempt(self.policy.attempts),
+                                           wait=self._wait, reraise=True, before_sleep=before_sleep,
+                                           retry=retry_if_exception_type(ThrottledError)):
+            with attempt:
+                await self._limit(provider, region, api, instances)
+                return await fn()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # ---- launch with failover ------------------------------------------------------
+    async def launch(self, providers: Mapping[str, Provider], offers: Sequence[Offer],
+                     spec: InstanceSpec, count: int, tags: Mapping[str, str], *,
+                     request_prefix: str = "fm") -> LaunchOutcome:
+        """Launch ``count`` instances of the first offer that can, in preference order."""
+        if not offers:
+            raise SpecError("offers", "no offer to launch")
+        failovers: list[Failover] = []
+        errors: list[FlowMeshError] = []
+        for i, offer in enumerate(offers):
+            nxt = offers[i + 1] if i + 1 < len(offers) else None
+            key = (offer.provider, offer.region)
+            if key in self.skipped:
+                self._failover(failovers, Failover(offer, "quota (skipped)", "region out of quota "
+                                                   "earlier in this run", _delta(offer, nxt)), nxt)
+                continue
+            prov = providers[offer.provider]
+            request_id = f"{request_prefix}-{uuid.uuid4().hex[:16]}"
+            req = LaunchRequest(offer=offer, spec=spec, count=min(count, prov.capabilities.max_batch),
+                                request_id=request_id, tags={**tags, TAG_REQUEST: request_id})
+            try:
+                launched = await self.call(prov, offer.region, "launch", lambda: prov.launch(req),
+                                           instances=req.count)
+                return LaunchOutcome(tuple(launched), offer, tuple(failovers))
+            except (AuthError, SpecError):
+                raise
+            except QuotaError as exc:
+                self.skipped.add(key)
+                errors.append(exc)
+                self._failover(failovers, Failover(offer, "quota", str(exc), _delta(offer, nxt)), nxt)
+            except CapacityError as exc:
+                errors.append(exc)
+                self._failover(failovers, Failover(offer, "capacity", str(exc), _delta(offer, nxt)), nxt)
+            except ThrottledError as exc:  # retries spent on this offer: try the next one
+                errors.append(exc)
+                self._failover(failovers, Failover(offer, "throttled", str(exc), _delta(offer, nxt)), nxt)
+        tried = "; ".join(f"{f.offer.provider}/{f.offer.region}/{f.offer.instance_type}"
+                          f"{' spot' if f.offer.spot else ''}: {f.reason}" for f in failovers)
+        cls = QuotaError if errors and all(isinstance(e, QuotaError) for e in errors) or not errors \
+            else CapacityError
+        err = cls(f"no offer could launch {count} x {spec.cpus} cpus / {spec.memory_gb:g} GB; "
+                  f"tried {tried}", code="AllOffersFailed")
+        raise err from (errors[-1] if errors else None)
+
+    def _failover(self, out: list[Failover], f: Failover, nxt: Offer | None) -> None:
+        out.append(f)
+        where = (f"next: {nxt.provider}/{nxt.region}/{nxt.instance_type} at ${nxt.price_per_hour:.4f}/h "
+                 f"({f.price_delta:+.4f} $/h)") if nxt else "no offer left"
+        log.warning("failover from %s/%s/%s (%s): %s; %s", f.offer.provider, f.offer.region,
+                    f.offer.instance_type, f.reason, f.error, where)
+        if self.on_failover is not None:
+            self.on_failover(f, nxt)
+
+
+def _delta(offer: Offer, nxt: Offer | None) -> float:
+    return (nxt.price_per_hour - offer.price_per_hour) if nxt else 0.0

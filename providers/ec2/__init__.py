@@ -1,0 +1,1 @@
+"""EC2 provider (boto3); see provider.py."""
