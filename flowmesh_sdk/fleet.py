@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import gc
 from .config import Owner, home_dir
 from .control.backend import ControlBackend, InProcessBackend
 from .control.events import Event, EventBus, EventKind
@@ -25,7 +27,7 @@ from .images import (DefaultResolver, ImageResolver, LocalStoreResolver, PullBud
                      RegistryResolver)
 from .registry.auth import Credentials, env_credentials, write_auth_file
 from .registry.client import RegistryClient
-from .provider import Provider, load_provider
+from .provider import TAG_FLEET, Provider, load_provider
 from .provisioning import Failover, Provisioner, RetryPolicy
 from .remote.local import LocalRunner
 from .remote.runner import Runner
@@ -36,6 +38,13 @@ from .pools.ephemeral import EphemeralPool
 from .pools.persistent import PersistentPool
 
 log = logging.getLogger("flowmesh.fleet")
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileReport:
+    terminated: tuple[str, ...]       # orphans of this fleet, terminated and confirmed
+    still_present: tuple[str, ...]    # asked to terminate, still listed
+    forgotten: tuple[str, ...]        # store records closed: the provider no longer lists them
 
 
 class Fleet:
@@ -164,6 +173,24 @@ class Fleet:
             self.pools.pop(spec.name, None)
             raise
         return pool
+
+    async def reconcile(self, providers: Sequence[str] = ("local",)) -> ReconcileReport:
+        """What the clouds say against what the store says, after a restart: instances of
+        this fleet whose owner process is gone are terminated (confirmed by describe), and
+        store records of instances the clouds no longer list are closed."""
+        provs = [self.provider(name) for name in providers]
+        plan = await gc.plan(provs, None)
+        mine = tuple(o for o in plan.instances if o.fleet == self.name)
+        result = await gc.execute(gc.GcPlan(mine, ()), provs, None)
+        listed = {i.id for p in provs for i in await p.list_tagged({TAG_FLEET: self.name})}
+        ours = {i for pool in self.pools.values() for i in pool.instances}
+        rows = await asyncio.to_thread(self.store.instances, live_only=True)
+        gone = [r.id for r in rows if r.fleet == self.name and r.id not in listed and r.id not in ours]
+        for instance_id in gone:
+            self.bus.publish(Event(EventKind.INSTANCE_TERMINATED, fleet=self.name, instance_id=instance_id,
+                                   detail="reconciled: no longer listed by its provider"))
+        return ReconcileReport(terminated=result.terminated, still_present=result.still_present,
+                               forgotten=tuple(gone))
 
     async def close(self, timeout_s: float | None = None) -> None:
         """Drain every pool, close providers and the store (idempotent)."""

@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .config import Owner
-from .provider import LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, TAG_OWNER, TAG_POOL, Provider
+from .provider import (LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, TAG_FLEET, TAG_OWNER, TAG_POOL,
+                       Provider)
 from .remote.runtime import ContainerInfo, ContainerRuntime
 
 
@@ -29,6 +30,7 @@ class Orphan:
     owner: str
     age_s: float
     reason: str
+    fleet: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +75,8 @@ async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, 
                 reason = f"{why}, --all"
             else:
                 continue
-            orphans.append(Orphan(prov.name, inst.id, inst.tags.get(TAG_POOL, ""), owner, age, reason))
+            orphans.append(Orphan(prov.name, inst.id, inst.tags.get(TAG_POOL, ""), owner, age, reason,
+                                  inst.tags.get(TAG_FLEET, "")))
     containers: list[ContainerInfo] = []
     if runtime is not None:
         orphan_ids = {o.instance_id for o in orphans}

@@ -103,3 +103,23 @@ def test_cli_errors_are_clear(fm_home):
     assert out.returncode != 0 and "use a number with s, m, h or d" in out.stderr
     out = _flowmesh("run", "no_such_recipe", env=env)
     assert out.returncode != 0 and "no recipe 'no_such_recipe'" in out.stderr
+
+
+async def test_restarted_coordinator_reconciles(fm_home, busybox_image, tmp_path):
+    from flowmesh_sdk import Fleet
+    env = dict(os.environ, FLOWMESH_HOME=str(fm_home))
+    proc, owner = _start_coordinator(env, busybox_image, tmp_path)
+    _kill(proc)
+    async with Fleet("crash", home=fm_home) as fleet:     # the same fleet, restarted
+        before = {r.id for r in fleet.store.instances(live_only=True) if r.fleet == "crash"}
+        assert before                                       # the store still thinks they live
+        report = await fleet.reconcile()
+        assert set(report.terminated) == before and not report.still_present
+        assert set(report.forgotten) == before   # and their records closed
+        await fleet.store.flush()
+        assert not [r for r in fleet.store.instances(live_only=True) if r.fleet == "crash"]
+        assert await fleet.provider("local").list_tagged({"flowmesh:fleet": "crash"}) == []
+        again = await fleet.reconcile()
+        assert again.terminated == () and again.forgotten == ()
+    _flowmesh("gc", "--yes", env=env)  # containers of the dead owner
+    assert podman_names(f"flowmesh.owner={owner}") == []
