@@ -24,8 +24,10 @@ class FlowMeshError(Exception):
 class SpecError(FlowMeshError, ValueError):
     """Bad input: names the field, the value given and what is allowed."""
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, *, code: str = "", provider: str = "") -> None:
         self.field = field
+        self.code = code
+        self.provider = provider
         super().__init__(f"{field}: {message}")
 
 
@@ -67,7 +69,12 @@ class NotFoundError(ProviderError):
     """The instance (or other resource) does not exist."""
 
 
-class RegistryUnavailableError(ProviderError):
+class ProviderUnavailableError(ProviderError):
+    """The service did not answer or failed on its side (unreachable endpoint, internal
+    error); retried with backoff like throttling."""
+
+
+class RegistryUnavailableError(ProviderUnavailableError):
     """An image registry is down or failing (connection refused, 5xx); retried per policy."""
 
 
@@ -122,6 +129,7 @@ __all__ = [
     "NotFoundError",
     "PoolClosedError",
     "ProviderError",
+    "ProviderUnavailableError",
     "QuotaError",
     "RegistryUnavailableError",
     "RuntimeMissingError",

@@ -1,9 +1,9 @@
 """Retries, client-side rate limits and failover, wrapped around the provider contract
 from outside (drivers never retry on their own).
 
-* ``ThrottledError``: exponential backoff with jitter on the SAME offer (same request id,
-  so a launch that did go through is not doubled), bounded by ``RetryPolicy.attempts``;
-  the server's ``Retry-After`` hint is honoured.
+* ``ThrottledError`` and ``ProviderUnavailableError``: exponential backoff with jitter on
+  the SAME offer (same request id, so a launch that did go through is not doubled),
+  bounded by ``RetryPolicy.attempts``; the server's ``Retry-After`` hint is honoured.
 * ``CapacityError``: the next offer (the caller orders them: zone, type, region,
   provider); each failover is logged and published with the reason and the price delta,
   so a dearer fallback is visible.
@@ -25,7 +25,8 @@ from typing import TypeVar
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
 from .control.backend import ControlBackend
-from .errors import AuthError, CapacityError, FlowMeshError, QuotaError, SpecError, ThrottledError
+from .errors import (AuthError, CapacityError, FlowMeshError, ProviderUnavailableError, QuotaError,
+                     SpecError, ThrottledError)
 from .provider import TAG_REQUEST, Instance, LaunchRequest, Provider
 from .specs import InstanceSpec, Offer
 
@@ -98,7 +99,8 @@ class Provisioner:
 
         async for attempt in AsyncRetrying(stop=stop_after_attempt(self.policy.attempts),
                                            wait=self._wait, reraise=True, before_sleep=before_sleep,
-                                           retry=retry_if_exception_type(ThrottledError)):
+                                           retry=retry_if_exception_type(
+                                               (ThrottledError, ProviderUnavailableError))):
             with attempt:
                 await self._limit(provider, region, api, instances)
                 return await fn()
@@ -137,7 +139,7 @@ class Provisioner:
             except CapacityError as exc:
                 errors.append(exc)
                 self._failover(failovers, Failover(offer, "capacity", str(exc), _delta(offer, nxt)), nxt)
-            except ThrottledError as exc:  # retries spent on this offer: try the next one
+            except (ThrottledError, ProviderUnavailableError) as exc:  # retries spent: next offer
                 errors.append(exc)
                 self._failover(failovers, Failover(offer, "throttled", str(exc), _delta(offer, nxt)), nxt)
         tried = "; ".join(f"{f.offer.provider}/{f.offer.region}/{f.offer.instance_type}"

@@ -230,7 +230,8 @@ class Offer:
     def fits(self, spec: InstanceSpec) -> bool:
         return (self.cpus >= spec.cpus and self.memory_gb + 1e-9 >= spec.memory_gb
                 and self.gpus >= spec.gpus and self.arch == spec.arch
-                and (spec.gpu_name is None or self.gpu_name == spec.gpu_name))
+                and (spec.gpu_name is None
+                     or (self.gpu_name or "").lower() == spec.gpu_name.lower()))
 
 
 @dataclass(frozen=True, slots=True)

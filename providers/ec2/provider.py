@@ -1,0 +1,532 @@
+"""The ``ec2`` provider: Amazon EC2 through boto3.
+
+What each contract call does on EC2 (every boto3 call runs in the client's bounded
+executor, never on the event loop; see :mod:`.client`):
+
+``offers(spec)``
+    The instance types that have a price in the shipped snapshot for a configured
+    region (``prices_aws.csv``), described by ``DescribeInstanceTypes`` (filtered to those
+    names, paginated, cached per region): vCPUs, memory, GPUs (count, name), arch
+    (``arm64`` when the type supports it, else ``x86_64``).  One on-demand offer per type,
+    plus a spot offer only when the snapshot has a spot price (it has none today).  No
+    zone (the prices are region level).  Cheapest first.  A region with no snapshot
+    prices offers nothing and costs no API call.
+``launch(request)``
+    Checks first, spending nothing: the offer is an ``ec2`` offer in a configured region,
+    an AMI is configured for that region, the instance type exists there
+    (``DescribeInstanceTypes``), the AMI exists and matches the offer's architecture
+    (``DescribeImages``, cached).  Then idempotency: ``DescribeInstances`` filtered on
+    ``tag:flowmesh:request=<request_id>``; instances found are returned as they are.
+    Then ONE ``RunInstances``: ``MinCount=MaxCount=count`` (all or nothing: a shortage
+    is a ``CapacityError`` the caller fails over on, never a silent partial launch;
+    ``partial_ok=True`` asks for ``MinCount=1``), ``ClientToken`` derived from the
+    request id (EC2's own idempotency, which closes the window where the tag filter does
+    not yet see a launch that went through), the tags (plus ``flowmesh:request`` and a
+    ``Name``) on the instance AND its volumes, the root volume sized to
+    ``spec.disk_gb`` (gp3, deleted on termination), spot market options for a spot
+    offer, the zone for a zoned offer.
+``describe(ids)``
+    ``DescribeInstances`` filtered on ``instance-id`` (so an unknown id is simply absent,
+    never an ``InvalidInstanceID.NotFound`` error), in chunks of 200 ids, per region.
+    Ids whose region the provider has not seen are looked for in every configured region.
+    Malformed ids are omitted without a call.
+``terminate(ids)``
+    ``TerminateInstances`` in chunks of 1000 per region; ids of unknown region are
+    located first with ``describe``; ids EC2 says do not exist are dropped from the chunk
+    and the rest sent again (not a retry: the same call without the gone ids).
+``list_tagged(tags)``
+    ``DescribeInstances`` with one ``tag:KEY`` filter per tag (none: ``tag-key`` =
+    ``flowmesh:fleet``) and ``instance-state-name`` in pending, running, stopping,
+    stopped; paginated; every configured region.
+``runner(instance)``
+    ``runner_factory(instance)`` when one was given; otherwise a ``ProviderError``:
+    EC2 instances are reached over SSH and the SSH runner is not built yet.
+
+Instances: ``state`` from the EC2 state name (pending -> PENDING, running -> RUNNING,
+stopping/stopped -> STOPPING, shutting-down/terminated -> TERMINATED); ``address`` the
+private IP, else the public one; ``launched_at`` EC2's LaunchTime; ``price_per_hour`` the
+offer's price for instances ``launch`` returns, and the snapshot's for described ones
+(the spot price when the snapshot has one for a spot instance, else the on-demand price,
+which is also EC2's default spot maximum); ``spec`` the launch request's spec when this
+provider launched it, else built from the instance type.
+
+Capabilities: spot and GPUs, ``max_batch`` 1000, and the published EC2 API buckets as
+``rates`` (table in :mod:`.client`).  ``stop_start`` is declared False: EC2 can stop and
+start instances, but the provider contract has no stop/start call yet, and a capability
+the driver cannot act on would mislead the core.
+
+A note on ``describe`` chunks: DescribeInstances documents no limit on the number of
+values in one filter; 200 (the limit other EC2 Describe calls document) is the
+conservative choice, and one id filter per call keeps each request small.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import hashlib
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from flowmesh_sdk.errors import NotFoundError, ProviderError, SpecError
+from flowmesh_sdk.provider import (TAG_FLEET, TAG_POOL, TAG_REQUEST, Capabilities, Instance, LaunchRequest,
+                                   Provider, ProviderState)
+from flowmesh_sdk.remote.runner import Runner
+from flowmesh_sdk.specs import InstanceSpec, Offer
+
+from .client import DESCRIBE_PAGE, ID_FILTER_CHUNK, MAX_LAUNCH_BATCH, RATES, TERMINATE_CHUNK, Ec2Client
+from .errors import PROVIDER, missing_instance_ids
+from .prices import PriceTable
+
+log = logging.getLogger("flowmesh.providers.ec2")
+
+DEFAULT_REGION = "us-east-1"
+ENV_ENDPOINT = "FLOWMESH_EC2_ENDPOINT_URL"
+ENV_AMI = "FLOWMESH_EC2_AMI"
+LIVE_STATES = ("pending", "running", "stopping", "stopped")
+STATE_MAP = {
+    "pending": ProviderState.PENDING,
+    "running": ProviderState.RUNNING,
+    "stopping": ProviderState.STOPPING,
+    "stopped": ProviderState.STOPPING,
+    "shutting-down": ProviderState.TERMINATED,
+    "terminated": ProviderState.TERMINATED,
+}
+TYPE_FILTER_CHUNK = 100            # instance-type filter values per DescribeInstanceTypes call
+MAX_TAGS = 50                      # EC2: 50 user tags per resource
+_INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8}(?:[0-9a-f]{9})?$")
+_REGION = re.compile(r"^[a-z]{2}(?:-[a-z]+)+-\d+$")
+
+RunnerFactory = Callable[[Instance], Runner]
+
+
+@dataclass(frozen=True, slots=True)
+class TypeInfo:
+    """What ``DescribeInstanceTypes`` says of one instance type."""
+
+    name: str
+    cpus: int
+    memory_gb: float
+    gpus: int
+    gpu_name: str | None
+    arch: str | None               # "x86_64" | "arm64" | None (neither: not offered)
+
+    @classmethod
+    def parse(cls, item: Mapping[str, Any]) -> TypeInfo:
+        archs = (item.get("ProcessorInfo") or {}).get("SupportedArchitectures") or []
+        arch = "arm64" if "arm64" in archs else "x86_64" if "x86_64" in archs else None
+        gpus_info = (item.get("GpuInfo") or {}).get("Gpus") or []
+        gpus = sum(int(g.get("Count") or 0) for g in gpus_info)
+        gpu_name = next((str(g["Name"]).lower() for g in gpus_info if g.get("Name")), None)
+        return cls(name=item["InstanceType"], cpus=int((item.get("VCpuInfo") or {}).get("DefaultVCpus") or 0),
+                   memory_gb=round(int((item.get("MemoryInfo") or {}).get("SizeInMiB") or 0) / 1024, 3),
+                   gpus=gpus, gpu_name=gpu_name if gpus else None, arch=arch)
+
+    def spec(self, gpu_name: str | None = None) -> InstanceSpec | None:
+        try:
+            gpus = min(self.gpus, 16)
+            return InstanceSpec(cpus=max(1, min(self.cpus, 1024)), memory_gb=self.memory_gb,
+                                gpus=gpus, gpu_name=(gpu_name or self.gpu_name) if gpus else None,
+                                arch=self.arch or "x86_64")
+        except SpecError:
+            return None
+
+
+@dataclass(frozen=True, slots=True)
+class ImageInfo:
+    image_id: str
+    arch: str | None
+    root_device: str | None
+
+
+def _default_regions() -> list[str]:
+    return [os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or DEFAULT_REGION]
+
+
+def _chunks(items: Sequence[str], size: int) -> Iterable[list[str]]:
+    for i in range(0, len(items), size):
+        yield list(items[i:i + size])
+
+
+def client_token(request_id: str) -> str:
+    """EC2's ClientToken: up to 64 ASCII characters; longer or non-ASCII ids are hashed."""
+    if 0 < len(request_id) <= 64 and request_id.isascii() and request_id.isprintable():
+        return request_id
+    return "fm-" + hashlib.sha256(request_id.encode()).hexdigest()[:61]
+
+
+class Ec2Provider(Provider):
+    """Amazon EC2.  See the module docstring for what each call does.
+
+    ``image_id`` is an AMI id, or a mapping region -> AMI id (AMI ids are regional);
+    ``resolve:ssm:PARAMETER`` values are passed to EC2 as they are (not checked first).
+    ``session_kwargs`` go to ``boto3.session.Session`` (``profile_name``, or explicit keys
+    as a test fixture does); they are never logged or shown.  ``prices`` replaces the
+    shipped snapshot (a :class:`PriceTable`)."""
+
+    name = "ec2"
+    capabilities = Capabilities(spot=True, gpus=True, stop_start=False, max_batch=MAX_LAUNCH_BATCH,
+                                remote=True, rates=RATES)
+
+    def __init__(self, *, regions: str | Sequence[str] | None = None, endpoint_url: str | None = None,
+                 image_id: str | Mapping[str, str] | None = None, subnet_id: str | None = None,
+                 security_group_ids: str | Sequence[str] = (), key_name: str | None = None,
+                 user_data: str | None = None, iam_instance_profile: str | None = None,
+                 max_workers: int = 8, runner_factory: RunnerFactory | None = None,
+                 session_kwargs: Mapping[str, Any] | None = None, partial_ok: bool = False,
+                 prices: PriceTable | None = None) -> None:
+        if regions is None:
+            regions = _default_regions()
+        elif isinstance(regions, str):
+            regions = [regions]
+        regs: list[str] = []
+        for r in regions:
+            if not isinstance(r, str) or not _REGION.match(r):
+                raise SpecError("ec2.regions", f"must be AWS region names like 'us-east-1', got {r!r}")
+            if r not in regs:
+                regs.append(r)
+        if not regs:
+            raise SpecError("ec2.regions", "must name at least one region")
+        self.regions: tuple[str, ...] = tuple(regs)
+
+        endpoint_url = endpoint_url if endpoint_url is not None else (os.environ.get(ENV_ENDPOINT) or None)
+        if endpoint_url is not None and not re.match(r"^https?://[^/\s]+", str(endpoint_url)):
+            raise SpecError("ec2.endpoint_url", f"must be an http(s) URL, got {endpoint_url!r}")
+        self.endpoint_url = endpoint_url
+
+        if image_id is None:
+            image_id = os.environ.get(ENV_AMI) or None
+        if isinstance(image_id, Mapping):
+            images = {}
+            for reg, ami in image_id.items():
+                if not isinstance(ami, str) or not ami.strip():
+                    raise SpecError(f"ec2.image_id[{reg!r}]", f"must be an AMI id, got {ami!r}")
+                images[str(reg)] = ami.strip()
+            self._image_ids: dict[str, str] | str | None = images
+        elif image_id is not None:
+            if not isinstance(image_id, str) or not image_id.strip():
+                raise SpecError("ec2.image_id", f"must be an AMI id like 'ami-0abc...', got {image_id!r}")
+            self._image_ids = image_id.strip()
+        else:
+            self._image_ids = None
+
+        if isinstance(security_group_ids, str):
+            security_group_ids = (security_group_ids,)
+        self.subnet_id = subnet_id
+        self.security_group_ids = tuple(security_group_ids)
+        self.key_name = key_name
+        self._user_data = user_data
+        self.iam_instance_profile = iam_instance_profile
+        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or not 1 <= max_workers <= 256:
+            raise SpecError("ec2.max_workers", f"must be an integer in [1, 256], got {max_workers!r}")
+        if runner_factory is not None and not callable(runner_factory):
+            raise SpecError("ec2.runner_factory", "must be a callable Instance -> Runner")
+        self.runner_factory = runner_factory
+        self.partial_ok = bool(partial_ok)
+        self._prices = prices if prices is not None else PriceTable.load()
+        self._client = Ec2Client(endpoint_url=self.endpoint_url, max_workers=max_workers,
+                                 session_kwargs=session_kwargs)
+
+        self._types: dict[str, dict[str, TypeInfo | None]] = {}     # region -> name -> info (None: none)
+        self._type_locks: dict[str, asyncio.Lock] = {}
+        self._images: dict[tuple[str, str], ImageInfo] = {}
+        self._region_of: dict[str, str] = {}                        # instance id -> region
+        self._spec_of: dict[str, InstanceSpec] = {}                 # instance id -> spec it was launched for
+
+    def __repr__(self) -> str:
+        return (f"Ec2Provider(regions={list(self.regions)!r}, endpoint_url={self.endpoint_url!r}, "
+                f"image_id={self._image_ids!r})")
+
+    # ---- instance types and prices ---------------------------------------------------
+    def image_for(self, region: str) -> str:
+        """The AMI to launch in ``region``; SpecError naming ``ec2.image_id`` when none is set."""
+        ids = self._image_ids
+        ami = ids.get(region) if isinstance(ids, dict) else ids
+        if not ami:
+            raise SpecError("ec2.image_id",
+                            f"no AMI configured for region {region}: pass Ec2Provider(image_id='ami-...') "
+                            f"(or a mapping region -> AMI id), or set {ENV_AMI}")
+        return ami
+
+    async def _ensure_types(self, region: str, names: Iterable[str]) -> dict[str, TypeInfo | None]:
+        """Type info for ``names`` in ``region`` (fetched once, cached; None: no such type)."""
+        known = self._types.setdefault(region, {})
+        lock = self._type_locks.setdefault(region, asyncio.Lock())
+        async with lock:
+            missing = sorted({n for n in names if n not in known})
+            for chunk in _chunks(missing, TYPE_FILTER_CHUNK):
+                pages = await self._client.pages(region, "describe_instance_types",
+                                                 Filters=[{"Name": "instance-type", "Values": chunk}])
+                for page in pages:
+                    for item in page.get("InstanceTypes") or []:
+                        info = TypeInfo.parse(item)
+                        known[info.name] = info
+                for name in chunk:
+                    known.setdefault(name, None)
+        return known
+
+    def _price(self, region: str, instance_type: str, spot: bool) -> float:
+        row = self._prices.get(region, instance_type)
+        if row is None:
+            return 0.0
+        return row.spot if spot and row.spot is not None else row.on_demand
+
+    async def _region_offers(self, region: str, spec: InstanceSpec) -> list[Offer]:
+        names = self._prices.instance_types(region)
+        if not names:
+            return []
+        infos = await self._ensure_types(region, names)
+        out = []
+        for name in names:
+            info, row = infos.get(name), self._prices.get(region, name)
+            if info is None or row is None or info.arch is None or info.cpus < 1 or info.memory_gb <= 0:
+                continue
+            gpu_name = (row.gpu_name or info.gpu_name) if info.gpus else None
+            prices = [(False, row.on_demand)] + ([(True, row.spot)] if row.spot is not None else [])
+            for spot, price in prices:
+                offer = Offer(provider=PROVIDER, region=region, instance_type=name, cpus=info.cpus,
+                              memory_gb=info.memory_gb, price_per_hour=price, gpus=info.gpus,
+                              gpu_name=gpu_name, zone=None, spot=spot, arch=info.arch)
+                if offer.fits(spec):
+                    out.append(offer)
+        return out
+
+    async def offers(self, spec: InstanceSpec) -> list[Offer]:
+        per_region = await asyncio.gather(*(self._region_offers(r, spec) for r in self.regions))
+        offers = [o for group in per_region for o in group]
+        offers.sort(key=lambda o: (o.price_per_hour, o.instance_type, o.region, o.spot))
+        return offers
+
+    def explain_misfit(self, spec: InstanceSpec) -> str:
+        priced = [r for r in self.regions if self._prices.instance_types(r)]
+        where = ", ".join(self.regions)
+        if not priced:
+            return (f"the EC2 price snapshot has no prices for {where} (it covers "
+                    f"{', '.join(self._prices.regions()) or 'no region'}); only priced types are offered")
+        gpu = f", {spec.gpus} x {spec.gpu_name or 'any'} GPU" if spec.gpus else ""
+        return (f"no priced EC2 type in {', '.join(priced)} has {spec.cpus} vCPUs, "
+                f"{spec.memory_gb:g} GiB{gpu}, arch {spec.arch}")
+
+    # ---- instances -----------------------------------------------------------------
+    def _to_instance(self, region: str, item: Mapping[str, Any], *, spec: InstanceSpec | None = None,
+                     price: float | None = None, extra_tags: Mapping[str, str] | None = None) -> Instance:
+        iid = str(item["InstanceId"])
+        itype = str(item.get("InstanceType") or "")
+        tags = dict(extra_tags or {})
+        tags.update({str(t["Key"]): str(t.get("Value", "")) for t in item.get("Tags") or [] if "Key" in t})
+        launched = item.get("LaunchTime")
+        launched_at = launched.timestamp() if isinstance(launched, _dt.datetime) else time.time()
+        spot = item.get("InstanceLifecycle") == "spot"
+        if spec is None:
+            spec = self._spec_of.get(iid)
+        if spec is None:
+            info = self._types.get(region, {}).get(itype)
+            row = self._prices.get(region, itype)
+            spec = (info.spec(row.gpu_name if row else None) if info else None) or InstanceSpec()
+        self._region_of[iid] = region
+        self._spec_of.setdefault(iid, spec)
+        state = STATE_MAP.get(str((item.get("State") or {}).get("Name") or ""), ProviderState.PENDING)
+        return Instance(id=iid, provider=PROVIDER, region=region, instance_type=itype, spec=spec, state=state,
+                        tags=tags, launched_at=launched_at,
+                        price_per_hour=price if price is not None else self._price(region, itype, spot),
+                        address=item.get("PrivateIpAddress") or item.get("PublicIpAddress") or None)
+
+    async def _describe_raw(self, region: str, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        pages = await self._client.pages(region, "describe_instances", Filters=filters,
+                                         MaxResults=DESCRIBE_PAGE)
+        return [inst for page in pages for res in page.get("Reservations") or []
+                for inst in res.get("Instances") or []]
+
+    async def _instances(self, region: str, raw: list[dict[str, Any]]) -> list[Instance]:
+        unknown = {str(i.get("InstanceType")) for i in raw
+                   if str(i.get("InstanceId")) not in self._spec_of and i.get("InstanceType")}
+        if unknown:
+            await self._ensure_types(region, unknown)
+        return [self._to_instance(region, i) for i in raw]
+
+    # ---- launch --------------------------------------------------------------------
+    def _check_request(self, request: LaunchRequest) -> tuple[str, str, dict[str, str]]:
+        offer = request.offer
+        if offer.provider != PROVIDER:
+            raise SpecError("launch.offer", f"an offer of provider {offer.provider!r} was given to ec2")
+        if offer.region not in self.regions:
+            raise SpecError("launch.offer.region",
+                            f"{offer.region!r} is not one of this provider's regions {list(self.regions)} "
+                            "(an instance launched there could not be listed again)")
+        if request.count > self.capabilities.max_batch:
+            raise SpecError("launch.count", f"at most {self.capabilities.max_batch} per launch call, "
+                                            f"got {request.count}")
+        ami = self.image_for(offer.region)
+        tags = {str(k): str(v) for k, v in request.tags.items()}
+        tags[TAG_REQUEST] = request.request_id
+        tags.setdefault("Name", f"flowmesh-{tags.get(TAG_POOL) or 'instance'}")
+        if len(tags) > MAX_TAGS:
+            raise SpecError("launch.tags", f"EC2 allows {MAX_TAGS} tags per resource, got {len(tags)}")
+        for k, v in tags.items():
+            if not k or len(k) > 128 or k.lower().startswith("aws:") or len(v) > 256:
+                raise SpecError(f"launch.tags[{k!r}]", "EC2 tag keys are 1-128 characters not starting with "
+                                                       "'aws:', values at most 256 characters")
+        return offer.region, ami, tags
+
+    async def _image(self, region: str, ami: str) -> ImageInfo | None:
+        if ami.startswith("resolve:ssm:"):
+            return None  # EC2 resolves it at launch; nothing to check here
+        key = (region, ami)
+        if key not in self._images:
+            resp = await self._client.call(region, "describe_images", ImageIds=[ami])
+            images = resp.get("Images") or []
+            if not images:
+                raise SpecError("ec2.image_id", f"AMI {ami} does not exist in {region} (or is not visible "
+                                                "to this account)")
+            img = images[0]
+            self._images[key] = ImageInfo(ami, img.get("Architecture"), img.get("RootDeviceName"))
+        return self._images[key]
+
+    async def launch(self, request: LaunchRequest) -> list[Instance]:
+        region, ami, tags = self._check_request(request)
+        offer = request.offer
+        infos = await self._ensure_types(region, [offer.instance_type])
+        if infos.get(offer.instance_type) is None:
+            raise SpecError("launch.offer.instance_type",
+                            f"{offer.instance_type!r} is not an EC2 instance type offered in {region}")
+        image = await self._image(region, ami)
+        if image is not None and image.arch and image.arch != offer.arch:
+            raise SpecError("ec2.image_id", f"AMI {ami} is built for {image.arch}, but {offer.instance_type} "
+                                            f"is {offer.arch}; configure an {offer.arch} AMI for {region}")
+
+        # Idempotent by request id: the instances of an earlier call with this id, if any.
+        earlier = await self._describe_raw(region, [{"Name": f"tag:{TAG_REQUEST}",
+                                                     "Values": [request.request_id]}])
+        if earlier:
+            log.info("ec2 launch %s: %d instances already exist for this request id", request.request_id,
+                     len(earlier))
+            for item in earlier:
+                self._spec_of.setdefault(str(item["InstanceId"]), request.spec)
+            return [self._to_instance(region, i, spec=request.spec) for i in earlier]
+
+        tag_list = [{"Key": k, "Value": v} for k, v in tags.items()]
+        params: dict[str, Any] = {
+            "ImageId": ami,
+            "InstanceType": offer.instance_type,
+            "MinCount": 1 if self.partial_ok else request.count,
+            "MaxCount": request.count,
+            "ClientToken": client_token(request.request_id),
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": tag_list},
+                                  {"ResourceType": "volume", "Tags": tag_list}],
+        }
+        if image is not None and image.root_device:
+            params["BlockDeviceMappings"] = [{"DeviceName": image.root_device,
+                                              "Ebs": {"VolumeSize": request.spec.disk_gb, "VolumeType": "gp3",
+                                                      "DeleteOnTermination": True}}]
+        if self._user_data is not None:
+            params["UserData"] = self._user_data   # botocore base64-encodes it
+        if self.subnet_id:
+            params["SubnetId"] = self.subnet_id
+        if self.security_group_ids:
+            params["SecurityGroupIds"] = list(self.security_group_ids)
+        if self.key_name:
+            params["KeyName"] = self.key_name
+        if self.iam_instance_profile:
+            prof = self.iam_instance_profile
+            params["IamInstanceProfile"] = {"Arn": prof} if prof.startswith("arn:") else {"Name": prof}
+        if offer.spot:
+            params["InstanceMarketOptions"] = {
+                "MarketType": "spot",
+                "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+        if offer.zone:
+            params["Placement"] = {"AvailabilityZone": offer.zone}
+
+        resp = await self._client.call(region, "run_instances", **params)
+        out = []
+        for item in resp.get("Instances") or []:
+            self._spec_of[str(item["InstanceId"])] = request.spec
+            out.append(self._to_instance(region, item, spec=request.spec, price=offer.price_per_hour,
+                                         extra_tags=tags))
+        log.info("ec2 launch %s: %d x %s in %s%s", request.request_id, len(out), offer.instance_type, region,
+                 " (spot)" if offer.spot else "")
+        return out
+
+    # ---- describe / list / terminate ---------------------------------------------------
+    def _by_region(self, ids: Iterable[str]) -> tuple[dict[str, list[str]], list[str]]:
+        known: dict[str, list[str]] = {}
+        unknown: list[str] = []
+        seen: set[str] = set()
+        for iid in ids:
+            if not isinstance(iid, str) or iid in seen or not _INSTANCE_ID.match(iid):
+                continue  # malformed ids name no instance
+            seen.add(iid)
+            region = self._region_of.get(iid)
+            if region in self.regions:
+                known.setdefault(region, []).append(iid)
+            else:
+                unknown.append(iid)
+        return known, unknown
+
+    async def _describe_ids(self, region: str, ids: list[str]) -> list[Instance]:
+        out: list[Instance] = []
+        for chunk in _chunks(ids, ID_FILTER_CHUNK):
+            raw = await self._describe_raw(region, [{"Name": "instance-id", "Values": chunk}])
+            out += await self._instances(region, raw)
+        return out
+
+    async def describe(self, ids: Sequence[str]) -> list[Instance]:
+        known, unknown = self._by_region(ids)
+        jobs = [self._describe_ids(r, group) for r, group in known.items()]
+        if unknown:
+            jobs += [self._describe_ids(r, unknown) for r in self.regions]
+        found: dict[str, Instance] = {}
+        for group in await asyncio.gather(*jobs):
+            for inst in group:
+                found.setdefault(inst.id, inst)
+        return [found[i] for i in dict.fromkeys(ids) if i in found]
+
+    async def list_tagged(self, tags: Mapping[str, str]) -> list[Instance]:
+        if tags:
+            filters = [{"Name": f"tag:{k}", "Values": [str(v)]} for k, v in tags.items()]
+        else:
+            filters = [{"Name": "tag-key", "Values": [TAG_FLEET]}]
+        filters.append({"Name": "instance-state-name", "Values": list(LIVE_STATES)})
+
+        async def one(region: str) -> list[Instance]:
+            return await self._instances(region, await self._describe_raw(region, filters))
+        groups = await asyncio.gather(*(one(r) for r in self.regions))
+        return [i for g in groups for i in g]
+
+    async def _terminate_region(self, region: str, ids: list[str]) -> None:
+        for chunk in _chunks(ids, TERMINATE_CHUNK):
+            while chunk:
+                try:
+                    await self._client.call(region, "terminate_instances", InstanceIds=chunk)
+                    break
+                except NotFoundError as exc:
+                    gone = missing_instance_ids(str(exc)) & set(chunk)
+                    if not gone:
+                        raise
+                    log.debug("ec2 terminate in %s: %d ids already gone", region, len(gone))
+                    chunk = [i for i in chunk if i not in gone]
+
+    async def terminate(self, ids: Sequence[str]) -> None:
+        known, unknown = self._by_region(ids)
+        if unknown:
+            for inst in await self.describe(unknown):   # locate them (records their region)
+                known.setdefault(inst.region, []).append(inst.id)
+        await asyncio.gather(*(self._terminate_region(r, group) for r, group in known.items()))
+
+    # ---- the rest ------------------------------------------------------------------
+    def runner(self, instance: Instance) -> Runner:
+        if self.runner_factory is not None:
+            return self.runner_factory(instance)
+        raise ProviderError("ec2 instances are reached over SSH and the SSH runner is not built yet; "
+                            "pass Ec2Provider(runner_factory=...) to supply one", provider=PROVIDER,
+                            code="NoRunner")
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+__all__ = ["Ec2Provider", "ImageInfo", "TypeInfo", "client_token"]
