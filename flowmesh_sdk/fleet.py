@@ -79,6 +79,7 @@ class Fleet:
         self.control = control or InProcessBackend()
         self.runtime_config = runtime_config
         self._providers: dict[str, Provider] = dict(providers or {})
+        self._owned: set[str] = set()   # loaded here, so closed here (the caller closes its own)
         self._provider_options = {k: dict(v) for k, v in (provider_options or {}).items()}
         self._runtimes: dict[int, ContainerRuntime] = {}
         self._local_runner = LocalRunner()
@@ -132,6 +133,7 @@ class Fleet:
                 opts.setdefault("runtime_config", self.runtime_config)
                 opts.setdefault("state_dir", self.home / "local" / "instances")
             self._providers[name] = load_provider(name, **opts)
+            self._owned.add(name)
         return self._providers[name]
 
     def runtime_for(self, runner: Runner) -> ContainerRuntime:
@@ -200,8 +202,8 @@ class Fleet:
         try:
             await asyncio.gather(*(p.drain(timeout_s) for p in self.pools.values()))
         finally:
-            for prov in self._providers.values():
-                await prov.close()
+            for name in self._owned:
+                await self._providers[name].close()
             await self.registry.close()
             await self.store.flush()
             self.store.close()

@@ -122,7 +122,6 @@ class Pool(abc.ABC):
                                                      self._capacity())
         self._bg: set[asyncio.Task[object]] = set()
         self.image_cache = InstanceImages(ctx.pulls, spec.image_cache_bytes,
-                                          remote=provider.capabilities.remote,
                                           authfile_for=ctx.authfile_for, publish=self._publish)
         self._publish(EventKind.POOL_CREATED, detail=json.dumps(_spec_json(spec), sort_keys=True))
 

@@ -19,12 +19,11 @@ LOW_WATER = 0.8   # evict down to this share of the budget
 
 
 class InstanceImages:
-    def __init__(self, budget: PullBudget, cache_bytes: int, *, remote: bool,
+    def __init__(self, budget: PullBudget, cache_bytes: int, *,
                  authfile_for: Callable[[str], str | None],
                  publish: Callable[..., None]) -> None:
         self.budget = budget
         self.cache_bytes = cache_bytes
-        self.remote = remote
         self.authfile_for = authfile_for
         self.publish = publish
 
@@ -43,7 +42,7 @@ class InstanceImages:
     async def _pull(self, mi: ManagedInstance, info: ImageInfo) -> CachedImage:
         t0 = time.monotonic()
         if info.registry is None:
-            if self.remote:
+            if not mi.runtime.runner.on_this_host:
                 raise ImageNotFoundError(info.image, "localhost/ images exist only in this host's "
                                                      "store; push it to a registry for remote instances")
         else:

@@ -76,6 +76,7 @@ class LocalRunner(Runner):
     """Runs commands on this host."""
 
     label = "local"
+    on_this_host = True
 
     async def run(self, argv: Sequence[str], *, timeout_s: float,
                   input: bytes | None = None) -> CommandResult:

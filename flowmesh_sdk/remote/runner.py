@@ -68,6 +68,8 @@ class Runner(abc.ABC):
 
     #: a short label for messages, e.g. ``local`` or ``root@127.0.0.2:22``
     label: str = "runner"
+    #: True when commands run on this host (its container store is this host's)
+    on_this_host: bool = False
 
     @abc.abstractmethod
     async def run(self, argv: Sequence[str], *, timeout_s: float,

@@ -1,0 +1,37 @@
+"""A coordinator that launches two tagged instances and then waits to be killed.
+
+Usage: python _coordinator.py RECIPE_JSON FLEET  (prints the instance ids, then sleeps)."""
+
+import asyncio
+import json
+import sys
+import uuid
+
+from flowmesh_sdk.config import Owner
+from flowmesh_sdk.provider import TAG_FLEET, TAG_OWNER, TAG_POOL, LaunchRequest
+from flowmesh_sdk.specs import InstanceSpec
+
+
+def build(recipe: dict):
+    if recipe["provider"] == "local":
+        from flowmesh_providers.local import LocalProvider
+        return LocalProvider(cpus=recipe["cpus"], memory_gb=recipe["memory_gb"],
+                             state_dir=recipe["state_dir"])
+    from flowmesh_providers.ec2 import Ec2Provider
+    return Ec2Provider(regions=["us-east-1"], endpoint_url=recipe["endpoint_url"],
+                       image_id=recipe["image_id"], session_kwargs=recipe["session"])
+
+
+async def main() -> None:
+    recipe, fleet = json.loads(sys.argv[1]), sys.argv[2]
+    prov = build(recipe)
+    spec = InstanceSpec(cpus=2, memory_gb=4)
+    offer = next(o for o in await prov.offers(spec) if not o.spot)
+    rid = f"crash-{uuid.uuid4().hex[:8]}"
+    launched = await prov.launch(LaunchRequest(offer=offer, spec=spec, count=2, request_id=rid, tags={
+        TAG_FLEET: fleet, TAG_POOL: "doomed", TAG_OWNER: str(Owner.current())}))
+    print(" ".join(i.id for i in launched), flush=True)
+    await asyncio.sleep(3600)  # killed before it records or terminates anything
+
+
+asyncio.run(main())

@@ -1,0 +1,131 @@
+"""Provider environments for the conformance suite: each yields a ready provider, the
+offer to launch, and the means to provoke its capacity error.  Every later provider adds
+itself to ``ENVIRONMENTS``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from flowmesh_sdk.provider import Provider
+from flowmesh_sdk.specs import InstanceSpec, Offer
+
+_AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
+            "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN",
+            "FLOWMESH_EC2_AMI", "FLOWMESH_EC2_ENDPOINT_URL")
+
+
+@pytest.fixture(autouse=True)
+def _no_real_cloud(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No real credentials, no IMDS, no shared AWS config: nothing can reach a cloud."""
+    for name in _AWS_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+
+
+@dataclass
+class ProviderEnv:
+    name: str
+    provider: Provider
+    spec: InstanceSpec
+    offer: Offer
+    # provokes the provider's own capacity error on the next launch of `offer`
+    exhaust_capacity: Callable[[], contextlib.AbstractContextManager[None]]
+    # how a separate process rebuilds the same provider: JSON for providers/_coordinator.py
+    recipe: str
+
+
+@pytest.fixture(scope="session")
+def moto_ec2():
+    pytest.importorskip("boto3")
+    from flowmesh_sdk.testing.moto import MotoEc2
+    with MotoEc2() as m:
+        yield m
+
+
+@pytest.fixture(scope="session")
+def ec2_proxy(moto_ec2):
+    from flowmesh_sdk.testing.ec2fault import Ec2FaultProxy
+    with Ec2FaultProxy(moto_ec2.endpoint_url) as p:
+        yield p
+
+
+ENVIRONMENTS = ["local", "ec2"]
+
+
+@pytest.fixture(params=ENVIRONMENTS)
+async def env(request, tmp_path: Path) -> AsyncIterator[ProviderEnv]:
+    spec = InstanceSpec(cpus=2, memory_gb=4)
+    if request.param == "local":
+        from flowmesh_providers.local import LocalProvider
+        state = tmp_path / "local"
+        prov = LocalProvider(cpus=16, memory_gb=64, state_dir=state)  # accounting only
+        (offer,) = await prov.offers(spec)
+
+        @contextlib.contextmanager
+        def exhaust() -> Iterator[None]:
+            # another coordinator on this host takes everything first
+            from flowmesh_sdk.provider import LaunchRequest
+            filler = LocalProvider(cpus=16, memory_gb=64, state_dir=state)
+            big = InstanceSpec(cpus=16, memory_gb=1)
+            launched = []
+
+            async def fill() -> None:
+                launched.extend(await filler.launch(LaunchRequest(
+                    offer=filler._offer(big), spec=big, count=1, request_id="filler",
+                    tags={"flowmesh:fleet": "filler"})))
+            _run(fill())
+            try:
+                yield
+            finally:
+                _run(filler.terminate([i.id for i in launched]))
+
+        recipe = json.dumps({"provider": "local", "cpus": 16, "memory_gb": 64, "state_dir": str(state)})
+        yield ProviderEnv("local", prov, spec, offer, exhaust, recipe)
+        await prov.terminate([i.id for i in await prov.list_tagged({})])
+    else:
+        moto = request.getfixturevalue("moto_ec2")
+        proxy = request.getfixturevalue("ec2_proxy")
+        prov = moto.provider(endpoint_url=proxy.endpoint_url)
+        offers = await prov.offers(spec)
+        offer = next(o for o in offers if not o.spot)
+
+        @contextlib.contextmanager
+        def exhaust() -> Iterator[None]:
+            proxy.fail("RunInstances", "InsufficientInstanceCapacity", times=None)
+            try:
+                yield
+            finally:
+                proxy.clear()
+
+        recipe = json.dumps({"provider": "ec2", "endpoint_url": moto.endpoint_url,
+                             "image_id": moto.a_valid_ami("us-east-1"), "session": moto.session_kwargs})
+        yield ProviderEnv("ec2", prov, spec, offer, exhaust, recipe)
+        await prov.terminate([i.id for i in await prov.list_tagged({})])
+        await prov.close()
+
+
+def _run(coro) -> None:
+    """Run a coroutine from sync code inside a running test loop (on a helper thread)."""
+    import asyncio
+    import threading
+    box: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            asyncio.run(coro)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            box.append(exc)
+    t = threading.Thread(target=target)
+    t.start()
+    t.join()
+    if box:
+        raise box[0]

@@ -1,0 +1,170 @@
+"""The provider conformance suite: every provider must pass it (today `local` and `ec2`
+against moto in server mode with the real boto3).  A later provider adds itself to
+``ENVIRONMENTS`` in conftest.py."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from flowmesh_sdk import gc
+from flowmesh_sdk.control import InProcessBackend
+from flowmesh_sdk.errors import CapacityError, FlowMeshError, ProviderError, SpecError
+from flowmesh_sdk.provider import (TAG_FLEET, TAG_OWNER, TAG_POOL, TAG_REQUEST, Capabilities,
+                                   LaunchRequest, Provider, ProviderState)
+from flowmesh_sdk.provisioning import Provisioner, RetryPolicy
+
+HERE = Path(__file__).parent
+
+
+def _tags(fleet: str) -> dict[str, str]:
+    return {TAG_FLEET: fleet, TAG_POOL: "conf", TAG_OWNER: "conformance"}
+
+
+def _req(env, count: int, fleet: str, rid: str | None = None) -> LaunchRequest:
+    rid = rid or f"conf-{uuid.uuid4().hex[:10]}"
+    return LaunchRequest(offer=env.offer, spec=env.spec, count=count, request_id=rid,
+                         tags={**_tags(fleet), TAG_REQUEST: rid})
+
+
+class CountingProvider(Provider):
+    """Counts the contract calls made to the provider it wraps (instrumentation, not a fake)."""
+
+    def __init__(self, inner: Provider) -> None:
+        self.inner = inner
+        self.name = inner.name  # type: ignore[misc]
+        self.capabilities = inner.capabilities  # type: ignore[misc]
+        self.launches: list[int] = []
+
+    async def offers(self, spec):
+        return await self.inner.offers(spec)
+
+    async def launch(self, request):
+        self.launches.append(request.count)
+        return await self.inner.launch(request)
+
+    async def describe(self, ids):
+        return await self.inner.describe(ids)
+
+    async def terminate(self, ids):
+        return await self.inner.terminate(ids)
+
+    async def list_tagged(self, tags):
+        return await self.inner.list_tagged(tags)
+
+    def runner(self, instance):
+        return self.inner.runner(instance)
+
+
+async def test_capabilities_are_declared(env):
+    caps = env.provider.capabilities
+    assert isinstance(caps, Capabilities) and caps.max_batch >= 1
+    assert env.provider.name == env.name
+    assert env.offer.provider == env.name and env.offer.fits(env.spec)
+
+
+async def test_launch_describe_terminate_round_trip(env):
+    fleet = f"c-{uuid.uuid4().hex[:6]}"
+    launched = await env.provider.launch(_req(env, 2, fleet))
+    ids = [i.id for i in launched]
+    assert len(set(ids)) == 2
+    for inst in launched:
+        assert inst.provider == env.name and inst.spec == env.spec
+        assert inst.state in (ProviderState.PENDING, ProviderState.RUNNING)
+    seen = await env.provider.describe(ids + ["i-0123456789abcdef0", "local-000000000000"])
+    assert sorted(i.id for i in seen) == sorted(ids)       # unknown ids are omitted, not errors
+    await env.provider.terminate(ids)
+    await env.provider.terminate(ids)                     # terminating twice is not an error
+    left = [i for i in await env.provider.describe(ids) if i.state is not ProviderState.TERMINATED]
+    assert left == []
+    assert await env.provider.list_tagged({TAG_FLEET: fleet}) == []
+
+
+async def test_tags_on_every_instance_and_list_tagged(env):
+    fleet = f"c-{uuid.uuid4().hex[:6]}"
+    req = _req(env, 3, fleet)
+    launched = await env.provider.launch(req)
+    try:
+        for inst in launched:
+            for k, v in req.tags.items():
+                assert inst.tags.get(k) == v, (k, inst.tags)
+        listed = await env.provider.list_tagged({TAG_FLEET: fleet})
+        assert sorted(i.id for i in listed) == sorted(i.id for i in launched)
+        assert all(i.tags[TAG_POOL] == "conf" for i in listed)
+        assert any(i.tags.get(TAG_FLEET) == fleet for i in await env.provider.list_tagged({}))
+    finally:
+        await env.provider.terminate([i.id for i in launched])
+
+
+async def test_relaunch_with_the_same_request_id_is_idempotent(env):
+    fleet = f"c-{uuid.uuid4().hex[:6]}"
+    rid = f"same-{uuid.uuid4().hex[:8]}"
+    first = await env.provider.launch(_req(env, 2, fleet, rid))
+    again = await env.provider.launch(_req(env, 2, fleet, rid))
+    try:
+        assert sorted(i.id for i in again) == sorted(i.id for i in first)
+        assert len(await env.provider.list_tagged({TAG_FLEET: fleet})) == 2
+    finally:
+        await env.provider.terminate([i.id for i in first])
+
+
+@pytest.mark.parametrize("n", [1, 5])
+async def test_batching_uses_at_most_ceil_n_over_batch_calls(env, n):
+    counting = CountingProvider(env.provider)
+    prov = Provisioner(InProcessBackend(), RetryPolicy(attempts=3, backoff_s=0.01))
+    fleet = f"c-{uuid.uuid4().hex[:6]}"
+    out = await prov.launch({env.name: counting}, [env.offer], env.spec, n, _tags(fleet))
+    try:
+        assert len(out.instances) == n
+        assert len(counting.launches) <= math.ceil(n / env.provider.capabilities.max_batch)
+    finally:
+        await env.provider.terminate([i.id for i in out.instances])
+
+
+async def test_capacity_error_maps_with_cause(env):
+    with env.exhaust_capacity():
+        with pytest.raises(CapacityError) as ei:
+            await env.provider.launch(_req(env, 1, f"c-{uuid.uuid4().hex[:6]}"))
+    err = ei.value
+    assert isinstance(err, ProviderError) and err.provider == env.name and err.code
+    if env.name != "local":   # a cloud's own error is chained as the cause
+        assert err.__cause__ is not None
+
+
+async def test_bad_offer_is_a_spec_error_before_launch(env):
+    bad = env.offer.__class__(**{**{f: getattr(env.offer, f) for f in env.offer.__dataclass_fields__},
+                                 "provider": "elsewhere"})
+    with pytest.raises((SpecError, FlowMeshError)):
+        await env.provider.launch(LaunchRequest(offer=bad, spec=env.spec, count=1, request_id="bad",
+                                                tags=_tags("bad")))
+    assert await env.provider.list_tagged({TAG_FLEET: "bad"}) == []
+
+
+async def test_gc_finds_and_terminates_an_orphan_after_a_coordinator_crash(env):
+    fleet = f"crash-{uuid.uuid4().hex[:6]}"
+    proc = subprocess.Popen([sys.executable, str(HERE / "_coordinator.py"), env.recipe, fleet],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ))
+    try:
+        line = proc.stdout.readline()
+        assert line.strip(), proc.stderr.read() if proc.poll() is not None else "no output"
+        ids = set(line.split())
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert {i.id for i in await env.provider.list_tagged({TAG_FLEET: fleet})} == ids
+    plan = await gc.plan([env.provider], None)
+    orphans = {o.instance_id for o in plan.instances if o.fleet == fleet}
+    assert orphans == ids and all(o.reason == "owner process exited" for o in plan.instances
+                                  if o.fleet == fleet)
+    result = await gc.execute(gc.GcPlan(tuple(o for o in plan.instances if o.fleet == fleet), ()),
+                              [env.provider], None)
+    assert set(result.terminated) == ids and not result.still_present
+    assert await env.provider.list_tagged({TAG_FLEET: fleet}) == []   # zero left running
