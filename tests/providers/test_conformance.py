@@ -168,3 +168,34 @@ async def test_gc_finds_and_terminates_an_orphan_after_a_coordinator_crash(env):
                               [env.provider], None)
     assert set(result.terminated) == ids and not result.still_present
     assert await env.provider.list_tagged({TAG_FLEET: fleet}) == []   # zero left running
+
+
+async def test_cli_gc_sweeps_ec2_orphans(moto_ec2, tmp_path):
+    """`flowmesh gc --provider ec2` finds a crashed coordinator's instances by their tags."""
+    import json
+    fleet = f"cli-{uuid.uuid4().hex[:6]}"
+    recipe = json.dumps({"provider": "ec2", "endpoint_url": moto_ec2.endpoint_url,
+                         "image_id": moto_ec2.a_valid_ami("us-east-1"), "session": moto_ec2.session_kwargs})
+    proc = subprocess.Popen([sys.executable, str(HERE / "_coordinator.py"), recipe, fleet],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ids = set(proc.stdout.readline().split())
+        assert ids, proc.stderr.read() if proc.poll() is not None else "no output"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    keys = moto_ec2.session_kwargs  # dummy keys for moto, given to the CLI process only
+    env = dict(os.environ, FLOWMESH_HOME=str(tmp_path), COLUMNS="200",
+               FLOWMESH_EC2_ENDPOINT_URL=moto_ec2.endpoint_url, AWS_DEFAULT_REGION="us-east-1",
+               AWS_ACCESS_KEY_ID=keys["aws_access_key_id"], AWS_SECRET_ACCESS_KEY=keys["aws_secret_access_key"])
+    cli = [sys.executable, "-m", "flowmesh_sdk.cli.main", "gc", "--provider", "ec2"]
+    dry = subprocess.run(cli, capture_output=True, text=True, env=env, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    assert all(i in dry.stdout for i in ids) and "dry run" in dry.stdout
+    real = subprocess.run(cli + ["--yes"], capture_output=True, text=True, env=env, timeout=120)
+    assert real.returncode == 0, real.stdout + real.stderr
+    prov = moto_ec2.provider()
+    try:
+        assert await prov.list_tagged({TAG_FLEET: fleet}) == []
+    finally:
+        await prov.close()
