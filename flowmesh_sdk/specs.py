@@ -284,6 +284,7 @@ class TaskResult:
     phases: PhaseTimings
     error: str | None = None
     instance_id: str | None = None
+    image_digest: str | None = None   # the image the task ran, pinned
 
     @property
     def ok(self) -> bool:

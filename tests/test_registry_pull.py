@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from flowmesh_sdk import (AuthError, EventKind, Fleet, ImageNotFoundError, InstanceSpec, PoolSpec,
-                          SandboxSpec)
+                          SandboxSpec, Task)
 from flowmesh_sdk.errors import RegistryUnavailableError
 from flowmesh_sdk.images import PullPolicy
 from flowmesh_sdk.registry.auth import Credentials
@@ -114,6 +114,8 @@ async def test_sandbox_is_pinned_and_a_moved_tag_does_not_mix(rfleet, registry, 
     assert ref_b == ref_a and digest_b != digest_a      # the tag moved in the registry
     async with pool.sandbox(_spec(ref_a)) as sb:       # same step (within the TTL): still A
         assert sb.image_id == digest_a and (await sb.exec("cat /data")).stdout == a
+    res = await pool.run_task(Task(name="pinned", sandbox=_spec(ref_a), command="cat /data"))
+    assert res.image_digest == digest_a and res.result.stdout == a
 
 
 async def test_one_pull_per_image_per_instance_and_only_new_layers(rfleet, registry, proxy,

@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass, field
 from ..control.backend import ControlBackend
 from ..control.events import Event, EventBus, EventKind
 from ..control.limits import Quota, Semaphore
-from ..errors import FlowMeshError, ImageNotFoundError, InstanceLost, PoolClosedError, SandboxTimeout
+from ..errors import (FlowMeshError, ImageNotFoundError, InstanceLost, PoolClosedError, SandboxTimeout,
+                      SpecError)
 from ..images import ImageInfo, ImageResolver, PullBudget
 from ..lifecycle import InstanceState, Lifecycle, TaskState, task_lifecycle
 from ..provider import (LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, LABEL_POOL, LABEL_TASK, TAG_FLEET,
@@ -68,6 +69,7 @@ class TaskRun:
     result: ExecResult | None = None
     error: str | None = None
     cancelled: bool = False
+    image_digest: str | None = None
 
     def mark(self, what: str) -> None:
         self.marks[what] = time.monotonic()
@@ -159,7 +161,6 @@ class Pool(abc.ABC):
         """
         if spec is None:
             if image is None:
-                from ..errors import SpecError
                 raise SpecError("sandbox.image", "give a SandboxSpec or image=")
             spec = self.default_sandbox(image)
         async with self._lease(spec, self._new_run(name or "sandbox", tenant)) as sb:
@@ -185,7 +186,8 @@ class Pool(abc.ABC):
                     await sb.write_file(path, data)
                 run.result = await sb.exec(task.command, timeout_s=task.timeout_s)
         return TaskResult(task_id=run.id, name=task.name, pool=self.name, result=run.result,
-                          phases=run.phases(), error=run.error, instance_id=run.instance_id)
+                          phases=run.phases(), error=run.error, instance_id=run.instance_id,
+                          image_digest=run.image_digest)
 
     async def map(self, tasks: Iterable[Task], *,
                   on_result: Callable[[TaskResult], None] | None = None) -> list[TaskResult]:
@@ -283,6 +285,7 @@ class Pool(abc.ABC):
             sandbox = await self._provision(spec, info, inst, run)
             inst = self.instances.get(sandbox.instance_id, inst)
             run.instance_id = sandbox.instance_id
+            run.image_digest = sandbox.image_id
             run.mark("started")
             lc.to(TaskState.RUNNING)
             self._publish(EventKind.TASK_STARTED, task_id=run.id, task_name=name,
