@@ -14,6 +14,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
@@ -141,7 +142,7 @@ def gc(provider: list[str] = typer.Option(["local"], "--provider", "-p",
     try:
         asyncio.run(_gc(provider, age, all_, yes))
     except FlowMeshError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from exc
 
 

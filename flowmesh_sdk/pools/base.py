@@ -347,14 +347,26 @@ class Pool(abc.ABC):
         outcome = await self.ctx.provisioner.launch({self.provider.name: self.provider}, self.offers,
                                                     self.spec.instance, count, tags,
                                                     request_prefix=self.name)
+        launched = list(outcome.instances)
+        try:
+            runners = [self.provider.runner(inst) for inst in launched]
+        except BaseException:
+            # no way to reach them: give them back now rather than leave them to gc
+            ids = [i.id for i in launched]
+            await self.ctx.provisioner.call(self.provider, outcome.offer.region, "terminate",
+                                            lambda: self.provider.terminate(ids), instances=len(ids))
+            raise
         managed = []
-        for inst in outcome.instances:
-            mi = ManagedInstance(inst, self.ctx.runtime_for(self.provider.runner(inst)),
-                                 self._slots_per_instance())
+        for inst, runner in zip(launched, runners):
+            mi = ManagedInstance(inst, self.ctx.runtime_for(runner), self._slots_per_instance())
             self.instances[mi.id] = mi
             self._publish(EventKind.INSTANCE_REQUESTED, instance_id=mi.id, detail=inst.instance_type)
             managed.append(mi)
-        await self._await_running(managed)
+        try:
+            await self._await_running(managed)
+        except BaseException:
+            await self._terminate(managed)
+            raise
         results = await asyncio.gather(*(self._bootstrap(mi) for mi in managed), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors and len(errors) == len(results):
@@ -426,7 +438,7 @@ class Pool(abc.ABC):
         ids = [mi.id for mi in insts]
         region = insts[0].instance.region
         await self.ctx.provisioner.call(self.provider, region, "terminate",
-                                        lambda: self.provider.terminate(ids))
+                                        lambda: self.provider.terminate(ids), instances=len(ids))
         # confirmed by describe before the records go: absent or terminated
         still = [i.id for i in await self.ctx.provisioner.call(
             self.provider, region, "describe", lambda: self.provider.describe(ids))
