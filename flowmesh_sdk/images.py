@@ -17,7 +17,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from typing import TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
+from .backoff import jittered_backoff
 from .control.backend import ControlBackend
 from .errors import ImageNotFoundError, RegistryUnavailableError, ThrottledError
 from .registry.client import RegistryClient
@@ -87,15 +87,6 @@ class PullBudget:
         self.policy = policy or PullPolicy()
         self.on_retry = on_retry
 
-    def _wait(self, state: RetryCallState) -> float:
-        p = self.policy
-        delay = min(p.backoff_max_s, p.backoff_s * 2 ** (state.attempt_number - 1))
-        delay *= 0.5 + random.random() / 2
-        exc = state.outcome.exception() if state.outcome else None
-        if isinstance(exc, ThrottledError) and exc.retry_after_s:
-            delay = max(delay, min(exc.retry_after_s, p.backoff_max_s))
-        return delay
-
     async def run(self, registry: str, what: str, fn: Callable[[], Awaitable[T]], *,
                   pull: bool = False) -> T:
         """Run ``fn`` within ``registry``'s budget, retrying throttling and outages."""
@@ -112,7 +103,8 @@ class PullBudget:
                 self.on_retry(what, state.attempt_number, exc, wait)
 
         async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(p.attempts), wait=self._wait, reraise=True,
+                stop=stop_after_attempt(p.attempts), wait=jittered_backoff(p.backoff_s, p.backoff_max_s),
+                reraise=True,
                 retry=retry_if_exception_type((ThrottledError, RegistryUnavailableError)),
                 before_sleep=before_sleep):
             with attempt:

@@ -16,7 +16,6 @@ from outside (drivers never retry on their own).
 from __future__ import annotations
 
 import logging
-import random
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
+from .backoff import jittered_backoff
 from .control.backend import ControlBackend
 from .errors import (AuthError, CapacityError, FlowMeshError, ProviderUnavailableError, QuotaError,
                      SpecError, ThrottledError)
@@ -79,15 +79,6 @@ class Provisioner:
                                                rate.rate_per_s, rate.burst)
             await bucket.acquire(min(float(instances), bucket.burst) if rate.per_instance else 1.0)
 
-    def _wait(self, state: RetryCallState) -> float:
-        p = self.policy
-        delay = min(p.backoff_max_s, p.backoff_s * 2 ** (state.attempt_number - 1))
-        delay *= 0.5 + random.random() / 2
-        exc = state.outcome.exception() if state.outcome else None
-        if isinstance(exc, ThrottledError) and exc.retry_after_s:
-            delay = max(delay, min(exc.retry_after_s, p.backoff_max_s))
-        return delay
-
     async def call(self, provider: Provider, region: str, api: str, fn: Callable[[], Awaitable[T]],
                    *, instances: int = 1) -> T:
         """``fn`` within the (provider, region, api) bucket, retrying throttling."""
@@ -98,7 +89,9 @@ class Provisioner:
                         state.next_action.sleep if state.next_action else 0.0)
 
         async for attempt in AsyncRetrying(stop=stop_after_attempt(self.policy.attempts),
-                                           wait=self._wait, reraise=True, before_sleep=before_sleep,
+                                           wait=jittered_backoff(self.policy.backoff_s,
+                                                                       self.policy.backoff_max_s),
+                                           reraise=True, before_sleep=before_sleep,
                                            retry=retry_if_exception_type(
                                                (ThrottledError, ProviderUnavailableError))):
             with attempt:

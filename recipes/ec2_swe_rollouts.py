@@ -53,7 +53,6 @@ import contextlib
 import csv
 import importlib.resources
 import io
-import ipaddress
 import math
 import os
 import re
@@ -74,6 +73,7 @@ from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from flowmesh_sdk import EventKind, Fleet, InstanceSpec, Offer, PoolSpec, SandboxSpec, Task  # noqa: E402
+from flowmesh_sdk.backoff import is_loopback_host  # noqa: E402
 from flowmesh_sdk.errors import FlowMeshError  # noqa: E402
 from flowmesh_sdk.provider import TAG_FLEET, ApiRate, Instance, LaunchRequest  # noqa: E402
 from flowmesh_sdk.testing.registry import LocalRegistry  # noqa: E402
@@ -347,13 +347,7 @@ class RolloutEc2(Ec2Provider):
 
 
 def _is_loopback(url: str) -> bool:
-    host = urllib.parse.urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(urllib.parse.urlsplit(url).hostname or "")
 
 
 def instances_table(prov: RolloutEc2, lifecycle: Mapping[str, str]) -> Table:

@@ -72,6 +72,22 @@ async def fleet(fm_home: Path):
     assert not left, f"containers left behind: {left}"
 
 
+_AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
+            "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN",
+            "FLOWMESH_EC2_AMI", "FLOWMESH_EC2_ENDPOINT_URL")
+
+
+@pytest.fixture
+def no_real_cloud(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No real credentials, no IMDS, no shared AWS config: nothing can reach a cloud."""
+    for name in _AWS_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _no_proxy_env():
     # Tests only talk to 127.0.0.0/8.

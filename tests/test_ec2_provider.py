@@ -30,20 +30,9 @@ from flowmesh_sdk.testing.ec2fault import STATUS, Ec2FaultProxy  # noqa: E402
 from flowmesh_sdk.testing.moto import MotoEc2  # noqa: E402
 
 REGION = "us-east-1"
-_AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
-            "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-            "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN",
-            "FLOWMESH_EC2_AMI", "FLOWMESH_EC2_ENDPOINT_URL")
-
-
 @pytest.fixture(autouse=True)
-def _aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+def _aws_env(no_real_cloud) -> None:
     """No real credentials, no IMDS, no shared config: nothing can reach AWS."""
-    for name in _AWS_ENV:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
 
 
 @pytest.fixture(scope="module")

@@ -70,7 +70,7 @@ async def test_map_scales_up_to_max_and_never_exceeds_capacity(fleet, busybox_im
 
     fleet.bus.on(track)
     tasks = [Task(name=f"t{i}", sandbox=_spec(busybox_image, memory_gb=1),
-                  command=f"cat /in/n; sleep 0.3; exit $(( $(cat /in/n) % 3 == 0 ))",
+                  command="cat /in/n; sleep 0.3; exit $(( $(cat /in/n) % 3 == 0 ))",
                   files={"/in/n": str(i).encode()}) for i in range(10)]
     results = await pool.map(tasks)
     assert [r.name for r in results] == [t.name for t in tasks]

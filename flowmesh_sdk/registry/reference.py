@@ -6,10 +6,10 @@ otherwise the registry is Docker Hub and a one-component repository gets ``libra
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from dataclasses import dataclass
 
+from ..backoff import is_loopback_host
 from ..errors import SpecError
 
 DOCKER_HUB = "docker.io"
@@ -71,14 +71,7 @@ class ImageRef:
     @property
     def loopback(self) -> bool:
         """True for registries on this machine (plain HTTP and --tls-verify=false allowed)."""
-        host = self.registry.rsplit(":", 1)[0] if not self.registry.startswith("[") else \
-            self.registry[1:].split("]", 1)[0]
-        if host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            return False
+        return is_loopback_host(self.registry)
 
     def __str__(self) -> str:
         out = f"{self.registry}/{self.repository}"

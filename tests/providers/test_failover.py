@@ -10,7 +10,7 @@ import pytest
 
 from flowmesh_sdk.control import InProcessBackend
 from flowmesh_sdk.errors import AuthError, QuotaError
-from flowmesh_sdk.provider import TAG_FLEET, TAG_OWNER, TAG_POOL, Provider
+from flowmesh_sdk.provider import TAG_FLEET, TAG_OWNER, TAG_POOL
 from flowmesh_sdk.provisioning import Failover, Provisioner, RetryPolicy
 from flowmesh_sdk.specs import InstanceSpec
 
