@@ -235,3 +235,25 @@ def test_sync_facade(fm_home, busybox_image):
     assert fleet.fleet.pools["s"].closed
     with pytest.raises(SpecError):
         SyncFleet("Bad Name")
+
+
+async def test_ephemeral_burst_shares_one_launch_call(fm_home, busybox_image):
+    from flowmesh_sdk import Fleet
+    from flowmesh_providers.local import LocalProvider
+
+    class Counting(LocalProvider):
+        calls: list[int] = []
+
+        async def launch(self, request):
+            self.calls.append(request.count)
+            return await super().launch(request)
+
+    prov = Counting(cpus=4, memory_gb=8, state_dir=fm_home / "burst")
+    async with Fleet("burst", home=fm_home, providers={"local": prov}) as fleet:
+        pool = await fleet.pool(PoolSpec(name="b", mode="ephemeral", instance=InstanceSpec(cpus=1, memory_gb=1),
+                                         max_instances=3))
+        results = await pool.map([Task(name=f"b{i}", sandbox=_spec(busybox_image), command="hostname")
+                                  for i in range(3)])
+        assert all(r.ok for r in results) and len({r.instance_id for r in results}) == 3
+        assert prov.calls == [3]               # one launch call for the burst of three
+        assert pool.stats().instances == 0    # and each instance went with its task
