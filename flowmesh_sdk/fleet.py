@@ -183,7 +183,7 @@ class Fleet:
         provs = [self.provider(name) for name in providers]
         plan = await gc.plan(provs, None)
         mine = tuple(o for o in plan.instances if o.fleet == self.name)
-        result = await gc.execute(gc.GcPlan(mine, ()), provs, None)
+        result = await gc.execute(gc.GcPlan(mine, ()), provs, None, provisioner=self.provisioner)
         listed = {i.id for p in provs for i in await p.list_tagged({TAG_FLEET: self.name})}
         ours = {i for pool in self.pools.values() for i in pool.instances}
         rows = await asyncio.to_thread(self.store.instances, live_only=True)

@@ -17,8 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .config import Owner
+from .control.backend import InProcessBackend
 from .provider import (LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, TAG_FLEET, TAG_OWNER, TAG_POOL,
-                       Provider)
+                       Provider, ProviderState)
+from .provisioning import Provisioner
 from .remote.runtime import ContainerInfo, ContainerRuntime
 
 
@@ -90,7 +92,11 @@ async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, 
 
 
 async def execute(gc_plan: GcPlan, providers: Sequence[Provider], runtime: ContainerRuntime | None,
-                  *, progress: Callable[[str], None] | None = None) -> GcResult:
+                  *, progress: Callable[[str], None] | None = None,
+                  provisioner: Provisioner | None = None) -> GcResult:
+    """Terminate and remove what ``gc_plan`` lists; through ``provisioner`` (its rate limits
+    and retries) when given, else one with the in-process backend."""
+    calls = provisioner or Provisioner(InProcessBackend())
     by_provider = {p.name: p for p in providers}
     terminated: list[str] = []
     still: list[str] = []
@@ -98,9 +104,9 @@ async def execute(gc_plan: GcPlan, providers: Sequence[Provider], runtime: Conta
         ids = [o.instance_id for o in gc_plan.instances if o.provider == name]
         if not ids:
             continue
-        await prov.terminate(ids)
-        remaining = {i.id for i in await prov.describe(ids)
-                     if i.state.value != "terminated"}
+        await calls.call(prov, "*", "terminate", lambda: prov.terminate(ids), instances=len(ids))
+        remaining = {i.id for i in await calls.call(prov, "*", "describe", lambda: prov.describe(ids))
+                     if i.state is not ProviderState.TERMINATED}
         for i in ids:
             (still if i in remaining else terminated).append(i)
             if progress:
