@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from flowmesh_sdk.config import home_dir
-from flowmesh_sdk.errors import CapacityError, SpecError
+from flowmesh_sdk.errors import CapacityError, RuntimeMissingError, SpecError
 from flowmesh_sdk.provider import (LABEL_INSTANCE, TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest,
                                    Provider, ProviderState)
 from flowmesh_sdk.remote.local import LocalRunner
@@ -103,9 +103,12 @@ class LocalProvider(Provider):
     async def terminate(self, ids: Sequence[str]) -> None:
         if not ids:
             return
-        containers: list[str] = []
-        for instance_id in ids:
-            containers += [c.id for c in await self._runtime.list({LABEL_INSTANCE: instance_id})]
+        wanted = set(ids)
+        try:  # one listing for the whole batch
+            containers = [c.id for c in await self._runtime.list(label_keys=[LABEL_INSTANCE])
+                          if c.labels.get(LABEL_INSTANCE) in wanted]
+        except RuntimeMissingError:
+            containers = []  # no container runtime here, so no containers to remove
         await self._runtime.remove(containers)
 
         def drop() -> None:
