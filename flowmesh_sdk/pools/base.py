@@ -123,6 +123,7 @@ class Pool(abc.ABC):
         self._sem: Semaphore = ctx.control.semaphore(f"fleet:{ctx.fleet}:pool:{spec.name}",
                                                      self._capacity())
         self._bg: set[asyncio.Task[object]] = set()
+        self._daemons: set[asyncio.Task[object]] = set()   # long-lived: cancelled at drain
         self.image_cache = InstanceImages(ctx.pulls, spec.image_cache_bytes,
                                           authfile_for=ctx.authfile_for, publish=self._publish)
         self._publish(EventKind.POOL_CREATED, detail=json.dumps(_spec_json(spec), sort_keys=True))
@@ -225,9 +226,17 @@ class Pool(abc.ABC):
         else:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), timeout_s)
+        # Timers (the reaper) are cancelled; short work in flight (a warm container being
+        # started, a launch) is let finish, so nothing it creates escapes the termination.
         for t in list(self._bg):
-            t.cancel()
-        await asyncio.gather(*self._bg, return_exceptions=True)
+            if t in self._daemons:
+                t.cancel()
+        pending = list(self._bg)
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=self.ctx.bootstrap_timeout_s)
+            for t in late:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
         await self._terminate(list(self.instances.values()))
         self._closed = True
         self._publish(EventKind.POOL_DRAINED)
@@ -494,14 +503,17 @@ class Pool(abc.ABC):
         await asyncio.gather(*(self.image_cache.ensure(mi, info) for mi in ready for info in infos))
         return infos
 
-    def _spawn(self, coro) -> asyncio.Task[object]:
+    def _spawn(self, coro, *, daemon: bool = False) -> asyncio.Task[object]:
         task = asyncio.ensure_future(coro)
         self._bg.add(task)
+        if daemon:
+            self._daemons.add(task)
         task.add_done_callback(self._bg_done)
         return task
 
     def _bg_done(self, task: asyncio.Task[object]) -> None:
         self._bg.discard(task)
+        self._daemons.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning("pool %s background work failed: %s", self.name, task.exception())
 

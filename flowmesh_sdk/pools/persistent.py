@@ -65,7 +65,7 @@ class PersistentPool(Pool):
         for info in warm:
             for mi in list(self.instances.values()):
                 self._refill_warm(mi, self.default_sandbox(info.image), info)
-        self._spawn(self._reap_idle())
+        self._spawn(self._reap_idle(), daemon=True)
         return self
 
     def _ready(self) -> list[ManagedInstance]:
