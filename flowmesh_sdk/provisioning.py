@@ -81,19 +81,18 @@ class Provisioner:
 
     async def call(self, provider: Provider, region: str, api: str, fn: Callable[[], Awaitable[T]],
                    *, instances: int = 1) -> T:
-        """``fn`` within the (provider, region, api) bucket, retrying throttling."""
+        """``fn`` within the (provider, region, api) bucket, retrying throttling and outages."""
         def before_sleep(state: RetryCallState) -> None:
-            log.warning("%s %s %s throttled (attempt %d): %s; backing off %.1f s", provider.name,
+            log.warning("%s %s %s: attempt %d failed (%s); backing off %.1f s", provider.name,
                         region, api, state.attempt_number,
                         state.outcome.exception() if state.outcome else "",
                         state.next_action.sleep if state.next_action else 0.0)
 
-        async for attempt in AsyncRetrying(stop=stop_after_attempt(self.policy.attempts),
-                                           wait=jittered_backoff(self.policy.backoff_s,
-                                                                       self.policy.backoff_max_s),
-                                           reraise=True, before_sleep=before_sleep,
-                                           retry=retry_if_exception_type(
-                                               (ThrottledError, ProviderUnavailableError))):
+        p = self.policy
+        async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(p.attempts), wait=jittered_backoff(p.backoff_s, p.backoff_max_s),
+                reraise=True, before_sleep=before_sleep,
+                retry=retry_if_exception_type((ThrottledError, ProviderUnavailableError))):
             with attempt:
                 await self._limit(provider, region, api, instances)
                 return await fn()
