@@ -1,0 +1,182 @@
+"""A TEST FIXTURE: a real OpenSSH ``sshd`` on a loopback address, for the SSH runner's tests.
+
+``LoopbackSshd`` generates a fresh ed25519 host key and a fresh ed25519 client key in a
+temporary directory, writes an ``sshd_config`` that accepts exactly that client key
+(public-key auth only, root allowed by key, no PAM, no passwords) and runs
+``/usr/sbin/sshd -D -e -f CONFIG`` listening on ``127.0.0.N:PORT`` (a free port)::
+
+    with LoopbackSshd() as sshd:
+        target = SshTarget(sshd.host, sshd.port, sshd.user, sshd.client_key_path,
+                           sshd.host_public_key)
+
+``restart()`` stops and starts the daemon on the same address, port and keys (to test
+reconnects); ``accepted_logins()`` counts the ``Accepted publickey`` lines in its log.
+It is not meant for anything but tests: it runs as the current user (root in CI) and
+trusts a key it generated itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+SSHD = "/usr/sbin/sshd"
+INSTALL_HINT = "install OpenSSH's server: apt-get install -y openssh-server"
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _keygen(path: Path, comment: str) -> None:
+    if shutil.which("ssh-keygen") is None:
+        raise RuntimeError(f"ssh-keygen not found; {INSTALL_HINT}")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+                   check=True, capture_output=True)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1 and fields[1] == str(pid):
+            out.append(int(entry))
+    return out
+
+
+class LoopbackSshd:
+    """A test fixture: OpenSSH's sshd on ``host`` (a 127.x address) and a free port."""
+
+    def __init__(self, host: str = "127.0.0.2", *, port: int | None = None,
+                 startup_timeout_s: float = 10.0) -> None:
+        if not os.path.exists(SSHD):
+            raise RuntimeError(f"{SSHD} not found; {INSTALL_HINT}")
+        self.host = host
+        self.port = port or _free_port(host)
+        self.user = "root"
+        self.startup_timeout_s = startup_timeout_s
+        self._tmp = Path(tempfile.mkdtemp(prefix="fm-sshd-"))
+        os.chmod(self._tmp, 0o700)
+        self.host_key_path = str(self._tmp / "host_ed25519")
+        self.client_key_path = str(self._tmp / "client_ed25519")
+        self.config_path = str(self._tmp / "sshd_config")
+        self.log_path = str(self._tmp / "sshd.log")
+        _keygen(Path(self.host_key_path), "flowmesh-test-host")
+        _keygen(Path(self.client_key_path), "flowmesh-test-client")
+        shutil.copyfile(self.client_key_path + ".pub", self._tmp / "authorized_keys")
+        parts = Path(self.host_key_path + ".pub").read_text().split()
+        #: the host's public key line, ``ssh-ed25519 AAAA...`` (what a client pins)
+        self.host_public_key = f"{parts[0]} {parts[1]}"
+        Path(self.config_path).write_text("\n".join([
+            f"ListenAddress {self.host}:{self.port}",
+            f"HostKey {self.host_key_path}",
+            f"AuthorizedKeysFile {self._tmp / 'authorized_keys'}",
+            f"PidFile {self._tmp / 'sshd.pid'}",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "PubkeyAuthentication yes",
+            "PermitRootLogin prohibit-password",
+            "StrictModes no",
+            "UsePAM no",
+            "MaxSessions 64",
+            "MaxStartups 64",
+            "LogLevel VERBOSE",
+            "Subsystem sftp internal-sftp",
+            "",
+        ]))
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log = None
+
+    def __repr__(self) -> str:
+        return f"LoopbackSshd({self.user}@{self.host}:{self.port})"
+
+    # ---- lifecycle ---------------------------------------------------------------
+    def start(self) -> LoopbackSshd:
+        if self._proc is not None and self._proc.poll() is None:
+            return self
+        os.makedirs("/run/sshd", exist_ok=True)  # privilege-separation directory
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._proc = subprocess.Popen([SSHD, "-D", "-e", "-f", self.config_path],
+                                      stdin=subprocess.DEVNULL, stdout=self._log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"sshd exited with {self._proc.returncode}: {self.log_tail()}")
+            try:
+                with socket.create_connection((self.host, self.port), timeout=0.5) as s:
+                    s.settimeout(1.0)
+                    if s.recv(4).startswith(b"SSH-"):
+                        return self
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"sshd did not listen on {self.host}:{self.port} within "
+                                   f"{self.startup_timeout_s:g} s: {self.log_tail()}")
+            time.sleep(0.05)
+
+    def stop(self, *, cleanup: bool = False) -> None:
+        """Stop the daemon (and the sessions it runs); ``cleanup`` also deletes the keys."""
+        if self._proc is not None and self._proc.poll() is None:
+            # Per-connection sshd processes are children of the listener in their own
+            # sessions; SIGTERM on the listener does not end them, so end them by pid.
+            children = _children(self._proc.pid)
+            try:
+                os.killpg(self._proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            for pid in children:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+                self._proc.wait(5)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if cleanup:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def restart(self) -> None:
+        """Stop and start again on the same address, port and keys (drops connections)."""
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> LoopbackSshd:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(cleanup=True)
+
+    # ---- diagnostics -------------------------------------------------------------
+    def log_text(self) -> str:
+        try:
+            return Path(self.log_path).read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, n: int = 10) -> str:
+        return " | ".join(self.log_text().strip().splitlines()[-n:])
+
+    def accepted_logins(self) -> int:
+        """How many connections authenticated (``Accepted publickey`` log lines)."""
+        return self.log_text().count("Accepted publickey")
