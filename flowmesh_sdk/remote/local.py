@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import os
 import shutil
 import signal
@@ -11,7 +10,7 @@ import time
 from collections.abc import Sequence
 
 from ..errors import SandboxClosedError
-from .runner import Channel, CommandResult, Runner
+from .runner import Channel, CommandResult, Runner, StreamChannel
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
@@ -21,16 +20,11 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
         pass
 
 
-class LocalChannel(Channel):
+class LocalChannel(StreamChannel):
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None and proc.stderr is not None
+        super().__init__(proc.stdout, proc.stderr)
         self._proc = proc
-        self._err: collections.deque[str] = collections.deque(maxlen=20)
-        self._drain = asyncio.create_task(self._drain_stderr())
-
-    async def _drain_stderr(self) -> None:
-        assert self._proc.stderr is not None
-        while line := await self._proc.stderr.readline():
-            self._err.append(line.decode("utf-8", "replace").rstrip())
 
     async def write(self, data: bytes) -> None:
         if not self.alive:
@@ -42,23 +36,9 @@ class LocalChannel(Channel):
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise SandboxClosedError(f"channel closed: {self.stderr_tail()}") from exc
 
-    async def readline(self) -> bytes:
-        assert self._proc.stdout is not None
-        return await self._proc.stdout.readline()
-
-    async def readexactly(self, n: int) -> bytes:
-        assert self._proc.stdout is not None
-        try:
-            return await self._proc.stdout.readexactly(n)
-        except asyncio.IncompleteReadError as exc:
-            raise SandboxClosedError(f"channel closed mid-read: {self.stderr_tail()}") from exc
-
     @property
     def alive(self) -> bool:
         return self._proc.returncode is None
-
-    def stderr_tail(self) -> str:
-        return " | ".join(self._err) or "(no stderr)"
 
     async def close(self) -> None:
         if self._proc.returncode is None:

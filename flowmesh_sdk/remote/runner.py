@@ -9,9 +9,13 @@ runs on this host; the SSH runner (fabric/paramiko) implements the same contract
 from __future__ import annotations
 
 import abc
+import asyncio
+import collections
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from ..errors import SandboxClosedError
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +65,32 @@ class Channel(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
+
+
+class StreamChannel(Channel):
+    """A channel whose process speaks over asyncio streams: stdout is read by the caller,
+    stderr is drained into a short tail for error messages."""
+
+    def __init__(self, stdout: asyncio.StreamReader, stderr: asyncio.StreamReader) -> None:
+        self._stdout = stdout
+        self._err: collections.deque[str] = collections.deque(maxlen=20)
+        self._drain = asyncio.create_task(self._drain_stderr(stderr))
+
+    async def _drain_stderr(self, stderr: asyncio.StreamReader) -> None:
+        while line := await stderr.readline():
+            self._err.append(line.decode("utf-8", "replace").rstrip())
+
+    async def readline(self) -> bytes:
+        return await self._stdout.readline()
+
+    async def readexactly(self, n: int) -> bytes:
+        try:
+            return await self._stdout.readexactly(n)
+        except asyncio.IncompleteReadError as exc:
+            raise SandboxClosedError(f"channel closed mid-read: {self.stderr_tail()}") from exc
+
+    def stderr_tail(self) -> str:
+        return " | ".join(self._err) or "(no stderr)"
 
 
 class Runner(abc.ABC):

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import collections
 import logging
 import shlex
 import socket
@@ -36,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import AuthError, ProviderUnavailableError, SandboxClosedError
-from .runner import Channel, CommandResult, Runner
+from .runner import Channel, CommandResult, Runner, StreamChannel
 
 try:  # paramiko is an optional dependency (extra ``ssh``)
     import paramiko
@@ -197,16 +196,11 @@ async def _read_some(reader: asyncio.StreamReader, timeout_s: float) -> bytes:
         return b""
 
 
-class SshChannel(Channel):
+class SshChannel(StreamChannel):
     def __init__(self, proc: _Proc) -> None:
+        super().__init__(proc.stdout, proc.stderr)
         self._proc = proc
-        self._err: collections.deque[str] = collections.deque(maxlen=20)
         self._closed = False
-        self._drain = asyncio.create_task(self._drain_stderr())
-
-    async def _drain_stderr(self) -> None:
-        while line := await self._proc.stderr.readline():
-            self._err.append(line.decode("utf-8", "replace").rstrip())
 
     async def write(self, data: bytes) -> None:
         if not self.alive:
@@ -216,23 +210,11 @@ class SshChannel(Channel):
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise SandboxClosedError(f"channel closed: {self.stderr_tail()}") from exc
 
-    async def readline(self) -> bytes:
-        return await self._proc.stdout.readline()
-
-    async def readexactly(self, n: int) -> bytes:
-        try:
-            return await self._proc.stdout.readexactly(n)
-        except asyncio.IncompleteReadError as exc:
-            raise SandboxClosedError(f"channel closed mid-read: {self.stderr_tail()}") from exc
-
     @property
     def alive(self) -> bool:
         chan = self._proc.chan
         return (not self._closed and not chan.closed and not chan.exit_status_ready()
                 and chan.get_transport() is not None and chan.get_transport().is_active())
-
-    def stderr_tail(self) -> str:
-        return " | ".join(self._err) or "(no stderr)"
 
     async def close(self) -> None:
         if self._closed:
