@@ -1,4 +1,5 @@
-"""Instance records of the local provider: one JSON file per instance under a lock.
+"""Instance records of host-slicing providers (``local``, ``ssh``): one JSON file per
+instance under a lock.
 
 Files are shared by every process on this host, so capacity is accounted host-wide,
 and instances a crashed process left behind stay visible to ``list_tagged`` (and so to
@@ -21,7 +22,8 @@ from flowmesh_sdk.specs import InstanceSpec
 def to_json(inst: Instance) -> str:
     s = inst.spec
     return json.dumps({
-        "id": inst.id, "region": inst.region, "instance_type": inst.instance_type,
+        "id": inst.id, "provider": inst.provider, "address": inst.address,
+        "region": inst.region, "instance_type": inst.instance_type,
         "spec": {"cpus": s.cpus, "memory_gb": s.memory_gb, "gpus": s.gpus, "gpu_name": s.gpu_name,
                  "disk_gb": s.disk_gb, "arch": s.arch},
         "state": inst.state.value, "tags": dict(inst.tags), "launched_at": inst.launched_at,
@@ -30,9 +32,10 @@ def to_json(inst: Instance) -> str:
 
 def from_json(text: str) -> Instance:
     d = json.loads(text)
-    return Instance(id=d["id"], provider="local", region=d["region"],
+    return Instance(id=d["id"], provider=d.get("provider", "local"), region=d["region"],
                     instance_type=d["instance_type"], spec=InstanceSpec(**d["spec"]),
-                    state=ProviderState(d["state"]), tags=d["tags"], launched_at=d["launched_at"])
+                    state=ProviderState(d["state"]), tags=d["tags"], launched_at=d["launched_at"],
+                    address=d.get("address"))
 
 
 class RecordDir:

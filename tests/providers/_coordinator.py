@@ -17,6 +17,9 @@ def build(recipe: dict):
         from flowmesh_providers.local import LocalProvider
         return LocalProvider(cpus=recipe["cpus"], memory_gb=recipe["memory_gb"],
                              state_dir=recipe["state_dir"])
+    if recipe["provider"] == "ssh":
+        from flowmesh_providers.ssh import SshProvider
+        return SshProvider(inventory=recipe["inventory"], state_dir=recipe["state_dir"])
     from flowmesh_providers.ec2 import Ec2Provider
     return Ec2Provider(regions=["us-east-1"], endpoint_url=recipe["endpoint_url"],
                        image_id=recipe["image_id"], session_kwargs=recipe["session"])

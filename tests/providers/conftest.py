@@ -47,7 +47,15 @@ def ec2_proxy(moto_ec2):
         yield p
 
 
-ENVIRONMENTS = ["local", "ec2"]
+ENVIRONMENTS = ["local", "ec2", "ssh"]
+
+
+@pytest.fixture(scope="session")
+def byo_sshd():
+    pytest.importorskip("paramiko")
+    from flowmesh_sdk.testing.sshd import LoopbackSshd
+    with LoopbackSshd("127.0.0.5") as d:
+        yield d
 
 
 @pytest.fixture(params=ENVIRONMENTS)
@@ -80,6 +88,43 @@ async def env(request, tmp_path: Path) -> AsyncIterator[ProviderEnv]:
         recipe = json.dumps({"provider": "local", "cpus": 16, "memory_gb": 64, "state_dir": str(state)})
         yield ProviderEnv("local", prov, spec, offer, exhaust, recipe)
         await prov.terminate([i.id for i in await prov.list_tagged({})])
+    elif request.param == "ssh":
+        from flowmesh_providers.ssh import SshHost, SshProvider
+        d = request.getfixturevalue("byo_sshd")
+        state = tmp_path / "ssh"
+        host = SshHost(name="box1", host=d.host, port=d.port, user=d.user,
+                       key_path=str(d.client_key_path), host_key=d.host_public_key,
+                       cpus=16, memory_gb=64)   # accounting only: one real sshd on loopback
+        prov = SshProvider([host], state_dir=state)
+        (offer,) = await prov.offers(spec)
+
+        @contextlib.contextmanager
+        def exhaust() -> Iterator[None]:
+            from flowmesh_sdk.provider import LaunchRequest
+            filler = SshProvider([host], state_dir=state)
+            big = InstanceSpec(cpus=16, memory_gb=1)
+            launched = []
+
+            async def fill() -> None:
+                launched.extend(await filler.launch(LaunchRequest(
+                    offer=filler._offer(big), spec=big, count=1, request_id="filler",
+                    tags={"flowmesh:fleet": "filler"})))
+            _run(fill())
+            try:
+                yield
+            finally:
+                _run(filler.terminate([i.id for i in launched]))
+                _run(filler.close())
+
+        inventory = tmp_path / "inventory.json"
+        inventory.write_text(json.dumps({"hosts": [{
+            "name": "box1", "host": d.host, "port": d.port, "user": d.user,
+            "key_path": str(d.client_key_path), "host_key": d.host_public_key,
+            "cpus": 16, "memory_gb": 64}]}))
+        recipe = json.dumps({"provider": "ssh", "inventory": str(inventory), "state_dir": str(state)})
+        yield ProviderEnv("ssh", prov, spec, offer, exhaust, recipe)
+        await prov.terminate([i.id for i in await prov.list_tagged({})])
+        await prov.close()
     else:
         moto = request.getfixturevalue("moto_ec2")
         proxy = request.getfixturevalue("ec2_proxy")
