@@ -7,16 +7,11 @@ this host labelled with the instance id, and terminating the instance removes th
 
 from __future__ import annotations
 
-import asyncio
-import time
-import uuid
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from flowmesh_sdk.config import home_dir
 from flowmesh_sdk.errors import CapacityError, RuntimeMissingError, SpecError
-from flowmesh_sdk.provider import (LABEL_INSTANCE, TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest,
-                                   Provider, ProviderState)
+from flowmesh_sdk.provider import LABEL_INSTANCE, Capabilities, Instance, LaunchRequest
 from flowmesh_sdk.remote.local import LocalRunner
 from flowmesh_sdk.remote.runner import Runner
 from flowmesh_sdk.remote.runtime import ContainerRuntime, RuntimeConfig
@@ -24,10 +19,12 @@ from flowmesh_sdk.specs import InstanceSpec, Offer
 
 from .host import HostCapacity
 from .records import RecordDir
+from .slices import SlicedProvider
 
 
-class LocalProvider(Provider):
+class LocalProvider(SlicedProvider):
     name = "local"
+    region = "local"
     capabilities = Capabilities(spot=False, gpus=False, stop_start=False, max_batch=64, remote=False)
 
     def __init__(self, *, cpus: int | None = None, memory_gb: float | None = None,
@@ -61,67 +58,28 @@ class LocalProvider(Provider):
                 f"no GPUs, arch {self.host.arch}; asked for {spec.cpus} cpus, "
                 f"{spec.memory_gb:g} GB, {spec.gpus} GPUs, arch {spec.arch}")
 
-    async def launch(self, request: LaunchRequest) -> list[Instance]:
-        if request.offer.provider != "local":
-            raise SpecError("launch.offer", f"offer from {request.offer.provider!r} given to local")
-        if not await self.offers(request.spec):
-            raise SpecError("pool.instance", self.explain_misfit(request.spec))
-        return await asyncio.to_thread(self._launch_locked, request)
-
-    def _launch_locked(self, request: LaunchRequest) -> list[Instance]:
+    def _place(self, live: list[Instance], request: LaunchRequest) -> list[str | None]:
         spec = request.spec
-        with self._records.locked():
-            live = self._records.all()
-            same = [i for i in live if i.tags.get(TAG_REQUEST) == request.request_id]
-            if same:
-                return same  # idempotent by request id
-            used_cpu = sum(i.spec.cpus for i in live)
-            used_mem = sum(i.spec.memory_gb for i in live)
-            need_cpu, need_mem = spec.cpus * request.count, spec.memory_gb * request.count
-            if used_cpu + need_cpu > self.host.cpus or used_mem + need_mem > self.host.memory_gb + 1e-9:
-                raise CapacityError(
-                    f"host full: {request.count} x ({spec.cpus} cpus, {spec.memory_gb:g} GB) asked, "
-                    f"{self.host.cpus - used_cpu} cpus and {self.host.memory_gb - used_mem:g} GB free "
-                    f"of {self.host.cpus} cpus / {self.host.memory_gb:g} GB "
-                    f"({len(live)} local instances live; `flowmesh gc` reclaims leftovers)",
-                    provider="local", code="HostCapacity")
-            tags = dict(request.tags)
-            tags[TAG_REQUEST] = request.request_id
-            out = []
-            for _ in range(request.count):
-                inst = Instance(id=f"local-{uuid.uuid4().hex[:12]}", provider="local", region="local",
-                                instance_type=request.offer.instance_type, spec=spec,
-                                state=ProviderState.RUNNING, tags=tags, launched_at=time.time())
-                self._records.write(inst)
-                out.append(inst)
-            return out
+        used_cpu = sum(i.spec.cpus for i in live)
+        used_mem = sum(i.spec.memory_gb for i in live)
+        need_cpu, need_mem = spec.cpus * request.count, spec.memory_gb * request.count
+        if used_cpu + need_cpu > self.host.cpus or used_mem + need_mem > self.host.memory_gb + 1e-9:
+            raise CapacityError(
+                f"host full: {request.count} x ({spec.cpus} cpus, {spec.memory_gb:g} GB) asked, "
+                f"{self.host.cpus - used_cpu} cpus and {self.host.memory_gb - used_mem:g} GB free "
+                f"of {self.host.cpus} cpus / {self.host.memory_gb:g} GB "
+                f"({len(live)} local instances live; `flowmesh gc` reclaims leftovers)",
+                provider="local", code="HostCapacity")
+        return [None] * request.count
 
-    async def describe(self, ids: Sequence[str]) -> list[Instance]:
-        wanted = set(ids)
-        return [i for i in await asyncio.to_thread(self._records.all) if i.id in wanted]
-
-    async def terminate(self, ids: Sequence[str]) -> None:
-        if not ids:
-            return
-        wanted = set(ids)
+    async def _remove_containers(self, instances: list[Instance]) -> None:
+        wanted = {i.id for i in instances}
         try:  # one listing for the whole batch
             containers = [c.id for c in await self._runtime.list(label_keys=[LABEL_INSTANCE])
                           if c.labels.get(LABEL_INSTANCE) in wanted]
         except RuntimeMissingError:
             containers = []  # no container runtime here, so no containers to remove
         await self._runtime.remove(containers)
-
-        def drop() -> None:
-            with self._records.locked():
-                for instance_id in ids:
-                    self._records.remove(instance_id)
-        await asyncio.to_thread(drop)
-
-    async def list_tagged(self, tags: Mapping[str, str]) -> list[Instance]:
-        live = await asyncio.to_thread(self._records.all)
-        if not tags:
-            return [i for i in live if TAG_FLEET in i.tags]
-        return [i for i in live if all(i.tags.get(k) == v for k, v in tags.items())]
 
     def runner(self, instance: Instance) -> Runner:
         return self._runner

@@ -9,22 +9,19 @@ containers on its machine and frees it.  Every slice carries the SDK's tags, so
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
-import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from flowmesh_sdk.config import home_dir
 from flowmesh_sdk.errors import CapacityError, FlowMeshError, SpecError
-from flowmesh_sdk.provider import (LABEL_INSTANCE, TAG_FLEET, TAG_REQUEST, Capabilities, Instance,
-                                   LaunchRequest, Provider, ProviderState)
+from flowmesh_sdk.provider import LABEL_INSTANCE, Capabilities, Instance, LaunchRequest
 from flowmesh_sdk.remote.runner import Runner
 from flowmesh_sdk.remote.runtime import ContainerRuntime, RuntimeConfig
 from flowmesh_sdk.specs import InstanceSpec, Offer
 
 from flowmesh_providers.local.records import RecordDir
+from flowmesh_providers.local.slices import SlicedProvider
 
 from .inventory import SshHost, load_inventory
 
@@ -32,8 +29,9 @@ ENV_INVENTORY = "FLOWMESH_SSH_INVENTORY"
 REGION = "byo"
 
 
-class SshProvider(Provider):
+class SshProvider(SlicedProvider):
     name = "ssh"
+    region = REGION
     capabilities = Capabilities(spot=False, gpus=False, stop_start=False, max_batch=256, remote=True)
 
     def __init__(self, hosts: Sequence[SshHost] | None = None, *, inventory: str | Path | None = None,
@@ -70,83 +68,44 @@ class SshProvider(Provider):
                           for h in self.hosts.values())
         return f"no machine in the inventory is that large ({sizes})"
 
-    # ---- the contract ------------------------------------------------------------------
-    async def launch(self, request: LaunchRequest) -> list[Instance]:
-        if request.offer.provider != "ssh":
-            raise SpecError("launch.offer", f"offer from {request.offer.provider!r} given to ssh")
-        if not await self.offers(request.spec):
-            raise SpecError("pool.instance", self.explain_misfit(request.spec))
-        return await asyncio.to_thread(self._launch_locked, request)
-
-    def _launch_locked(self, request: LaunchRequest) -> list[Instance]:
+    # ---- where slices go, and how they are cleared ---------------------------------------
+    def _place(self, live: list[Instance], request: LaunchRequest) -> list[str | None]:
         spec = request.spec
-        with self._records.locked():
-            live = self._records.all()
-            same = [i for i in live if i.tags.get(TAG_REQUEST) == request.request_id]
-            if same:
-                return same  # idempotent by request id
-            used = {name: [0.0, 0.0] for name in self.hosts}
-            for inst in live:
-                if inst.address in used:
-                    used[inst.address][0] += inst.spec.cpus
-                    used[inst.address][1] += inst.spec.memory_gb
-            chosen: list[str] = []
-            for _ in range(request.count):
-                free = [(h.cpus - used[h.name][0], h.name) for h in self.hosts.values()
-                        if self._fits(h, spec) and used[h.name][0] + spec.cpus <= h.cpus
-                        and used[h.name][1] + spec.memory_gb <= h.memory_gb + 1e-9]
-                if not free:
-                    raise CapacityError(f"the inventory has room for {len(chosen)} of the "
-                                        f"{request.count} instances of {spec.cpus} cpus / "
-                                        f"{spec.memory_gb:g} GB asked", provider="ssh",
-                                        code="InventoryFull")
-                _, name = max(free)   # the machine with the most free cpus
-                used[name][0] += spec.cpus
-                used[name][1] += spec.memory_gb
-                chosen.append(name)
-            tags = {**request.tags, TAG_REQUEST: request.request_id}
-            out = []
-            for name in chosen:
-                inst = Instance(id=f"ssh-{name}-{uuid.uuid4().hex[:10]}", provider="ssh", region=REGION,
-                                instance_type=request.offer.instance_type, spec=spec,
-                                state=ProviderState.RUNNING, tags=tags, launched_at=time.time(),
-                                address=name)
-                self._records.write(inst)
-                out.append(inst)
-            return out
+        used = {name: [0.0, 0.0] for name in self.hosts}
+        for inst in live:
+            if inst.address in used:
+                used[inst.address][0] += inst.spec.cpus
+                used[inst.address][1] += inst.spec.memory_gb
+        chosen: list[str | None] = []
+        for _ in range(request.count):
+            free = [(h.cpus - used[h.name][0], h.name) for h in self.hosts.values()
+                    if self._fits(h, spec) and used[h.name][0] + spec.cpus <= h.cpus
+                    and used[h.name][1] + spec.memory_gb <= h.memory_gb + 1e-9]
+            if not free:
+                raise CapacityError(f"the inventory has room for {len(chosen)} of the "
+                                    f"{request.count} instances of {spec.cpus} cpus / "
+                                    f"{spec.memory_gb:g} GB asked", provider="ssh",
+                                    code="InventoryFull")
+            _, name = max(free)   # the machine with the most free cpus
+            used[name][0] += spec.cpus
+            used[name][1] += spec.memory_gb
+            chosen.append(name)
+        return chosen
 
-    async def describe(self, ids: Sequence[str]) -> list[Instance]:
-        wanted = set(ids)
-        return [i for i in await asyncio.to_thread(self._records.all) if i.id in wanted]
-
-    async def terminate(self, ids: Sequence[str]) -> None:
-        known = {i.id: i for i in await self.describe(ids)}
-        by_host: dict[str, list[str]] = {}
-        for inst in known.values():
-            by_host.setdefault(inst.address or "", []).append(inst.id)
-        for name, inst_ids in by_host.items():
+    async def _remove_containers(self, instances: list[Instance]) -> None:
+        by_host: dict[str, set[str]] = {}
+        for inst in instances:
+            by_host.setdefault(inst.address or "", set()).add(inst.id)
+        for name, wanted in by_host.items():
             if name not in self.hosts:
                 continue
             runtime = ContainerRuntime(self._runner_for(name), self._runtime_config)
             try:
-                wanted = set(inst_ids)
                 containers = [c.id for c in await runtime.list(label_keys=[LABEL_INSTANCE])
                               if c.labels.get(LABEL_INSTANCE) in wanted]
                 await runtime.remove(containers)
             except FlowMeshError:
                 pass  # an unreachable machine: free its slices anyway; gc sweeps its containers later
-
-        def drop() -> None:
-            with self._records.locked():
-                for instance_id in known:
-                    self._records.remove(instance_id)
-        await asyncio.to_thread(drop)
-
-    async def list_tagged(self, tags: Mapping[str, str]) -> list[Instance]:
-        live = await asyncio.to_thread(self._records.all)
-        if not tags:
-            return [i for i in live if TAG_FLEET in i.tags]
-        return [i for i in live if all(i.tags.get(k) == v for k, v in tags.items())]
 
     def runner(self, instance: Instance) -> Runner:
         if instance.address not in self.hosts:
