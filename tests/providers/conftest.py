@@ -67,23 +67,7 @@ async def env(request, tmp_path: Path) -> AsyncIterator[ProviderEnv]:
         prov = LocalProvider(cpus=16, memory_gb=64, state_dir=state)  # accounting only
         (offer,) = await prov.offers(spec)
 
-        @contextlib.contextmanager
-        def exhaust() -> Iterator[None]:
-            # another coordinator on this host takes everything first
-            from flowmesh_sdk.provider import LaunchRequest
-            filler = LocalProvider(cpus=16, memory_gb=64, state_dir=state)
-            big = InstanceSpec(cpus=16, memory_gb=1)
-            launched = []
-
-            async def fill() -> None:
-                launched.extend(await filler.launch(LaunchRequest(
-                    offer=filler._offer(big), spec=big, count=1, request_id="filler",
-                    tags={"flowmesh:fleet": "filler"})))
-            _run(fill())
-            try:
-                yield
-            finally:
-                _run(filler.terminate([i.id for i in launched]))
+        exhaust = _filled_by(lambda: LocalProvider(cpus=16, memory_gb=64, state_dir=state))
 
         recipe = json.dumps({"provider": "local", "cpus": 16, "memory_gb": 64, "state_dir": str(state)})
         yield ProviderEnv("local", prov, spec, offer, exhaust, recipe)
@@ -98,23 +82,7 @@ async def env(request, tmp_path: Path) -> AsyncIterator[ProviderEnv]:
         prov = SshProvider([host], state_dir=state)
         (offer,) = await prov.offers(spec)
 
-        @contextlib.contextmanager
-        def exhaust() -> Iterator[None]:
-            from flowmesh_sdk.provider import LaunchRequest
-            filler = SshProvider([host], state_dir=state)
-            big = InstanceSpec(cpus=16, memory_gb=1)
-            launched = []
-
-            async def fill() -> None:
-                launched.extend(await filler.launch(LaunchRequest(
-                    offer=filler._offer(big), spec=big, count=1, request_id="filler",
-                    tags={"flowmesh:fleet": "filler"})))
-            _run(fill())
-            try:
-                yield
-            finally:
-                _run(filler.terminate([i.id for i in launched]))
-                _run(filler.close())
+        exhaust = _filled_by(lambda: SshProvider([host], state_dir=state))
 
         inventory = tmp_path / "inventory.json"
         inventory.write_text(json.dumps({"hosts": [{
@@ -145,6 +113,29 @@ async def env(request, tmp_path: Path) -> AsyncIterator[ProviderEnv]:
         yield ProviderEnv("ec2", prov, spec, offer, exhaust, recipe)
         await prov.terminate([i.id for i in await prov.list_tagged({})])
         await prov.close()
+
+
+def _filled_by(make_filler):
+    """A context in which another coordinator (a second provider object on the same state)
+    holds all 16 cpus of the carved machine, so the next launch finds no room."""
+    @contextlib.contextmanager
+    def exhaust() -> Iterator[None]:
+        from flowmesh_sdk.provider import LaunchRequest
+        filler = make_filler()
+        big = InstanceSpec(cpus=16, memory_gb=1)
+        launched = []
+
+        async def fill() -> None:
+            launched.extend(await filler.launch(LaunchRequest(
+                offer=filler._offer(big), spec=big, count=1, request_id="filler",
+                tags={"flowmesh:fleet": "filler"})))
+        _run(fill())
+        try:
+            yield
+        finally:
+            _run(filler.terminate([i.id for i in launched]))
+            _run(filler.close())
+    return exhaust
 
 
 def _run(coro) -> None:
