@@ -9,6 +9,14 @@ temporary directory, writes an ``sshd_config`` that accepts exactly that client 
         target = SshTarget(sshd.host, sshd.port, sshd.user, sshd.client_key_path,
                            sshd.host_public_key)
 
+Each daemon is a distinct machine as far as containers go: its sessions get
+``CONTAINERS_STORAGE_CONF`` and ``CONTAINERS_CONF`` (``SetEnv``) pointing at a storage root,
+run root and libpod state of its own, so every host has its own image cache.  ``path=``
+replaces the sessions' ``PATH`` (a host "without podman" gets a directory of symlinks to
+everything but the container runtimes: :func:`bin_dir_without`).  ``host_key_path=`` and
+``authorized_keys=`` make it use keys handed to it (as cloud-init would on a VM) instead of
+generating its own.
+
 ``restart()`` stops and starts the daemon on the same address, port and keys (to test
 reconnects); ``accepted_logins()`` counts the ``Accepted publickey`` lines in its log.
 It is not meant for anything but tests: it runs as the current user (root in CI) and
@@ -43,6 +51,19 @@ def _keygen(path: Path, comment: str) -> None:
                    check=True, capture_output=True)
 
 
+def bin_dir_without(dest: str | Path, missing: tuple[str, ...] = ("podman", "docker")) -> str:
+    """A directory of symlinks to every program in /usr/sbin and /usr/bin except ``missing``
+    (for a test host that lacks them); returns its path, to give as ``path=``."""
+    d = Path(dest)
+    d.mkdir(parents=True, exist_ok=True)
+    for src in ("/usr/sbin", "/usr/bin"):
+        for entry in os.scandir(src):
+            link = d / entry.name
+            if entry.name not in missing and not link.exists():
+                os.symlink(entry.path, link)
+    return str(d)
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for entry in os.listdir("/proc"):
@@ -62,7 +83,9 @@ class LoopbackSshd:
     """A test fixture: OpenSSH's sshd on ``host`` (a 127.x address) and a free port."""
 
     def __init__(self, host: str = "127.0.0.2", *, port: int | None = None,
-                 startup_timeout_s: float = 10.0) -> None:
+                 startup_timeout_s: float = 10.0, path: str | None = None,
+                 own_storage: bool = True, host_key_path: str | None = None,
+                 authorized_keys: list[str] | None = None) -> None:
         if not os.path.exists(SSHD):
             raise RuntimeError(f"{SSHD} not found; {INSTALL_HINT}")
         self.host = host
@@ -71,16 +94,26 @@ class LoopbackSshd:
         self.startup_timeout_s = startup_timeout_s
         self._tmp = Path(tempfile.mkdtemp(prefix="fm-sshd-"))
         os.chmod(self._tmp, 0o700)
-        self.host_key_path = str(self._tmp / "host_ed25519")
+        self.host_key_path = host_key_path or str(self._tmp / "host_ed25519")
         self.client_key_path = str(self._tmp / "client_ed25519")
         self.config_path = str(self._tmp / "sshd_config")
         self.log_path = str(self._tmp / "sshd.log")
-        _keygen(Path(self.host_key_path), "flowmesh-test-host")
-        _keygen(Path(self.client_key_path), "flowmesh-test-client")
-        shutil.copyfile(self.client_key_path + ".pub", self._tmp / "authorized_keys")
+        if host_key_path is None:
+            _keygen(Path(self.host_key_path), "flowmesh-test-host")
+        if authorized_keys is None:
+            _keygen(Path(self.client_key_path), "flowmesh-test-client")
+            shutil.copyfile(self.client_key_path + ".pub", self._tmp / "authorized_keys")
+        else:
+            self.client_key_path = ""   # whoever handed the keys holds the private half
+            (self._tmp / "authorized_keys").write_text("".join(k.strip() + "\n" for k in authorized_keys))
         parts = Path(self.host_key_path + ".pub").read_text().split()
         #: the host's public key line, ``ssh-ed25519 AAAA...`` (what a client pins)
         self.host_public_key = f"{parts[0]} {parts[1]}"
+        env = [f"PATH={path}"] if path else []
+        #: this host's own container storage (None when it shares the machine's)
+        self.storage_root = str(self._tmp / "containers") if own_storage else None
+        if self.storage_root:
+            env += self._write_container_confs(Path(self.storage_root))
         Path(self.config_path).write_text("\n".join([
             f"ListenAddress {self.host}:{self.port}",
             f"HostKey {self.host_key_path}",
@@ -96,6 +129,7 @@ class LoopbackSshd:
             "MaxStartups 64",
             "LogLevel VERBOSE",
             "Subsystem sftp internal-sftp",
+            *([f"SetEnv {' '.join(env)}"] if env else []),
             "",
         ]))
         self._proc: subprocess.Popen[bytes] | None = None
@@ -103,6 +137,21 @@ class LoopbackSshd:
 
     def __repr__(self) -> str:
         return f"LoopbackSshd({self.user}@{self.host}:{self.port})"
+
+    @staticmethod
+    def _write_container_confs(root: Path) -> list[str]:
+        """storage.conf and containers.conf for a machine of its own: image store, run
+        root, and libpod's state and temp dirs all under ``root``."""
+        for d in ("graph", "run", "tmp", "volumes"):
+            (root / d).mkdir(parents=True, exist_ok=True)
+        storage = root / "storage.conf"
+        storage.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{root / "graph"}"\n'
+                           f'runroot = "{root / "run"}"\n')
+        conf = root / "containers.conf"
+        conf.write_text(f'[engine]\ntmp_dir = "{root / "tmp"}"\n'
+                        f'static_dir = "{root / "graph" / "libpod"}"\n'
+                        f'volume_path = "{root / "volumes"}"\n')
+        return [f"CONTAINERS_STORAGE_CONF={storage}", f"CONTAINERS_CONF={conf}"]
 
     # ---- lifecycle ---------------------------------------------------------------
     def start(self) -> LoopbackSshd:
@@ -131,7 +180,8 @@ class LoopbackSshd:
             time.sleep(0.05)
 
     def stop(self, *, cleanup: bool = False) -> None:
-        """Stop the daemon (and the sessions it runs); ``cleanup`` also deletes the keys."""
+        """Stop the daemon (and the sessions it runs); ``cleanup`` also deletes the keys
+        and this host's container storage (its containers removed first)."""
         if self._proc is not None and self._proc.poll() is None:
             # Per-connection sshd processes are children of the listener in their own
             # sessions; SIGTERM on the listener does not end them, so end them by pid.
@@ -154,7 +204,22 @@ class LoopbackSshd:
             self._log.close()
             self._log = None
         if cleanup:
+            if self.storage_root:
+                self._wipe_storage()
             shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _wipe_storage(self) -> None:
+        """Remove this host's containers and images with podman pointed explicitly at its
+        store (a plain rmtree would leave overlay mounts behind), then the files."""
+        root = Path(self.storage_root or "")
+        if shutil.which("podman") is None or not (root / "graph").is_dir():
+            return
+        base = ["podman", "--root", str(root / "graph"), "--runroot", str(root / "run"),
+                "--tmpdir", str(root / "tmp")]
+        for args in (["rm", "-af", "-t", "0"], ["rmi", "-af"]):
+            subprocess.run(base + args, capture_output=True, timeout=120, check=False)
+        subprocess.run(["umount", "-R", str(root / "graph" / "overlay")], capture_output=True,
+                       check=False)
 
     def restart(self) -> None:
         """Stop and start again on the same address, port and keys (drops connections)."""
