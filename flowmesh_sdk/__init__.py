@@ -10,6 +10,7 @@ from .errors import (AuthError, CapacityError, FlowMeshError, ImageNotFoundError
                      SpecError, ThrottledError)
 from .fleet import Fleet
 from .pools import EphemeralPool, PersistentPool, Pool
+from .pools.bootstrap import BootstrapPolicy
 from .sandbox import Sandbox
 from .specs import (ExecResult, InstanceSpec, Offer, PhaseTimings, PoolMode, PoolSpec, SandboxSpec,
                     Task, TaskResult)
@@ -17,6 +18,7 @@ from .specs import (ExecResult, InstanceSpec, Offer, PhaseTimings, PoolMode, Poo
 __version__ = "0.1.0"
 
 __all__ = [
+    "BootstrapPolicy",
     "AuthError", "CapacityError", "EphemeralPool", "EventKind", "ExecResult", "Fleet", "FlowMeshError",
     "ImageNotFoundError", "InstanceLost", "InstanceSpec", "NotFoundError", "Offer", "PersistentPool",
     "PhaseTimings", "Pool", "PoolClosedError", "PoolMode", "PoolSpec", "ProviderError", "QuotaError",

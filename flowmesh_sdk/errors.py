@@ -98,6 +98,17 @@ class RuntimeMissingError(FlowMeshError):
     """No usable container runtime on the machine; the message says how to install one."""
 
 
+class BootstrapError(FlowMeshError):
+    """A bootstrap step failed on an instance; the instance is marked failed and replaced.
+    ``step`` names the step (``reach``, ``runtime``, ``registry_login``, ``prefetch``,
+    ``agent``); the step's own error is the ``__cause__``."""
+
+    def __init__(self, instance_id: str, step: str, message: str) -> None:
+        self.instance_id = instance_id
+        self.step = step
+        super().__init__(f"instance {instance_id}: bootstrap step {step!r} failed: {message}")
+
+
 class ContainerRuntimeError(FlowMeshError):
     """A container runtime command failed; the message carries the command and its stderr."""
 
@@ -120,6 +131,7 @@ class PoolClosedError(FlowMeshError):
 
 __all__ = [
     "AuthError",
+    "BootstrapError",
     "CapacityError",
     "ContainerRuntimeError",
     "FlowMeshError",

@@ -34,6 +34,7 @@ from .remote.runner import Runner
 from .remote.runtime import ContainerRuntime, RuntimeConfig
 from .specs import Offer, PoolMode, PoolSpec, check_name
 from .pools.base import Pool, PoolContext
+from .pools.bootstrap import BootstrapPolicy
 from .pools.ephemeral import EphemeralPool
 from .pools.persistent import PersistentPool
 
@@ -55,7 +56,8 @@ class Fleet:
     ``quotas`` sets per-tenant limits (``"*"`` is the default for every tenant).
     Images: ``localhost/...`` come from this host's store; any other reference is resolved
     in its registry (credentials from ``registry_credentials`` or the podman/docker auth
-    files) within ``pull_policy``'s per-registry budget.
+    files) within ``pull_policy``'s per-registry budget.  ``bootstrap`` says how far bringing
+    a machine up may go (installing a runtime where missing; see :mod:`.pools.bootstrap`).
     """
 
     def __init__(self, name: str = "default", *, home: str | Path | None = None,
@@ -67,6 +69,7 @@ class Fleet:
                  registry_credentials: Mapping[str, Credentials] | None = None,
                  pull_policy: PullPolicy | None = None,
                  retry_policy: RetryPolicy | None = None,
+                 bootstrap: BootstrapPolicy | None = None,
                  bootstrap_timeout_s: float = 600.0) -> None:
         check_name("fleet.name", name)
         self.name = name
@@ -96,6 +99,7 @@ class Fleet:
         for tenant, limits in quotas.items():
             self.quota.set(tenant, limits)
         self.bootstrap_timeout_s = bootstrap_timeout_s
+        self.bootstrap = bootstrap or BootstrapPolicy()
         self.pools: dict[str, Pool] = {}
         self._closed = False
 
@@ -164,7 +168,7 @@ class Fleet:
                           quota=self.quota, control=self.control, pulls=self.pulls,
                           provisioner=self.provisioner,
                           authfile_for=self.authfile_for, runtime_for=self.runtime_for,
-                          bootstrap_timeout_s=self.bootstrap_timeout_s)
+                          bootstrap_timeout_s=self.bootstrap_timeout_s, bootstrap=self.bootstrap)
         cls = PersistentPool if spec.mode is PoolMode.PERSISTENT else EphemeralPool
         pool = cls(ctx, spec, provider, offers)
         self.pools[spec.name] = pool

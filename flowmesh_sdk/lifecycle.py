@@ -52,8 +52,9 @@ TASK_TRANSITIONS: Mapping[TaskState, frozenset[TaskState]] = {
     _T.SUBMITTED: frozenset({_T.QUEUED, _T.REJECTED}) | _TASK_END,
     _T.QUEUED: frozenset({_T.SCHEDULED}) | _TASK_END,
     _T.SCHEDULED: frozenset({_T.STARTING}) | _TASK_END,
-    _T.STARTING: frozenset({_T.RUNNING}) | _TASK_END,
-    _T.RUNNING: frozenset({_T.SUCCEEDED, _T.TIMED_OUT}) | _TASK_END,
+    # back to QUEUED: the instance was lost under the task, which is dispatched again
+    _T.STARTING: frozenset({_T.RUNNING, _T.QUEUED}) | _TASK_END,
+    _T.RUNNING: frozenset({_T.SUCCEEDED, _T.TIMED_OUT, _T.QUEUED}) | _TASK_END,
     _T.SUCCEEDED: frozenset(),
     _T.FAILED: frozenset(),
     _T.TIMED_OUT: frozenset(),

@@ -138,6 +138,12 @@ class Provider(abc.ABC):
     @abc.abstractmethod
     def runner(self, instance: Instance) -> Runner: ...
 
+    def mark_unhealthy(self, instances: Sequence[Instance], reason: str) -> None:  # noqa: B027
+        """The pool gave up on ``instances`` (bootstrap failed, or lost under a task).  A
+        cloud hands out a fresh VM next time anyway; a provider that reuses machines
+        should avoid these for a while."""
+        return None
+
     async def close(self) -> None:  # noqa: B027 - optional
         return None
 

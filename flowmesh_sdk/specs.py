@@ -141,9 +141,11 @@ class PoolSpec:
     warm_images: tuple[str, ...] = ()
     region: str | None = None
     image_cache_gb: float | None = None
+    task_attempts: int = 3   # dispatches of a Task when its instance is lost under it
 
     def __post_init__(self) -> None:
         check_name("pool.name", self.name)
+        check_number("pool.task_attempts", self.task_attempts, lo=1, hi=100, integer=True)
         try:
             object.__setattr__(self, "mode", PoolMode(self.mode))
         except ValueError:
@@ -244,10 +246,18 @@ class Task:
     files: Mapping[str, bytes] = field(default_factory=dict, repr=False)
     timeout_s: float | None = None
     tenant: str = "default"
+    # result reuse (flowmesh_sdk.reuse): a deterministic task, or one pinned by a seed, may be
+    # answered from the content-addressed store; anything else always runs
+    deterministic: bool = False
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise SpecError("task.name", "must be a non-empty string")
+        if not isinstance(self.deterministic, bool):
+            raise SpecError("task.deterministic", f"must be true or false, got {self.deterministic!r}")
+        if self.seed is not None:
+            check_number("task.seed", self.seed, lo=0, hi=2 ** 63 - 1, integer=True)
         if not isinstance(self.command, str) or not self.command.strip():
             raise SpecError("task.command", "must be a non-empty shell command")
         if self.timeout_s is not None:
@@ -276,6 +286,69 @@ class PhaseTimings:
 
 
 @dataclass(frozen=True, slots=True)
+class BootstrapStep:
+    """One step of bringing an instance up.  ``changed`` is False when the step found
+    things already so (a second bootstrap of the same machine changes nothing)."""
+
+    name: str
+    seconds: float
+    changed: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BootstrapReport:
+    """The steps an instance went through before it was READY, in order, timed."""
+
+    instance_id: str
+    steps: tuple[BootstrapStep, ...]
+
+    @property
+    def total_s(self) -> float:
+        return sum(s.seconds for s in self.steps)
+
+    @property
+    def changed(self) -> bool:
+        return any(s.changed for s in self.steps)
+
+    def summary(self) -> str:
+        """One line: ``reach 0.01s, runtime 0.20s (podman 4.3.1), ...``."""
+        return ", ".join(f"{s.name} {s.seconds:.2f}s" + (f" ({s.detail})" if s.detail else "")
+                         for s in self.steps)
+
+
+class ReuseKind(str, enum.Enum):
+    """How the reuse layer (flowmesh_sdk.reuse) answered one request."""
+
+    EXECUTED = "executed"   # this request ran the work (and published it, when allowed)
+    HIT = "hit"             # answered from the content-addressed store; nothing ran
+    JOINED = "joined"       # the same work was in flight; this request shared that run
+    BYPASSED = "bypassed"   # not eligible for reuse (not deterministic, no seed): it just ran
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """Where a result came from: the run that first computed it.
+
+    A reused result carries the provenance of the run that computed it, not of the request
+    that got it (that request's own record is its lineage entry in the reuse layer)."""
+
+    h_task: str                 # the exact identity of the work (flowmesh_sdk.identity)
+    h_exec: str                 # its execution signature
+    result_digest: str          # content digest of the stored result record
+    task_id: str                # the run that computed it
+    tenant: str                 # who asked for that run
+    workflow: str | None        # which workflow asked, if any
+    fleet: str
+    pool: str
+    instance_id: str | None
+    host: str                   # the machine of the process that published it
+    computed_at: float          # wall-clock seconds when it was published
+    compute_s: float            # sandbox seconds that run took (what a reuse saves)
+    published: bool = True      # False: shared with requests in flight only, not stored
+
+
+@dataclass(frozen=True, slots=True)
 class TaskResult:
     task_id: str
     name: str
@@ -285,6 +358,8 @@ class TaskResult:
     error: str | None = None
     instance_id: str | None = None
     image_digest: str | None = None   # the image the task ran, pinned
+    reuse: ReuseKind | None = None    # set when the task went through the reuse layer
+    provenance: Provenance | None = None
 
     @property
     def ok(self) -> bool:

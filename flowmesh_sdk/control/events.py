@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from ..specs import PhaseTimings
+from ..specs import BootstrapReport, PhaseTimings
 
 log = logging.getLogger("flowmesh.events")
 
@@ -41,6 +41,7 @@ class EventKind(str, enum.Enum):
     TASK_TIMED_OUT = "task.timed_out"
     TASK_REJECTED = "task.rejected"
     TASK_CANCELLED = "task.cancelled"
+    TASK_REDISPATCHED = "task.redispatched"
 
 
 TASK_END = frozenset({EventKind.TASK_SUCCEEDED, EventKind.TASK_FAILED, EventKind.TASK_TIMED_OUT,
@@ -58,6 +59,7 @@ class Event:
     detail: str = ""
     exit_code: int | None = None
     phases: PhaseTimings | None = None
+    bootstrap: BootstrapReport | None = None   # on instance.ready and instance.failed
     at: float = field(default_factory=time.time)
 
 

@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass, field
 from ..control.backend import ControlBackend
 from ..control.events import Event, EventBus, EventKind
 from ..control.limits import Quota, Semaphore
-from ..errors import (FlowMeshError, ImageNotFoundError, InstanceLost, PoolClosedError, SandboxTimeout,
+from ..errors import (ContainerRuntimeError, FlowMeshError, ImageNotFoundError, InstanceLost,
+                      PoolClosedError, ProviderUnavailableError, SandboxClosedError, SandboxTimeout,
                       SpecError)
 from ..images import ImageInfo, ImageResolver, PullBudget
 from ..lifecycle import InstanceState, Lifecycle, TaskState, task_lifecycle
@@ -33,10 +34,17 @@ from ..remote.runner import Runner
 from ..remote.runtime import ContainerRuntime
 from ..sandbox import Sandbox
 from ..specs import ExecResult, PhaseTimings, PoolSpec, SandboxSpec, Task, TaskResult
+from .bootstrap import BootstrapPolicy, Bootstrapper, RegistryLogins
 from .images import InstanceImages
 from .instance import ManagedInstance
 
 log = logging.getLogger("flowmesh.pools")
+
+
+# errors under a task after which the instance itself is checked (a dead connection, a
+# container runtime that stopped answering, a sandbox channel that died)
+_MAYBE_LOST = (InstanceLost, ProviderUnavailableError, SandboxClosedError, SandboxTimeout,
+               ContainerRuntimeError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +62,7 @@ class PoolContext:
     authfile_for: Callable[[str], str | None]
     runtime_for: Callable[[Runner], ContainerRuntime]
     bootstrap_timeout_s: float = 600.0
+    bootstrap: BootstrapPolicy = field(default_factory=BootstrapPolicy)
 
 
 @dataclass(slots=True)
@@ -70,6 +79,7 @@ class TaskRun:
     error: str | None = None
     cancelled: bool = False
     image_digest: str | None = None
+    attempts_left: int = 0   # further dispatches allowed if its instance is lost under it
 
     def mark(self, what: str) -> None:
         self.marks[what] = time.monotonic()
@@ -123,9 +133,12 @@ class Pool(abc.ABC):
         self._sem: Semaphore = ctx.control.semaphore(f"fleet:{ctx.fleet}:pool:{spec.name}",
                                                      self._capacity())
         self._bg: set[asyncio.Task[object]] = set()
+        self._terminating: set[str] = set()
         self._daemons: set[asyncio.Task[object]] = set()   # long-lived: cancelled at drain
+        self.logins = RegistryLogins(ctx.authfile_for)
         self.image_cache = InstanceImages(ctx.pulls, spec.image_cache_bytes,
-                                          authfile_for=ctx.authfile_for, publish=self._publish)
+                                          authfile_on=self.logins.authfile, publish=self._publish)
+        self.bootstrapper = Bootstrapper(ctx.bootstrap, self.logins, self.image_cache)
         self._publish(EventKind.POOL_CREATED, detail=json.dumps(_spec_json(spec), sort_keys=True))
 
     def __repr__(self) -> str:
@@ -181,11 +194,21 @@ class Pool(abc.ABC):
         so one bad task does not sink a batch.
         """
         run = self._new_run(task.name, task.tenant)
-        with contextlib.suppress(FlowMeshError):  # recorded in run.error by _lease
-            async with self._lease(task.sandbox, run) as sb:
-                for path, data in task.files.items():
-                    await sb.write_file(path, data)
-                run.result = await sb.exec(task.command, timeout_s=task.timeout_s)
+        run.attempts_left = self.spec.task_attempts
+        while True:
+            run.attempts_left -= 1
+            try:
+                async with self._lease(task.sandbox, run) as sb:
+                    for path, data in task.files.items():
+                        await sb.write_file(path, data)
+                    run.result = await sb.exec(task.command, timeout_s=task.timeout_s)
+                break
+            except InstanceLost:
+                if run.attempts_left > 0 and not run.lifecycle.terminal:
+                    continue   # dispatched again, on another instance
+                break
+            except FlowMeshError:
+                break   # recorded in run.error by _lease
         return TaskResult(task_id=run.id, name=task.name, pool=self.name, result=run.result,
                           phases=run.phases(), error=run.error, instance_id=run.instance_id,
                           image_digest=run.image_digest)
@@ -282,8 +305,10 @@ class Pool(abc.ABC):
         inst: ManagedInstance | None = None
         sandbox: Sandbox | None = None
         admitted = False
+        redispatch = False
         try:
-            lc.to(TaskState.QUEUED)
+            if lc.state is not TaskState.QUEUED:   # a re-dispatch is queued already
+                lc.to(TaskState.QUEUED)
             await self._sem.acquire()
             admitted = True
             run.mark("admitted")
@@ -305,11 +330,22 @@ class Pool(abc.ABC):
                 run.mark("finished")
         except BaseException as exc:
             run.cancelled = isinstance(exc, asyncio.CancelledError)
+            lost = (not run.cancelled and isinstance(exc, FlowMeshError) and inst is not None
+                    and await self._lost(inst, exc))
+            if lost and run.attempts_left > 0:
+                redispatch = True
+                raise InstanceLost(f"instance {inst.id} was lost under task {name}: {exc}") from exc
             run.error = run.error or ("cancelled" if run.cancelled else f"{type(exc).__name__}: {exc}")
+            if lost:
+                raise InstanceLost(f"instance {inst.id} was lost under task {name}: {exc}") from exc
             raise
         finally:
             try:
                 await asyncio.shield(self._teardown(sandbox, inst))
+            except FlowMeshError as exc:
+                if inst is None or inst.state is InstanceState.READY:
+                    raise
+                log.info("pool %s: teardown on lost instance %s: %s", self.name, inst.id, exc)
             finally:
                 run.mark("torn_down")
                 if admitted:
@@ -318,7 +354,14 @@ class Pool(abc.ABC):
                 self._in_flight -= 1
                 if self._in_flight == 0:
                     self._idle.set()
-                self._finish(run)
+                if redispatch:
+                    run.result, run.instance_id, run.image_digest = None, None, None
+                    lc.to(TaskState.QUEUED)
+                    self._publish(EventKind.TASK_REDISPATCHED, task_id=run.id, task_name=name,
+                                  instance_id=inst.id if inst else None,
+                                  detail=f"instance lost; {run.attempts_left} dispatch(es) left")
+                else:
+                    self._finish(run)
 
     def _reject(self, run: TaskRun, exc: FlowMeshError) -> None:
         run.lifecycle.to(TaskState.REJECTED)
@@ -349,9 +392,10 @@ class Pool(abc.ABC):
                       phases=run.phases())
 
     # ---- instances -------------------------------------------------------------
-    async def _launch(self, count: int) -> list[ManagedInstance]:
+    async def _launch(self, count: int, *, replace: bool = True) -> list[ManagedInstance]:
         """Launch ``count`` instances in one provider call (failing over down the offers),
-        wait until the provider says they run, and bootstrap each."""
+        wait until the provider says they run, and bootstrap each.  Instances that fail
+        bootstrap are terminated and, with ``replace``, launched again once."""
         tags = {TAG_FLEET: self.ctx.fleet, TAG_POOL: self.name, TAG_OWNER: self.ctx.owner}
         outcome = await self.ctx.provisioner.launch({self.provider.name: self.provider}, self.offers,
                                                     self.spec.instance, count, tags,
@@ -378,9 +422,16 @@ class Pool(abc.ABC):
             raise
         results = await asyncio.gather(*(self._bootstrap(mi) for mi in managed), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
-        if errors and len(errors) == len(results):
+        ready = [mi for mi, r in zip(managed, results) if not isinstance(r, BaseException)]
+        if errors and replace and not self._closing:
+            try:
+                ready += await self._launch(len(errors), replace=False)
+            except FlowMeshError as exc:
+                log.warning("pool %s: replacing %d instance(s) that failed bootstrap: %s",
+                            self.name, len(errors), exc)
+        if errors and not ready:
             raise errors[0]
-        return [mi for mi, r in zip(managed, results) if not isinstance(r, BaseException)]
+        return ready
 
     def _slots_per_instance(self) -> int:
         return 1
@@ -409,35 +460,71 @@ class Pool(abc.ABC):
                         raise InstanceLost(f"instance {mi.id} was terminated before it ran")
 
     async def _bootstrap(self, mi: ManagedInstance) -> None:
-        """RUNNING -> runtime present -> warm images pulled -> READY (or FAILED, terminated)."""
+        """RUNNING -> the bootstrap steps -> READY (or FAILED: terminated, its machine
+        reported unhealthy to the provider)."""
         try:
             mi.lifecycle.to(InstanceState.RUNNING)
             self._publish(EventKind.INSTANCE_RUNNING, instance_id=mi.id)
-            await asyncio.wait_for(self._bootstrap_steps(mi), self.ctx.bootstrap_timeout_s)
+            warm = [await self.ctx.images.resolve(image, arch=self.spec.instance.arch)
+                    for image in self.spec.warm_images]
+            report = await asyncio.wait_for(self.bootstrapper.run(mi, warm), self.ctx.bootstrap_timeout_s)
+            mi.bootstrap = report
             mi.lifecycle.to(InstanceState.READY)
             mi.last_used = time.monotonic()
-            self._publish(EventKind.INSTANCE_READY, instance_id=mi.id)
+            self._publish(EventKind.INSTANCE_READY, instance_id=mi.id, detail=report.summary(),
+                          bootstrap=report)
         except BaseException as exc:
-            detail = f"{type(exc).__name__}: {exc}"
             if isinstance(exc, asyncio.TimeoutError):
                 exc = SandboxTimeout(f"instance {mi.id} bootstrap exceeded "
                                      f"{self.ctx.bootstrap_timeout_s:g} s")
-            log.warning("instance %s failed bootstrap: %s", mi.id, detail)
-            if mi.lifecycle.can(InstanceState.FAILED):
-                mi.lifecycle.to(InstanceState.FAILED)
-            self._publish(EventKind.INSTANCE_FAILED, instance_id=mi.id, detail=detail)
+            log.warning("instance %s failed bootstrap: %s", mi.id, exc)
+            self._give_up(mi, f"{type(exc).__name__}: {exc}", terminate=False)
             await self._terminate([mi])
             raise exc
 
-    async def _bootstrap_steps(self, mi: ManagedInstance) -> None:
-        await mi.runtime.probe()
-        for image in self.spec.warm_images:
-            await self.image_cache.ensure(mi, await self.ctx.images.resolve(image, arch=self.spec.instance.arch))
+    async def _lost(self, mi: ManagedInstance, exc: FlowMeshError) -> bool:
+        """After an error under a task: is ``mi`` gone?  It is when a trivial command no
+        longer runs there; then it is given up (failed, reported, terminated)."""
+        if mi.state is InstanceState.FAILED:
+            return True
+        if mi.state is not InstanceState.READY or not isinstance(exc, _MAYBE_LOST):
+            return False
+        try:
+            res = await asyncio.wait_for(mi.runtime.runner.run(["true"], timeout_s=10), 30)
+            if res.ok:
+                return False
+        except (FlowMeshError, OSError, asyncio.TimeoutError):
+            pass
+        self._give_up(mi, f"lost: {type(exc).__name__}: {exc}")
+        return True
+
+    def _give_up(self, mi: ManagedInstance, detail: str, *, terminate: bool = True) -> None:
+        """Mark ``mi`` failed, tell the provider its machine is unhealthy, and (unless the
+        caller does it) terminate it in the background."""
+        if mi.lifecycle.can(InstanceState.FAILED):
+            mi.lifecycle.to(InstanceState.FAILED)
+        self._publish(EventKind.INSTANCE_FAILED, instance_id=mi.id, detail=detail)
+        self.provider.mark_unhealthy([mi.instance], detail)
+        if terminate:
+            self._spawn(self._terminate([mi]))
+        self._on_instance_failed()
+
+    def _on_instance_failed(self) -> None:
+        """Hook: wake waiters so they see the capacity change."""
 
     async def _terminate(self, insts: list[ManagedInstance]) -> None:
-        """Destroy warm sandboxes, terminate the instances in one call, drop them."""
+        """Destroy warm sandboxes, terminate the instances in one call, drop them (each
+        once, however many callers ask)."""
+        insts = [mi for mi in insts if mi.id not in self._terminating]
         if not insts:
             return
+        self._terminating.update(mi.id for mi in insts)
+        try:
+            await self._terminate_now(insts)
+        finally:
+            self._terminating.difference_update(mi.id for mi in insts)
+
+    async def _terminate_now(self, insts: list[ManagedInstance]) -> None:
         for mi in insts:
             if mi.lifecycle.can(InstanceState.DRAINING):
                 mi.lifecycle.to(InstanceState.DRAINING)

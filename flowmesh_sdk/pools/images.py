@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from ..control.events import EventKind
 from ..errors import ImageNotFoundError
@@ -20,11 +20,11 @@ LOW_WATER = 0.8   # evict down to this share of the budget
 
 class InstanceImages:
     def __init__(self, budget: PullBudget, cache_bytes: int, *,
-                 authfile_for: Callable[[str], str | None],
+                 authfile_on: Callable[[ManagedInstance, str], Awaitable[str | None]],
                  publish: Callable[..., None]) -> None:
         self.budget = budget
         self.cache_bytes = cache_bytes
-        self.authfile_for = authfile_for
+        self.authfile_on = authfile_on   # (instance, registry) -> auth file path there
         self.publish = publish
 
     async def ensure(self, mi: ManagedInstance, info: ImageInfo) -> CachedImage:
@@ -41,21 +41,22 @@ class InstanceImages:
 
     async def _pull(self, mi: ManagedInstance, info: ImageInfo) -> CachedImage:
         t0 = time.monotonic()
+        pulled = False
         if info.registry is None:
             if not mi.runtime.runner.on_this_host:
                 raise ImageNotFoundError(info.image, "localhost/ images exist only in this host's "
                                                      "store; push it to a registry for remote instances")
         else:
+            authfile = await self.authfile_on(mi, info.registry)
             pulled = await self.budget.run(
                 info.registry, f"pull {info.image} on {mi.id}",
-                lambda: mi.runtime.pull(info.run_ref, tls_verify=not info.insecure,
-                                        authfile=self.authfile_for(info.registry or "")),
+                lambda: mi.runtime.pull(info.run_ref, tls_verify=not info.insecure, authfile=authfile),
                 pull=True)
             if pulled:  # not when the machine's store already had it
                 self.publish(EventKind.IMAGE_PULLED, instance_id=mi.id,
                              detail=f"{info.run_ref} (image size {info.size} bytes) in "
                                     f"{time.monotonic() - t0:.2f} s")
-        cached = mi.images[info.digest] = CachedImage(info, time.monotonic())
+        cached = mi.images[info.digest] = CachedImage(info, time.monotonic(), fetched=pulled)
         await self.evict(mi, keep=info.digest)
         return cached
 

@@ -11,7 +11,7 @@ from ..lifecycle import InstanceState, Lifecycle, instance_lifecycle
 from ..provider import Instance
 from ..remote.runtime import ContainerRuntime
 from ..sandbox import Sandbox
-from ..specs import SandboxSpec
+from ..specs import BootstrapReport, SandboxSpec
 
 WarmKey = tuple[str, float, float, int, bool, str]
 
@@ -27,6 +27,7 @@ class CachedImage:
     info: ImageInfo
     last_used: float
     in_use: int = 0
+    fetched: bool = False   # pulled from its registry now (not already in the machine's store)
 
 
 class ManagedInstance:
@@ -42,6 +43,8 @@ class ManagedInstance:
         self.warming: dict[WarmKey, int] = {}
         self.last_used = time.monotonic()
         self.pulls: dict[str, asyncio.Future[CachedImage]] = {}   # digest -> pull in flight
+        self.authfiles: dict[str, str] = {}   # registry -> its auth file's path on the machine
+        self.bootstrap: BootstrapReport | None = None
 
     def __repr__(self) -> str:
         return f"ManagedInstance({self.id} {self.state.value} {self.active}/{self.slots})"

@@ -210,5 +210,12 @@ class PersistentPool(Pool):
             except asyncio.TimeoutError:
                 pass
 
+    def _on_instance_failed(self) -> None:
+        self._spawn(self._wake_placers())
+
+    async def _wake_placers(self) -> None:
+        async with self._cond:
+            self._cond.notify_all()
+
     def _on_closing(self) -> None:
         self._wake_reaper.set()

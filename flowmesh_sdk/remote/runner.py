@@ -15,7 +15,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..errors import SandboxClosedError
+from ..errors import ProviderUnavailableError, SandboxClosedError
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +114,13 @@ class Runner(abc.ABC):
 
     @abc.abstractmethod
     async def get_file(self, remote_path: str, local_path: str) -> None: ...
+
+    async def wait_reachable(self, timeout_s: float) -> None:
+        """Return once a trivial command runs on the machine; raise
+        :class:`~flowmesh_sdk.errors.ProviderUnavailableError` past ``timeout_s``."""
+        res = await self.run(["true"], timeout_s=timeout_s)
+        if not res.ok:
+            raise ProviderUnavailableError(f"{self.label}: `true` failed: {res.describe()}")
 
     async def close(self) -> None:  # noqa: B027 - optional for runners without state
         return None

@@ -7,7 +7,9 @@ connection has died it is opened again (once per call, after a short backoff).
 
 Host keys are pinned: :class:`SshTarget` carries the one public host key line the SDK
 expects (``ssh-ed25519 AAAA...``).  Any other key fails with :class:`AuthError` before
-authentication starts; nothing is ever added to a known-hosts file.  The private key
+authentication starts; nothing is ever added to a known-hosts file (only a target with
+no pinned key and a ``host_key_check`` -- trust on first use, :mod:`.keys` -- defers the
+decision to that check).  The private key
 stays in its file; only its path appears in reprs and messages.
 
 Every blocking paramiko call runs in a worker thread, and each channel's stdout and
@@ -30,7 +32,7 @@ import shlex
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -244,11 +246,16 @@ class SshRunner(Runner):
     on_this_host = False
 
     def __init__(self, target: SshTarget, *, connect_timeout_s: float = 10.0,
-                 keepalive_s: float = 15.0, max_sessions: int = 10) -> None:
+                 keepalive_s: float = 15.0, max_sessions: int = 10,
+                 host_key_check: Callable[[str, int, str, bytes], None] | None = None) -> None:
         """``max_sessions`` caps concurrent session channels (OpenSSH's ``MaxSessions``
-        is 10 by default); callers past it wait for a free one."""
+        is 10 by default); callers past it wait for a free one.  ``host_key_check(host,
+        port, key_type, key_blob)`` decides on the server's key when ``target.host_key``
+        is empty (trust on first use: :meth:`flowmesh_sdk.remote.keys.KnownHosts.tofu_check`);
+        it returns to accept and raises AuthError to refuse."""
         _need_paramiko()
         self.target = target
+        self.host_key_check = host_key_check
         self.label = target.label
         self.connect_timeout_s = connect_timeout_s
         self.keepalive_s = keepalive_s
@@ -265,7 +272,8 @@ class SshRunner(Runner):
     # ---- the connection ------------------------------------------------------------
     def _connect_blocking(self) -> Any:
         t = self.target
-        key_type, key_blob = t.pinned_key()
+        tofu = not t.host_key and self.host_key_check is not None
+        key_type, key_blob = ("", b"") if tofu else t.pinned_key()
         try:
             sock = socket.create_connection((t.host, t.port), timeout=self.connect_timeout_s)
         except OSError as exc:
@@ -273,7 +281,9 @@ class SshRunner(Runner):
         transport = paramiko.Transport(sock)
         try:
             opts = transport.get_security_options()
-            if key_type == "ssh-rsa":
+            if tofu:
+                wanted = list(opts.key_types)   # no pinned key: the check decides after the handshake
+            elif key_type == "ssh-rsa":
                 wanted = ["rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"]
             else:
                 wanted = [key_type]
@@ -293,7 +303,9 @@ class SshRunner(Runner):
                 raise ProviderUnavailableError(f"{self.label}: SSH handshake failed: {exc}",
                                                provider="ssh") from exc
             server_key = transport.get_remote_server_key()
-            if server_key.get_name() != key_type or server_key.asbytes() != key_blob:
+            if tofu:
+                self.host_key_check(t.host, t.port, server_key.get_name(), server_key.asbytes())
+            elif server_key.get_name() != key_type or server_key.asbytes() != key_blob:
                 raise AuthError(
                     f"{self.label}: host key mismatch: the server presented "
                     f"{server_key.get_name()} SHA256:{_fp(server_key.asbytes())}, the pinned key is "
@@ -350,6 +362,30 @@ class SshRunner(Runner):
         await asyncio.sleep(_RECONNECT_BACKOFF_S)
         t = await self._get_transport(fresh=True)
         return await asyncio.wait_for(asyncio.to_thread(fn, t), limit)
+
+    async def wait_reachable(self, timeout_s: float) -> None:
+        """A machine just booted: probe its port (a cheap TCP connect, backing off from
+        0.2 s to 2 s) until sshd answers with its banner, then run ``true`` over the
+        connection.  A refused host key is not retried: it fails at once."""
+        deadline = time.monotonic() + timeout_s
+        delay = 0.2
+        while True:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self._banner), max(0.5, delay * 2))
+                break
+            except (OSError, asyncio.TimeoutError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise ProviderUnavailableError(f"{self.label}: no SSH server within {timeout_s:g} s "
+                                                   f"({type(exc).__name__}: {exc})", provider="ssh") from exc
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
+        await super().wait_reachable(max(1.0, deadline - time.monotonic()))
+
+    def _banner(self) -> None:
+        with socket.create_connection((self.target.host, self.target.port), timeout=2.0) as s:
+            s.settimeout(2.0)
+            if not s.recv(4).startswith(b"SSH-"):
+                raise OSError("the port answers, but not with an SSH banner")
 
     async def _start(self, argv: Sequence[str]) -> _Proc:
         """A session channel running ``argv`` (wrapped); the caller holds a session slot."""

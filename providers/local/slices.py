@@ -19,9 +19,29 @@ from flowmesh_sdk.specs import InstanceSpec
 from .records import RecordDir
 
 
+QUARANTINE_S = 600.0   # a machine given up on takes no new instance for this long
+
+
 class SlicedProvider(Provider):
     region: str
     _records: RecordDir
+    _quarantine: dict[str, float]   # machine address -> monotonic time it is usable again
+
+    def mark_unhealthy(self, instances: Sequence[Instance], reason: str) -> None:
+        """Keep new instances off these machines for ``QUARANTINE_S`` (a machine that failed
+        bootstrap, or vanished under a task, is likely to do it again)."""
+        until = time.monotonic() + QUARANTINE_S
+        for inst in instances:
+            if inst.address:
+                self.quarantined()[inst.address] = until
+
+    def quarantined(self) -> dict[str, float]:
+        """Machines kept out of placement now, with the time each is back."""
+        q = self.__dict__.setdefault("_quarantine", {})
+        now = time.monotonic()
+        for address in [a for a, t in q.items() if t <= now]:
+            del q[address]
+        return q
 
     @abc.abstractmethod
     def explain_misfit(self, spec: InstanceSpec) -> str: ...

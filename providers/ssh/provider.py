@@ -77,14 +77,16 @@ class SshProvider(SlicedProvider):
                 used[inst.address][0] += inst.spec.cpus
                 used[inst.address][1] += inst.spec.memory_gb
         chosen: list[str | None] = []
+        bad = self.quarantined()
         for _ in range(request.count):
             free = [(h.cpus - used[h.name][0], h.name) for h in self.hosts.values()
-                    if self._fits(h, spec) and used[h.name][0] + spec.cpus <= h.cpus
+                    if h.name not in bad and self._fits(h, spec) and used[h.name][0] + spec.cpus <= h.cpus
                     and used[h.name][1] + spec.memory_gb <= h.memory_gb + 1e-9]
             if not free:
+                held = f" ({', '.join(sorted(bad))} held back as unhealthy)" if bad else ""
                 raise CapacityError(f"the inventory has room for {len(chosen)} of the "
                                     f"{request.count} instances of {spec.cpus} cpus / "
-                                    f"{spec.memory_gb:g} GB asked", provider="ssh",
+                                    f"{spec.memory_gb:g} GB asked{held}", provider="ssh",
                                     code="InventoryFull")
             _, name = max(free)   # the machine with the most free cpus
             used[name][0] += spec.cpus
