@@ -565,8 +565,9 @@ def _fetched(reg: Registry, mark: int, infos: dict[str, ImageInfo]) -> Fetched |
 
 
 async def run_mode(fleet: Fleet, reg: Registry, mode: str, swe: list[SweTask],
-                   images: dict[str, TaskImage]) -> ModeRun:
-    spec = pool_spec(mode)
+                   images: dict[str, TaskImage], spec: PoolSpec | None = None) -> ModeRun:
+    """Run the batch in a pool of ``spec`` (default: this recipe's local pool for ``mode``)."""
+    spec = spec or pool_spec(mode)
     refs = [images[t.name].image for t in swe]
     log_mark = len(_access_log(reg) or [])
     pulled = fleet.bus.subscribe(EventKind.IMAGE_PULLED)
@@ -576,7 +577,7 @@ async def run_mode(fleet: Fleet, reg: Registry, mode: str, swe: list[SweTask],
         pool = await fleet.pool(spec)
         try:
             st, inst = pool.stats(), spec.instance
-            shape = (f"{st.instances} instance(s) of {inst.cpus} cpus up, "
+            shape = (f"{st.instances} instance(s) of {inst.cpus} cpus up on {spec.provider}, "
                      f"{spec.sandboxes_per_instance} sandboxes at a time" if mode == "persistent" else
                      f"a fresh {inst.cpus}-cpu instance per task, {spec.max_instances} at a time")
             console.print(f"[dim]{mode}: pool {pool.name} ready in {time.monotonic() - t_pool:.1f} s "
