@@ -8,6 +8,7 @@ of the last moment, never a finished task that was already reported.
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,12 +29,19 @@ CREATE TABLE IF NOT EXISTS tasks (
   exit_code INTEGER, queued_s REAL, scheduling_s REAL, env_startup_s REAL, execution_s REAL,
   teardown_s REAL, submitted_at REAL, finished_at REAL, detail TEXT);
 CREATE INDEX IF NOT EXISTS tasks_pool ON tasks (fleet, pool);
+CREATE TABLE IF NOT EXISTS reuse (
+  id TEXT PRIMARY KEY, fleet TEXT, pool TEXT, name TEXT, outcome TEXT, h_task TEXT, tenant TEXT,
+  workflow TEXT, result TEXT, computed_by TEXT, saved_s REAL, at REAL);
+CREATE INDEX IF NOT EXISTS reuse_workflow ON reuse (workflow);
 """
 
 _INSTANCE_STATE = {
     EventKind.INSTANCE_REQUESTED: "requested", EventKind.INSTANCE_RUNNING: "running",
     EventKind.INSTANCE_READY: "ready", EventKind.INSTANCE_DRAINING: "draining",
     EventKind.INSTANCE_FAILED: "failed", EventKind.INSTANCE_TERMINATED: "terminated",
+}
+_REUSE_OUTCOME = {
+    EventKind.REUSE_HIT: "hit", EventKind.REUSE_JOINED: "joined", EventKind.REUSE_EXECUTED: "executed",
 }
 _TASK_STATE = {
     EventKind.TASK_SUCCEEDED: "succeeded", EventKind.TASK_FAILED: "failed",
@@ -80,6 +88,31 @@ class TaskRow:
     submitted_at: float | None
     finished_at: float | None
     detail: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReuseRow:
+    id: str
+    fleet: str
+    pool: str
+    name: str | None
+    outcome: str                 # hit | joined | executed
+    h_task: str | None
+    tenant: str | None
+    workflow: str | None
+    result: str | None           # digest of the result record the request got
+    computed_by: str | None      # task id of the run that computed it
+    saved_s: float | None
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReuseSummary:
+    fleet: str
+    hits: int
+    joins: int
+    executions: int
+    saved_s: float
 
 
 class MetadataStore:
@@ -154,6 +187,12 @@ class MetadataStore:
                      p.queued if p else None, p.scheduling if p else None,
                      p.env_startup if p else None, p.execution if p else None,
                      p.teardown if p else None, ev.at, ev.detail, ev.task_id))
+            elif ev.kind in _REUSE_OUTCOME:
+                d = json.loads(ev.detail or "{}")
+                c.execute("INSERT OR REPLACE INTO reuse VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                          (ev.task_id, ev.fleet, ev.pool, ev.task_name, _REUSE_OUTCOME[ev.kind],
+                           d.get("h_task"), d.get("tenant"), d.get("workflow"), d.get("result"),
+                           d.get("computed_by"), d.get("saved_s"), ev.at))
 
     # ---- reading ---------------------------------------------------------------
     def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
@@ -175,6 +214,24 @@ class MetadataStore:
         else:
             rows = self._query("SELECT * FROM tasks ORDER BY submitted_at DESC LIMIT ?", (limit,))
         return [TaskRow(*r) for r in rows]
+
+    def reuse(self, *, workflow: str | None = None, limit: int = 1000) -> list[ReuseRow]:
+        """Requests answered by the reuse layer (flowmesh_sdk.reuse), newest first: the
+        lineage of a workflow when ``workflow`` is given."""
+        if workflow is not None:
+            rows = self._query("SELECT * FROM reuse WHERE workflow=? ORDER BY at DESC LIMIT ?",
+                               (workflow, limit))
+        else:
+            rows = self._query("SELECT * FROM reuse ORDER BY at DESC LIMIT ?", (limit,))
+        return [ReuseRow(*r) for r in rows]
+
+    def reuse_summary(self) -> list[ReuseSummary]:
+        """Per fleet: hits, joins, executions and the compute seconds hits and joins saved."""
+        rows = self._query(
+            "SELECT fleet, SUM(outcome='hit'), SUM(outcome='joined'), SUM(outcome='executed'),"
+            " COALESCE(SUM(saved_s), 0) FROM reuse GROUP BY fleet ORDER BY fleet")
+        return [ReuseSummary(f, int(h or 0), int(j or 0), int(e or 0), float(s or 0.0))
+                for f, h, j, e, s in rows]
 
     def close(self) -> None:
         def _close() -> None:

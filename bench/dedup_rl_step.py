@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""Result reuse on one RL step: how many reward evaluations really run when many rollouts
+end in the same patch.
+
+The step has MegaFlow's shape: 64 tasks x 16 rollouts = 1,024 reward evaluations
+(MegaFlow, Appendix D: "1,024 parallel SWE environments per training step (64 distinct
+instances x 16 independent rollout replicas)"; summarised in shared/seeds/000_*.txt).
+Each rollout ends in a patch; a reward evaluation runs the task's test on it.  A seeded
+share of the rollouts (``--dup-share``, default 0.5 -- an assumption, not a measured
+figure) ends in one of two patches common to its task (the right fix, a common wrong
+fix); the others end in a patch of their own (``--unique-right`` of those fix the bug
+another way).  Every evaluation is a deterministic task (same image digest, patch and
+command -> same verdict), and a failing test is a verdict, so ``cache_failures`` is on.
+
+1. **Real, reduced size** (``--tasks 8 --rollouts 4``): on the local provider, a
+   persistent pool of busybox sandboxes.  (a) every evaluation run through the pool
+   (no reuse); (b) the same evaluations, all at once, through ``ResultReuse`` over a
+   fresh local CAS.  Every result (b) got by reuse (a hit or a join) is compared with
+   the fresh run (a) of the same evaluation: exit code, stdout and stderr must be
+   byte-identical.
+2. **Counted, full size** (64 x 16): the same generator through the real reuse layer and a
+   real local CAS, with the pool replaced by ``CountingStandIn`` -- a COUNTING STAND-IN,
+   not a sandbox: it returns a record derived from the task's files, so executions can
+   be counted at full size in seconds.  Every reused result is compared with a fresh
+   answer of the stand-in for that evaluation.
+
+The target is executions = distinct tasks, and no wrong reuse.  The last line is exactly
+``executions_saved_pct=<x> wrong_reuse=<n>``: x is the share of the 1,024 evaluations
+that did not run (full size), n the reused results that differ from a fresh run (both
+parts).  The exit status is 1 if executions != distinct tasks or n > 0.
+
+    python bench/dedup_rl_step.py [--tasks 8] [--rollouts 4] [--full-tasks 64]
+                                  [--full-rollouts 16] [--dup-share 0.5] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import importlib.util
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec, Task, TaskResult
+from flowmesh_sdk.cas import LocalDirStore
+from flowmesh_sdk.identity import task_identity
+from flowmesh_sdk.reuse import ResultReuse, ReusePolicy
+from flowmesh_sdk.specs import ExecResult, PhaseTimings, ReuseKind
+from flowmesh_providers.local import LocalProvider
+
+ROOT = Path(__file__).resolve().parent.parent
+console = Console()
+if not console.is_terminal:
+    console = Console(width=150)
+
+TEST_SH = b"""cp -r /work/repo /tmp/r && sed -i -f /work/patch.sed /tmp/r/fn.sh && . /tmp/r/fn.sh \\
+  && [ "$(f 3)" = "$(cat /work/expect)" ] && echo PASS && exit 0
+echo FAIL; exit 1
+"""
+RIGHT = "s/ - 1 ))/ ))/\n"
+COMMON_WRONG = "s/ - 1 ))/ + 1 ))/\n"
+#: a digest-pinned reference for the counted part: resolved without a registry
+COUNTED_IMAGE = "bench.invalid/flowmesh/swe@sha256:" + hashlib.sha256(b"counted-image").hexdigest()
+
+
+# --------------------------------------------------------------------------- #
+# the step
+# --------------------------------------------------------------------------- #
+
+@dataclass(frozen=True)
+class Evaluation:
+    task: int
+    rollout: int
+    patch: str
+    expect_pass: bool
+
+
+def make_step(tasks: int, rollouts: int, dup_share: float, unique_right: float, seed: int) -> list[Evaluation]:
+    """The patches a step's rollouts end in, from a seeded generator."""
+    rng = random.Random(seed)
+    out = []
+    for t in range(tasks):
+        for r in range(rollouts):
+            if rng.random() < dup_share:
+                right = rng.random() < 0.5
+                patch = RIGHT if right else COMMON_WRONG
+            else:
+                right = rng.random() < unique_right
+                tag = f"# rollout {t}.{r} {rng.getrandbits(32):08x}\n"
+                patch = ("s/ - 1 ))/ - 0 ))/\n" if right else "s/ - 1 ))/ - 2 ))/\n") + tag
+            out.append(Evaluation(t, r, patch, right))
+    return out
+
+
+def evaluation_task(ev: Evaluation, image: str) -> Task:
+    fn = f"f() {{ echo $(( $1 * 2 + {ev.task} - 1 )); }}\n".encode()
+    return Task(name=f"reward-{ev.task}-{ev.rollout}",
+                sandbox=SandboxSpec(image=image, cpus=1, memory_gb=0.25),
+                command="sh /work/test.sh",
+                files={"/work/repo/fn.sh": fn, "/work/test.sh": TEST_SH,
+                       "/work/expect": f"{6 + ev.task}".encode(), "/work/patch.sed": ev.patch.encode()},
+                timeout_s=60, deterministic=True)
+
+
+def same_bytes(a: ExecResult | None, b: ExecResult | None) -> bool:
+    return (a is not None and b is not None and (a.exit_code, a.stdout, a.stderr, a.timed_out)
+            == (b.exit_code, b.stdout, b.stderr, b.timed_out))
+
+
+def distinct(tasks: list[Task], digest: str) -> int:
+    return len({task_identity(t, digest).h_task for t in tasks})
+
+
+# --------------------------------------------------------------------------- #
+# 1. real, reduced size
+# --------------------------------------------------------------------------- #
+
+def build_busybox() -> str:
+    spec = importlib.util.spec_from_file_location("flowmesh_images", ROOT / "images" / "build.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.build_busybox()
+
+
+async def real_part(args: argparse.Namespace, image: str) -> dict[str, float]:
+    step = make_step(args.tasks, args.rollouts, args.dup_share, args.unique_right, args.seed)
+    tasks = [evaluation_task(ev, image) for ev in step]
+    with tempfile.TemporaryDirectory(prefix="fm-dedup-") as tmp:
+        home = Path(tmp)
+        provider = LocalProvider(state_dir=home / "local" / "instances")
+        async with Fleet("dedup-bench", home=home, providers={"local": provider}) as fleet:
+            pool = await fleet.pool(PoolSpec(name="rewards", instance=InstanceSpec(cpus=2, memory_gb=2),
+                                             min_instances=1, max_instances=1,
+                                             sandboxes_per_instance=4, warm_per_image=0))
+            digest = (await fleet.images.resolve(image)).digest
+            t0 = time.monotonic()
+            fresh = await pool.map(tasks)
+            t_fresh = time.monotonic() - t0
+            reuse = ResultReuse(LocalDirStore(home / "cas"), resolver=fleet.images, bus=fleet.bus,
+                                fleet=fleet.name, policy=ReusePolicy(cache_failures=True))
+            t0 = time.monotonic()
+            reused = await asyncio.gather(*(reuse.run(t, pool) for t in tasks))
+            t_reuse = time.monotonic() - t0
+    bad_verdicts = sum((r.result is None or (r.result.exit_code == 0) != ev.expect_pass)
+                       for r, ev in zip(fresh, step))
+    shared = [(f, r) for f, r in zip(fresh, reused) if r.reuse in (ReuseKind.HIT, ReuseKind.JOINED)]
+    wrong = sum(not same_bytes(f.result, r.result) for f, r in shared)
+    c = reuse.counts()
+    n_distinct = distinct(tasks, digest)
+    table = Table(title=f"1. real: {args.tasks} tasks x {args.rollouts} rollouts on the local provider "
+                        f"({image})")
+    for col in ("", "requested", "executed", "hits", "joins", "distinct tasks", "wall s"):
+        table.add_column(col, justify="right")
+    table.add_row("(a) no reuse", str(len(tasks)), str(len(fresh)), "-", "-", str(n_distinct), f"{t_fresh:.2f}")
+    table.add_row("(b) ResultReuse", str(len(tasks)), str(c.executions), str(c.hits), str(c.joins),
+                  str(n_distinct), f"{t_reuse:.2f}")
+    console.print(table)
+    console.print(f"reused results checked against a fresh run: {len(shared)}, byte-identical: "
+                  f"{len(shared) - wrong}; verdicts as expected: {len(fresh) - bad_verdicts}/{len(fresh)}")
+    console.print(f"real: executions {c.executions} of {len(tasks)} requested "
+                  f"(saved {100 * (1 - c.executions / len(tasks)):.1f}%), wall time ratio "
+                  f"reuse/no-reuse = {t_reuse / t_fresh:.3f}")
+    return {"requested": len(tasks), "executed": c.executions, "distinct": n_distinct, "wrong": wrong,
+            "bad_verdicts": bad_verdicts}
+
+
+# --------------------------------------------------------------------------- #
+# 2. counted, full size
+# --------------------------------------------------------------------------- #
+
+class CountingStandIn:
+    """A COUNTING STAND-IN for a pool (not a sandbox, not a test run): ``run_task`` answers
+    with a record derived from the task's files and command, after yielding to the event
+    loop so that identical requests overlap as they would in flight.  It counts calls."""
+
+    name = "counted"
+
+    def __init__(self, digest: str) -> None:
+        self.digest = digest
+        self.calls = 0
+
+    @staticmethod
+    def answer(task: Task) -> ExecResult:
+        h = hashlib.sha256(task.command.encode())
+        for path in sorted(task.files):
+            h.update(path.encode() + b"\0" + bytes(task.files[path]) + b"\0")
+        verdict = int(h.hexdigest()[:2], 16) % 2
+        return ExecResult(exit_code=verdict, stdout=f"{'FAIL' if verdict else 'PASS'} {h.hexdigest()[:16]}\n",
+                          stderr="", duration_s=0.0)
+
+    async def run_task(self, task: Task) -> TaskResult:
+        self.calls += 1
+        await asyncio.sleep(0.001)
+        return TaskResult(task_id=f"counted-{self.calls:05d}", name=task.name, pool=self.name,
+                          result=self.answer(task), phases=PhaseTimings(execution=1.0),
+                          image_digest=self.digest)
+
+
+async def counted_part(args: argparse.Namespace) -> dict[str, float]:
+    step = make_step(args.full_tasks, args.full_rollouts, args.dup_share, args.unique_right, args.seed)
+    tasks = [evaluation_task(ev, COUNTED_IMAGE) for ev in step]
+    digest = COUNTED_IMAGE.split("@", 1)[1]
+    stand_in = CountingStandIn(digest)
+    with tempfile.TemporaryDirectory(prefix="fm-dedup-cas-") as tmp:
+        reuse = ResultReuse(LocalDirStore(tmp), fleet="counted", policy=ReusePolicy(cache_failures=True))
+        results = await asyncio.gather(*(reuse.run(t, stand_in) for t in tasks))
+    c = reuse.counts()
+    wrong = sum(not same_bytes(r.result, CountingStandIn.answer(t))
+                for r, t in zip(results, tasks) if r.reuse in (ReuseKind.HIT, ReuseKind.JOINED))
+    n_distinct = distinct(tasks, digest)
+    table = Table(title=f"2. counted: {args.full_tasks} tasks x {args.full_rollouts} rollouts through the "
+                        "real reuse layer (pool = counting stand-in)")
+    for col in ("requested", "executed", "hits", "joins", "distinct tasks", "executions = distinct"):
+        table.add_column(col, justify="right")
+    table.add_row(str(len(tasks)), str(stand_in.calls), str(c.hits), str(c.joins), str(n_distinct),
+                  "yes" if stand_in.calls == n_distinct else "NO")
+    console.print(table)
+    console.print(f"reused results checked against a fresh answer: {c.hits + c.joins}, wrong: {wrong}")
+    return {"requested": len(tasks), "executed": stand_in.calls, "distinct": n_distinct, "wrong": wrong}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="dedup_rl_step.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", type=int, default=8, help="real part: tasks (default 8)")
+    p.add_argument("--rollouts", type=int, default=4, help="real part: rollouts per task (default 4)")
+    p.add_argument("--full-tasks", type=int, default=64, help="counted part: tasks (default 64)")
+    p.add_argument("--full-rollouts", type=int, default=16, help="counted part: rollouts (default 16)")
+    p.add_argument("--dup-share", type=float, default=0.5,
+                   help="share of rollouts ending in one of their task's two common patches")
+    p.add_argument("--unique-right", type=float, default=0.3,
+                   help="share of the other rollouts whose own patch fixes the bug")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--image", default=None, help="sandbox image (default: busybox, built if missing)")
+    p.add_argument("--skip-real", action="store_true", help="only the counted part")
+    args = p.parse_args(argv)
+    for name in ("dup_share", "unique_right"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            p.error(f"--{name.replace('_', '-')} must be in [0, 1]")
+    return args
+
+
+async def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    ok = True
+    wrong = 0
+    if not args.skip_real:
+        real = await real_part(args, args.image or build_busybox())
+        wrong += int(real["wrong"])
+        ok &= real["executed"] == real["distinct"] and real["bad_verdicts"] == 0
+    counted = await counted_part(args)
+    wrong += int(counted["wrong"])
+    ok &= counted["executed"] == counted["distinct"]
+    saved = 100.0 * (1 - counted["executed"] / counted["requested"])
+    console.print(f"executions: {counted['executed']} performed of {counted['requested']} requested "
+                  f"({counted['distinct']} distinct); target executions = distinct, wrong_reuse = 0: "
+                  f"{'MET' if ok and wrong == 0 else 'NOT MET'}")
+    print(f"executions_saved_pct={saved:.1f} wrong_reuse={wrong}")
+    return 0 if ok and wrong == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(sys.argv[1:])))
