@@ -25,7 +25,8 @@ LABEL = "flowmesh.test"
 
 @pytest.fixture(scope="module")
 def sshd():
-    with LoopbackSshd("127.0.0.2") as d:
+    # the machine's own container store: the runner-level sandbox test runs a localhost/ image
+    with LoopbackSshd("127.0.0.2", own_storage=False) as d:
         yield d
 
 

@@ -57,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import re
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -96,6 +97,38 @@ RATES: tuple[ApiRate, ...] = (
 
 _INSTALL_HINT = "the ec2 provider needs boto3: pip install 'flowmesh-sdk[ec2]'"
 
+# User data can carry secrets (in SSH mode: the instance's private host key, see
+# flowmesh_sdk/remote/cloudinit.py).  At DEBUG level botocore logs every request's params
+# ("botocore.endpoint": 'UserData': '<base64>') and every response body
+# ("botocore.parsers": <userData><value>base64</value>); checked with botocore 1.44.
+# A filter on those two loggers blanks the value before any handler sees the record.
+_USER_DATA_VALUE = re.compile(
+    r"""((?:UserData|userData)['"]?\s*[:=]\s*(?:\{\s*['"]Value['"]\s*:\s*)?['"]?|<userData>\s*<value>)"""
+    r"""[A-Za-z0-9+/=%\\]+""")
+_REDACTED_LOGGERS = ("botocore.endpoint", "botocore.parsers")
+
+
+class _RedactUserData(logging.Filter):
+    """Replaces user-data values in botocore's DEBUG records with ``<redacted>``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001 - a broken record is not ours to fix
+            return True
+        if "serData" in msg:
+            record.msg = _USER_DATA_VALUE.sub(r"\1<redacted>", msg)
+            record.args = ()
+        return True
+
+
+def install_log_redaction() -> None:
+    """Put the user-data redaction filter on botocore's request/response loggers (once)."""
+    for name in _REDACTED_LOGGERS:
+        lg = logging.getLogger(name)
+        if not any(isinstance(f, _RedactUserData) for f in lg.filters):
+            lg.addFilter(_RedactUserData())
+
 
 def _import_boto() -> tuple[Any, Any, Any]:
     try:
@@ -123,6 +156,7 @@ class Ec2Client:
         self._lock = threading.Lock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
+        install_log_redaction()
 
     def __repr__(self) -> str:
         return f"Ec2Client(endpoint_url={self.endpoint_url!r}, max_workers={self.max_workers})"
@@ -198,4 +232,4 @@ class Ec2Client:
             executor.shutdown(wait=False, cancel_futures=True)
 
 
-__all__ = ["DOC_THROTTLING", "Ec2Client", "MAX_LAUNCH_BATCH", "RATES"]
+__all__ = ["DOC_THROTTLING", "Ec2Client", "MAX_LAUNCH_BATCH", "RATES", "install_log_redaction"]

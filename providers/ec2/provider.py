@@ -39,8 +39,25 @@ executor, never on the event loop; see :mod:`.client`):
     ``flowmesh:fleet``) and ``instance-state-name`` in pending, running, stopping,
     stopped; paginated; every configured region.
 ``runner(instance)``
-    ``runner_factory(instance)`` when one was given; otherwise a ``ProviderError``:
-    EC2 instances are reached over SSH and the SSH runner is not built yet.
+    In SSH mode (``ssh=SshMode(...)``): an :class:`~flowmesh_sdk.remote.ssh.SshRunner` to
+    the instance's private (or public) IP, logging in with the fleet's client key and
+    pinned to exactly the host key injected at launch.  Otherwise ``runner_factory(instance)``
+    when one was given, else a ``ProviderError`` (code ``NoRunner``).
+
+SSH mode (docs/ssh.md): each launch request generates one ed25519 host key pair and sends
+``#cloud-config`` user-data (:mod:`flowmesh_sdk.remote.cloudinit`) that installs it as the
+instance's only host key and authorizes the fleet's client key
+(:class:`~flowmesh_sdk.remote.keys.FleetKey`, kept in ``$FLOWMESH_HOME/keys``).  The public
+host key is pinned per instance id in the trust record (``ec2:<instance-id>`` in
+``$FLOWMESH_HOME/keys/known_hosts``), so another process on this machine reaches the same
+instances; a launch retried with the same request id recovers the keys of instances it
+did not launch itself from their user-data (DescribeInstanceAttribute).  No key is ever
+learnt on first use for EC2: an instance without a known injected key gets no runner.
+Launches in SSH mode also ask for IMDSv2 with a PUT response hop limit of 1
+(``MetadataOptions``), so containers on the instance cannot read the user-data (which
+holds the private host key) from the metadata service.  A user-supplied ``user_data`` is
+refused in SSH mode (``SpecError`` on ``ec2.user_data``): merging a second cloud-config
+could override the injected keys, so other setup belongs in the AMI or the bootstrap steps.
 
 Instances: ``state`` from the EC2 state name (pending -> PENDING, running -> RUNNING,
 stopping/stopped -> STOPPING, shutting-down/terminated -> TERMINATED); ``address`` the
@@ -63,6 +80,7 @@ conservative choice, and one id filter per call keeps each request small.
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as _dt
 import hashlib
 import logging
@@ -70,12 +88,16 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from flowmesh_sdk.errors import NotFoundError, ProviderError, SpecError
+from flowmesh_sdk.errors import AuthError, NotFoundError, ProviderError, SpecError
 from flowmesh_sdk.provider import (TAG_FLEET, TAG_POOL, TAG_REQUEST, Capabilities, Instance, LaunchRequest,
                                    Provider, ProviderState)
+from flowmesh_sdk.remote.cloudinit import CloudConfig, parse_user_data
+from flowmesh_sdk.remote.keys import (KNOWN_HOSTS_NAME, FleetKey, KnownHosts, PublicKey, generate_ed25519,
+                                      keys_dir)
 from flowmesh_sdk.remote.runner import Runner
 from flowmesh_sdk.specs import InstanceSpec, Offer
 
@@ -103,6 +125,61 @@ _INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8}(?:[0-9a-f]{9})?$")
 _REGION = re.compile(r"^[a-z]{2}(?:-[a-z]+)+-\d+$")
 
 RunnerFactory = Callable[[Instance], Runner]
+AddressMap = Callable[[Instance], "tuple[str, int]"]
+PUBLIC_IP_WAIT_S = 120.0           # SSH mode, address="public": how long launch waits for public IPs
+
+
+@dataclass(frozen=True, slots=True)
+class SshMode:
+    """How the ``ec2`` provider reaches its instances over SSH, with keys injected at launch.
+
+    ``user`` logs in (root by default: the runtime runs containers as root); ``port`` is
+    sshd's; ``address`` picks the instance's ``private`` IP (the coordinator runs in the
+    VPC) or its ``public`` one (launch then waits, up to 120 s, until EC2 has assigned
+    it); ``keys_dir`` holds the fleet key and the trust record (default
+    ``$FLOWMESH_HOME/keys``); ``imds_hop_limit`` is the IMDSv2 PUT response hop limit
+    (1: processes in containers cannot reach the metadata service, so cannot read the
+    user-data; raise it only if containers must use the instance role).  ``address_map``
+    replaces the address lookup with ``Instance -> (host, port)``: a test hook that points
+    instances at loopback sshd hosts (``flowmesh_sdk.testing.cloudinit``)."""
+
+    user: str = "root"
+    port: int = 22
+    address: str = "private"
+    keys_dir: str | None = None
+    connect_timeout_s: float = 10.0
+    max_sessions: int = 10
+    imds_hop_limit: int = 1
+    address_map: AddressMap | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.user, str) or not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", self.user):
+            raise SpecError("ec2.ssh.user",
+                            f"must be a login name like 'root' or 'ec2-user', got {self.user!r}")
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 1 <= self.port <= 65535:
+            raise SpecError("ec2.ssh.port", f"must be an integer in [1, 65535], got {self.port!r}")
+        if self.address not in ("private", "public"):
+            raise SpecError("ec2.ssh.address", f"must be 'private' or 'public', got {self.address!r}")
+        if not isinstance(self.connect_timeout_s, (int, float)) or not 0 < self.connect_timeout_s <= 600:
+            raise SpecError("ec2.ssh.connect_timeout_s",
+                            f"must be in (0, 600] seconds, got {self.connect_timeout_s!r}")
+        if isinstance(self.max_sessions, bool) or not isinstance(self.max_sessions, int) or \
+                not 1 <= self.max_sessions <= 1024:
+            raise SpecError("ec2.ssh.max_sessions",
+                            f"must be an integer in [1, 1024], got {self.max_sessions!r}")
+        # HttpPutResponseHopLimit: integers from 1 to 64 (EC2 API reference,
+        # InstanceMetadataOptionsRequest).
+        if isinstance(self.imds_hop_limit, bool) or not isinstance(self.imds_hop_limit, int) or \
+                not 1 <= self.imds_hop_limit <= 64:
+            raise SpecError("ec2.ssh.imds_hop_limit",
+                            f"must be an integer in [1, 64], got {self.imds_hop_limit!r}")
+        if self.address_map is not None and not callable(self.address_map):
+            raise SpecError("ec2.ssh.address_map", "must be a callable Instance -> (host, port)")
+
+
+def trust_id(instance_id: str) -> str:
+    """How an EC2 instance's injected host key is named in the trust record."""
+    return f"ec2:{instance_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +256,7 @@ class Ec2Provider(Provider):
                  user_data: str | None = None, iam_instance_profile: str | None = None,
                  max_workers: int = 8, runner_factory: RunnerFactory | None = None,
                  session_kwargs: Mapping[str, Any] | None = None, partial_ok: bool = False,
-                 prices: PriceTable | None = None) -> None:
+                 prices: PriceTable | None = None, ssh: SshMode | bool | None = None) -> None:
         if regions is None:
             regions = _default_regions()
         elif isinstance(regions, str):
@@ -227,6 +304,24 @@ class Ec2Provider(Provider):
         if runner_factory is not None and not callable(runner_factory):
             raise SpecError("ec2.runner_factory", "must be a callable Instance -> Runner")
         self.runner_factory = runner_factory
+        if ssh is True:
+            ssh = SshMode()
+        elif ssh is False:
+            ssh = None
+        if ssh is not None and not isinstance(ssh, SshMode):
+            raise SpecError("ec2.ssh", f"must be an SshMode (or True), got {type(ssh).__name__}")
+        if ssh is not None and user_data is not None:
+            raise SpecError("ec2.user_data", "cannot be combined with ssh=: in SSH mode the provider writes "
+                                             "the user-data itself (the instance's host key and the fleet's "
+                                             "client key); put other setup in the AMI or the bootstrap steps")
+        if ssh is not None and runner_factory is not None:
+            raise SpecError("ec2.runner_factory", "cannot be combined with ssh=: SSH mode makes the runners")
+        self.ssh = ssh
+        self._keys_dir = (Path(ssh.keys_dir) if ssh and ssh.keys_dir else None)
+        self._fleet_key: FleetKey | None = None
+        self._host_keys: dict[str, PublicKey] = {}                  # instance id -> injected host key
+        self._ips: dict[str, tuple[str | None, str | None]] = {}    # instance id -> (private, public)
+        self._ssh_runners: dict[str, Runner] = {}
         self.partial_ok = bool(partial_ok)
         self._prices = prices if prices is not None else PriceTable.load()
         self._client = Ec2Client(endpoint_url=self.endpoint_url, max_workers=max_workers,
@@ -240,7 +335,7 @@ class Ec2Provider(Provider):
 
     def __repr__(self) -> str:
         return (f"Ec2Provider(regions={list(self.regions)!r}, endpoint_url={self.endpoint_url!r}, "
-                f"image_id={self._image_ids!r})")
+                f"image_id={self._image_ids!r}{', ssh' if self.ssh else ''})")
 
     # ---- instance types and prices ---------------------------------------------------
     def image_for(self, region: str) -> str:
@@ -331,6 +426,7 @@ class Ec2Provider(Provider):
         self._region_of[iid] = region
         self._spec_of.setdefault(iid, spec)
         state = STATE_MAP.get(str((item.get("State") or {}).get("Name") or ""), ProviderState.PENDING)
+        self._ips[iid] = (item.get("PrivateIpAddress") or None, item.get("PublicIpAddress") or None)
         return Instance(id=iid, provider=PROVIDER, region=region, instance_type=itype, spec=spec, state=state,
                         tags=tags, launched_at=launched_at,
                         price_per_hour=price if price is not None else self._price(region, itype, spot),
@@ -407,7 +503,11 @@ class Ec2Provider(Provider):
                      len(earlier))
             for item in earlier:
                 self._spec_of.setdefault(str(item["InstanceId"]), request.spec)
-            return [self._to_instance(region, i, spec=request.spec) for i in earlier]
+            found = [self._to_instance(region, i, spec=request.spec) for i in earlier]
+            if self.ssh is not None:
+                await self._recover_host_keys(region, [i.id for i in found])
+                found = await self._with_public_ips(region, found)
+            return found
 
         tag_list = [{"Key": k, "Value": v} for k, v in tags.items()]
         params: dict[str, Any] = {
@@ -423,7 +523,16 @@ class Ec2Provider(Provider):
             params["BlockDeviceMappings"] = [{"DeviceName": image.root_device,
                                               "Ebs": {"VolumeSize": request.spec.disk_gb, "VolumeType": "gp3",
                                                       "DeleteOnTermination": True}}]
-        if self._user_data is not None:
+        host_key: PublicKey | None = None
+        if self.ssh is not None:
+            fleet = await self._fleet()
+            pair = generate_ed25519(f"flowmesh-host-{request.request_id}"[:64])
+            host_key = pair.public
+            params["UserData"] = CloudConfig(pair, (fleet.public,), self.ssh.user).render()
+            del pair   # the private host key lives on only in the request (and the instance)
+            params["MetadataOptions"] = {"HttpTokens": "required", "HttpEndpoint": "enabled",
+                                         "HttpPutResponseHopLimit": self.ssh.imds_hop_limit}
+        elif self._user_data is not None:
             params["UserData"] = self._user_data   # botocore base64-encodes it
         if self.subnet_id:
             params["SubnetId"] = self.subnet_id
@@ -447,6 +556,11 @@ class Ec2Provider(Provider):
             self._spec_of[str(item["InstanceId"])] = request.spec
             out.append(self._to_instance(region, item, spec=request.spec, price=offer.price_per_hour,
                                          extra_tags=tags))
+        if host_key is not None and out:
+            for inst in out:
+                self._host_keys[inst.id] = host_key
+            await asyncio.to_thread(self._trust().pin_many, [(trust_id(i.id), host_key) for i in out])
+            out = await self._with_public_ips(region, out)
         log.info("ec2 launch %s: %d x %s in %s%s", request.request_id, len(out), offer.instance_type, region,
                  " (spot)" if offer.spot else "")
         return out
@@ -516,17 +630,115 @@ class Ec2Provider(Provider):
             for inst in await self.describe(unknown):   # locate them (records their region)
                 known.setdefault(inst.region, []).append(inst.id)
         await asyncio.gather(*(self._terminate_region(r, group) for r, group in known.items()))
+        if self.ssh is not None:
+            gone = [i for group in known.values() for i in group]
+            for iid in gone:
+                self._host_keys.pop(iid, None)
+                runner = self._ssh_runners.pop(iid, None)
+                if runner is not None:
+                    await runner.close()
+            if gone:
+                await asyncio.to_thread(self._trust().forget, [trust_id(i) for i in gone])
 
     # ---- the rest ------------------------------------------------------------------
     def runner(self, instance: Instance) -> Runner:
+        if self.ssh is not None:
+            return self._ssh_runner(instance)
         if self.runner_factory is not None:
             return self.runner_factory(instance)
-        raise ProviderError("ec2 instances are reached over SSH and the SSH runner is not built yet; "
-                            "pass Ec2Provider(runner_factory=...) to supply one", provider=PROVIDER,
-                            code="NoRunner")
+        raise ProviderError("ec2 instances are reached over SSH: pass Ec2Provider(ssh=SshMode()) to inject "
+                            "keys at launch (docs/ssh.md), or runner_factory=... to supply runners",
+                            provider=PROVIDER, code="NoRunner")
 
     async def close(self) -> None:
+        runners, self._ssh_runners = list(self._ssh_runners.values()), {}
+        for runner in runners:
+            await runner.close()
         await self._client.close()
 
+    # ---- SSH mode ----------------------------------------------------------------------
+    def _trust(self) -> KnownHosts:
+        return KnownHosts((self._keys_dir or keys_dir()) / KNOWN_HOSTS_NAME)
 
-__all__ = ["Ec2Provider", "ImageInfo", "TypeInfo", "client_token"]
+    async def _fleet(self) -> FleetKey:
+        if self._fleet_key is None:
+            self._fleet_key = await asyncio.to_thread(FleetKey.load_or_create, self._keys_dir)
+        return self._fleet_key
+
+    async def _recover_host_keys(self, region: str, ids: list[str]) -> None:
+        """Host keys of instances an earlier call (maybe another process) launched: from the
+        trust record, else from the user-data EC2 holds for them (read with
+        DescribeInstanceAttribute, parsed, never logged).  Instances whose user-data is not
+        the SDK's keep no key, and so get no runner."""
+        trust = self._trust()
+        for iid in ids:
+            if iid in self._host_keys:
+                continue
+            key = await asyncio.to_thread(trust.get, trust_id(iid))
+            if key is None:
+                resp = await self._client.call(region, "describe_instance_attribute", InstanceId=iid,
+                                               Attribute="userData")
+                raw = ((resp.get("UserData") or {}).get("Value")) or ""
+                try:
+                    key = parse_user_data(base64.b64decode(raw)).host_public
+                except (SpecError, ValueError):
+                    log.warning("ec2 %s: its user-data carries no host key of this SDK; "
+                                "it gets no SSH runner", iid)
+                    continue
+                await asyncio.to_thread(trust.pin, trust_id(iid), key)
+            self._host_keys[iid] = key
+
+    async def _with_public_ips(self, region: str, instances: list[Instance]) -> list[Instance]:
+        """With ``address="public"``: wait (describe, backing off 1 s to 5 s, at most
+        ``PUBLIC_IP_WAIT_S``) until EC2 has given every instance a public IP."""
+        if self.ssh is None or self.ssh.address != "public" or self.ssh.address_map is not None:
+            return instances
+        deadline = time.monotonic() + PUBLIC_IP_WAIT_S
+        delay = 1.0
+        while True:
+            missing = [i.id for i in instances if not self._ips.get(i.id, (None, None))[1]]
+            if not missing:
+                return instances
+            if time.monotonic() + delay > deadline:
+                raise ProviderError(f"{len(missing)} instances have no public IP after "
+                                    f"{PUBLIC_IP_WAIT_S:g} s "
+                                    f"({', '.join(missing[:5])}): is the subnet assigning public IPs? "
+                                    "Use SshMode(address='private') from inside the VPC", provider=PROVIDER,
+                                    code="NoPublicIp")
+            await asyncio.sleep(delay)
+            delay = min(5.0, delay * 2)
+            await self._describe_ids(region, missing)   # refreshes self._ips
+
+    def _ssh_runner(self, instance: Instance) -> Runner:
+        runner = self._ssh_runners.get(instance.id)
+        if runner is not None:
+            return runner
+        mode = self.ssh
+        assert mode is not None
+        key = self._host_keys.get(instance.id)
+        if key is None:
+            # not launched by this object: the trust record (a small local file) may know it
+            key = self._trust().get(trust_id(instance.id))
+        if key is None:
+            raise AuthError(f"ec2 instance {instance.id}: no injected host key is known for it (was it "
+                            "launched in SSH mode by this SDK?); refusing to connect: EC2 instances are "
+                            "never trusted on first use", provider=PROVIDER, code="NoHostKey")
+        if mode.address_map is not None:
+            host, port = mode.address_map(instance)
+        else:
+            private, public = self._ips.get(instance.id, (instance.address, None))
+            host, port = (public if mode.address == "public" else private or instance.address), mode.port
+        if not host:
+            raise ProviderError(f"ec2 instance {instance.id} has no {mode.address} IP address yet",
+                                provider=PROVIDER, code="NoAddress")
+        fleet = self._fleet_key
+        if fleet is None:   # a runner before any launch in this process: load the key once
+            fleet = self._fleet_key = FleetKey.load_or_create(self._keys_dir)
+        from flowmesh_sdk.remote.ssh import SshRunner, SshTarget   # paramiko is the [ssh] extra
+        runner = SshRunner(SshTarget(host, port, mode.user, fleet.private_path, key.line),
+                           connect_timeout_s=mode.connect_timeout_s, max_sessions=mode.max_sessions)
+        self._ssh_runners[instance.id] = runner
+        return runner
+
+
+__all__ = ["Ec2Provider", "ImageInfo", "SshMode", "TypeInfo", "client_token", "trust_id"]

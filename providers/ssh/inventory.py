@@ -6,7 +6,10 @@ A JSON file (``FLOWMESH_SSH_INVENTORY``)::
                 "key_path": "~/.ssh/id_ed25519", "host_key": "ssh-ed25519 AAAA...",
                 "cpus": 32, "memory_gb": 128, "arch": "x86_64"}]}
 
-``host_key`` is the machine's public host key line: it is pinned, never learnt.
+``host_key`` is the machine's public host key line, pinned.  It may be left out: the key
+is then trusted on first use (recorded in ``$FLOWMESH_HOME/keys/known_hosts`` with a
+WARNING naming the machine and the key's fingerprint) and pinned from then on; a later
+different key is refused (``AuthError``).  Giving it is safer: see docs/ssh.md.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowmesh_sdk.errors import SpecError
+from flowmesh_sdk.remote.keys import PublicKey
 from flowmesh_sdk.specs import ARCHES, check_choice, check_name, check_number
 
 
@@ -25,7 +29,7 @@ class SshHost:
     name: str
     host: str
     key_path: str
-    host_key: str
+    host_key: str | None
     cpus: int
     memory_gb: float
     port: int = 22
@@ -40,9 +44,10 @@ class SshHost:
         check_number(f"ssh.hosts[{self.name}].cpus", self.cpus, lo=1, hi=4096, integer=True)
         check_number(f"ssh.hosts[{self.name}].memory_gb", self.memory_gb, lo=0, lo_open=True)
         check_choice(f"ssh.hosts[{self.name}].arch", self.arch, ARCHES)
-        if not isinstance(self.host_key, str) or len(self.host_key.split()) < 2:
-            raise SpecError(f"ssh.hosts[{self.name}].host_key",
-                            "must be the machine's public host key line, e.g. 'ssh-ed25519 AAAA...'")
+        if self.host_key is not None:
+            # the whole line must parse (type, base64 blob of that type): a typo here would
+            # otherwise only show up as a refused connection
+            PublicKey.parse(self.host_key, field_name=f"ssh.hosts[{self.name}].host_key")
         object.__setattr__(self, "key_path", os.path.expanduser(self.key_path))
 
 
@@ -61,7 +66,7 @@ def load_inventory(path: str | Path) -> list[SshHost]:
         if not isinstance(row, dict):
             raise SpecError(f"ssh.hosts[{i}]", "must be an object")
         try:
-            hosts.append(SshHost(**row))
+            hosts.append(SshHost(**{"host_key": None, **row}))   # no host_key: trust on first use
         except TypeError as exc:
             raise SpecError(f"ssh.hosts[{i}]", str(exc)) from exc
     names = [h.name for h in hosts]

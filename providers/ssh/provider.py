@@ -1,6 +1,7 @@
 """The ssh provider: the user's own machines, each carved into instances of the asked
 size (capacity accounted per machine across processes, as the local provider does for
-this host), reached over SSH with pinned host keys.
+this host), reached over SSH with pinned host keys (for a machine the inventory gives
+no ``host_key``: trusted on first use, then pinned; docs/ssh.md).
 
 Launching allocates slices (no machine is created); terminating removes the slice's
 containers on its machine and frees it.  Every slice carries the SDK's tags, so
@@ -16,6 +17,8 @@ from pathlib import Path
 from flowmesh_sdk.config import home_dir
 from flowmesh_sdk.errors import CapacityError, FlowMeshError, SpecError
 from flowmesh_sdk.provider import LABEL_INSTANCE, Capabilities, Instance, LaunchRequest
+from flowmesh_sdk.remote.keys import KNOWN_HOSTS_NAME, KnownHosts
+from flowmesh_sdk.remote.keys import keys_dir as default_keys_dir
 from flowmesh_sdk.remote.runner import Runner
 from flowmesh_sdk.remote.runtime import ContainerRuntime, RuntimeConfig
 from flowmesh_sdk.specs import InstanceSpec, Offer
@@ -36,7 +39,9 @@ class SshProvider(SlicedProvider):
 
     def __init__(self, hosts: Sequence[SshHost] | None = None, *, inventory: str | Path | None = None,
                  state_dir: str | Path | None = None, runtime_config: RuntimeConfig | None = None,
-                 max_sessions: int = 10) -> None:
+                 max_sessions: int = 10, keys_dir: str | Path | None = None) -> None:
+        """``keys_dir`` holds the trust record for hosts given without ``host_key``
+        (default ``$FLOWMESH_HOME/keys``; see :mod:`flowmesh_sdk.remote.keys`)."""
         if hosts is None:
             path = inventory or os.environ.get(ENV_INVENTORY)
             if not path:
@@ -48,6 +53,7 @@ class SshProvider(SlicedProvider):
         self._runtime_config = runtime_config
         self._max_sessions = max_sessions
         self._runners: dict[str, Runner] = {}
+        self._keys_dir = Path(keys_dir) if keys_dir is not None else None
 
     def __repr__(self) -> str:
         return f"SshProvider(hosts={sorted(self.hosts)})"
@@ -119,8 +125,12 @@ class SshProvider(SlicedProvider):
         if name not in self._runners:
             from flowmesh_sdk.remote.ssh import SshRunner, SshTarget  # paramiko is the [ssh] extra
             h = self.hosts[name]
-            self._runners[name] = SshRunner(SshTarget(h.host, h.port, h.user, h.key_path, h.host_key),
-                                            max_sessions=self._max_sessions)
+            check = None
+            if h.host_key is None:   # no key given: trust on first use, then pinned (docs/ssh.md)
+                trust = KnownHosts((self._keys_dir or default_keys_dir()) / KNOWN_HOSTS_NAME)
+                check = trust.tofu_check(name=f"ssh host {name}")
+            self._runners[name] = SshRunner(SshTarget(h.host, h.port, h.user, h.key_path, h.host_key or ""),
+                                            max_sessions=self._max_sessions, host_key_check=check)
         return self._runners[name]
 
     async def close(self) -> None:
