@@ -17,13 +17,13 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
+from . import clock
 from .backoff import jittered_backoff
 from .control.backend import ControlBackend
 from .errors import ImageNotFoundError, RegistryUnavailableError, ThrottledError
@@ -132,7 +132,7 @@ class _Cache:
     async def get(self, image: str, fetch: Callable[[], Awaitable[ImageInfo]]) -> ImageInfo:
         """``image`` is the cache key (a reference, plus the platform where it matters)."""
         hit = self._hits.get(image)
-        if hit is not None and time.monotonic() - hit[1] < self.ttl_s:
+        if hit is not None and clock.monotonic() - hit[1] < self.ttl_s:
             return hit[0]
         fut = self._inflight.get(image)
         if fut is None:
@@ -143,7 +143,7 @@ class _Cache:
     def _done(self, image: str, fut: asyncio.Future[ImageInfo]) -> None:
         self._inflight.pop(image, None)
         if not fut.cancelled() and fut.exception() is None:
-            self._hits[image] = (fut.result(), time.monotonic())
+            self._hits[image] = (fut.result(), clock.monotonic())
         else:
             self._hits.pop(image, None)
 

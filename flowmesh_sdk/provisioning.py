@@ -25,12 +25,14 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 
 from .backoff import jittered_backoff
 from .control.backend import ControlBackend
+from .control.limits import TokenBucket
 from .errors import (AuthError, CapacityError, FlowMeshError, ProviderUnavailableError, QuotaError,
                      SpecError, ThrottledError)
-from .provider import TAG_REQUEST, Instance, LaunchRequest, Provider
+from .provider import TAG_REQUEST, ApiRate, Instance, LaunchRequest, Provider
 from .specs import InstanceSpec, Offer
 
 log = logging.getLogger("flowmesh.provisioning")
+LAUNCH_TICK_S = 10.0   # a rate-limited launch call waits for about this much refill at most
 T = TypeVar("T")
 
 
@@ -70,14 +72,36 @@ class Provisioner:
         self.skipped: set[tuple[str, str]] = set()   # (provider, region) out of quota
 
     # ---- rate limits and retries -------------------------------------------------
+    def _bucket(self, provider: Provider, region: str, rate: ApiRate) -> TokenBucket:
+        return self.control.rate_limiter(f"{provider.name}:{region}:{rate.api}"
+                                         + (":instances" if rate.per_instance else ""),
+                                         rate.rate_per_s, rate.burst)
+
     async def _limit(self, provider: Provider, region: str, api: str, instances: int = 1) -> None:
         for rate in provider.capabilities.rates:
             if rate.api != api:
                 continue
-            bucket = self.control.rate_limiter(f"{provider.name}:{region}:{api}"
-                                               + (":instances" if rate.per_instance else ""),
-                                               rate.rate_per_s, rate.burst)
+            bucket = self._bucket(provider, region, rate)
             await bucket.acquire(min(float(instances), bucket.burst) if rate.per_instance else 1.0)
+
+    def launch_sizes(self, provider: Provider, region: str, count: int) -> list[int]:
+        """How to split a launch of ``count`` instances into calls: at most ``max_batch``
+        each; and where a per-instance bucket limits launches (EC2's RunInstances resource
+        bucket), the first call takes what the bucket holds now and the rest go in calls
+        of about ``LAUNCH_TICK_S`` seconds of refill, so that instances start as the budget
+        allows rather than waiting for a whole batch's worth of tokens."""
+        step = max(1, provider.capabilities.max_batch)
+        per = [r for r in provider.capabilities.rates if r.api == "launch" and r.per_instance]
+        first = tick = step
+        if per:
+            slowest = min(per, key=lambda r: r.rate_per_s)
+            have = min(self._bucket(provider, region, r).available() for r in per)
+            first = min(step, max(1, int(have)))
+            tick = min(step, max(1, int(slowest.rate_per_s * LAUNCH_TICK_S)))
+        sizes = [min(count, first)]
+        while sum(sizes) < count:
+            sizes.append(min(tick, count - sum(sizes)))
+        return sizes
 
     async def call(self, provider: Provider, region: str, api: str, fn: Callable[[], Awaitable[T]],
                    *, instances: int = 1) -> T:

@@ -25,9 +25,9 @@ import os
 import posixpath
 import re
 import tarfile
-import time
 from collections.abc import Mapping
 
+from . import clock
 from .errors import SandboxClosedError, SandboxFileError, SandboxTimeout, SpecError
 from .remote.runner import Channel
 from .remote.runtime import ContainerRuntime
@@ -107,7 +107,7 @@ class Sandbox:
         if self._chan is None or not self._chan.alive:
             chan = await self.runtime.open_shell(self.container_id)
             await chan.write(_AGENT.encode())
-            deadline = time.monotonic() + 30.0
+            deadline = clock.monotonic() + 30.0
             while True:
                 line = await _read_line(chan, deadline)
                 if line == b"__FM_READY__\n":
@@ -162,7 +162,7 @@ class Sandbox:
             chan = self._chan
             assert chan is not None
             ident = next(self._ids)
-            t0 = time.monotonic()
+            t0 = clock.monotonic()
             line = (f"__fm_run {ident} {timeout:.3f} {cap} {sh_quote(cwd)} ".encode()
                     + sh_quote_bytes(script) + b"\n")
             try:
@@ -191,7 +191,7 @@ class Sandbox:
                 await chan.close()
                 await self._kill_all()
                 raise
-            return rc, to, out, err, osz, esz, time.monotonic() - t0
+            return rc, to, out, err, osz, esz, clock.monotonic() - t0
 
     async def _kill_all(self) -> None:
         """Kill every process in the container but PID 1 (used when a channel is lost)."""
@@ -258,7 +258,7 @@ def _decode(data: bytes, total: int) -> str:
 
 
 async def _read_line(chan: Channel, deadline: float) -> bytes:
-    remaining = deadline - time.monotonic()
+    remaining = deadline - clock.monotonic()
     if remaining <= 0:
         raise asyncio.TimeoutError
     return await asyncio.wait_for(chan.readline(), remaining)

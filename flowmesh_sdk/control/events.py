@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from .. import clock
 from ..specs import BootstrapReport, PhaseTimings
 
 log = logging.getLogger("flowmesh.events")
@@ -42,6 +43,20 @@ class EventKind(str, enum.Enum):
     TASK_REJECTED = "task.rejected"
     TASK_CANCELLED = "task.cancelled"
     TASK_REDISPATCHED = "task.redispatched"
+    # result reuse (flowmesh_sdk.reuse); ``detail`` is JSON: h_task, tenant, workflow, result,
+    # computed_by, saved_s
+    REUSE_HIT = "reuse.hit"
+    REUSE_JOINED = "reuse.joined"
+    REUSE_EXECUTED = "reuse.executed"
+    REUSE_CORRUPT = "reuse.corrupt"
+    # GPU workers (flowmesh_sdk.workers); ``task_name`` is the worker's name, ``detail`` says
+    # what (endpoint URL, model, tensor-parallel size; or a checkpoint's name and digest)
+    WORKER_STARTING = "worker.starting"
+    WORKER_READY = "worker.ready"
+    WORKER_DRAINING = "worker.draining"
+    WORKER_STOPPED = "worker.stopped"
+    WORKER_FAILED = "worker.failed"
+    CHECKPOINT_PUBLISHED = "checkpoint.published"
 
 
 TASK_END = frozenset({EventKind.TASK_SUCCEEDED, EventKind.TASK_FAILED, EventKind.TASK_TIMED_OUT,
@@ -115,9 +130,9 @@ class EventBus:
         """The next event matching ``predicate``; asyncio.TimeoutError past the deadline."""
         sub = self.subscribe()
         try:
-            deadline = time.monotonic() + timeout_s
+            deadline = clock.monotonic() + timeout_s
             while True:
-                ev = await sub.next(max(0.0, deadline - time.monotonic()))
+                ev = await sub.next(max(0.0, deadline - clock.monotonic()))
                 if predicate(ev):
                     return ev
         finally:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import time
 from dataclasses import dataclass
 
+from .. import clock
 from ..errors import QuotaError, ThrottledError
 from ..specs import check_number
 
@@ -28,13 +28,18 @@ class TokenBucket:
         self.rate = float(rate)
         self.burst = float(burst)
         self._tokens = float(burst)
-        self._stamp = time.monotonic()
+        self._stamp = clock.monotonic()
         self._lock = asyncio.Lock()  # FIFO: waiters are served in arrival order
 
     def _refill(self) -> None:
-        now = time.monotonic()
+        now = clock.monotonic()
         self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
         self._stamp = now
+
+    def available(self) -> float:
+        """Tokens that could be taken now without waiting."""
+        self._refill()
+        return self._tokens
 
     def try_acquire(self, tokens: float = 1.0) -> bool:
         self._refill()
@@ -48,18 +53,18 @@ class TokenBucket:
         next token is due after ``timeout_s``."""
         if tokens > self.burst:
             raise ValueError(f"rate_limit[{self.key}]: {tokens} tokens exceed burst {self.burst}")
-        t0 = time.monotonic()
+        t0 = clock.monotonic()
         async with self._lock:
             self._refill()
             if self._tokens < tokens:
                 wait = (tokens - self._tokens) / self.rate
-                if timeout_s is not None and time.monotonic() - t0 + wait > timeout_s:
+                if timeout_s is not None and clock.monotonic() - t0 + wait > timeout_s:
                     raise ThrottledError(f"rate limit {self.key!r}: next token in {wait:.2f} s, "
                                          f"past the {timeout_s:g} s deadline", code="RateLimit")
                 await asyncio.sleep(wait)
                 self._refill()
             self._tokens -= tokens
-        return time.monotonic() - t0
+        return clock.monotonic() - t0
 
 
 class Semaphore:

@@ -14,11 +14,11 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from .. import clock
 from ..control.backend import ControlBackend
 from ..control.events import Event, EventBus, EventKind
 from ..control.limits import Quota, Semaphore
@@ -39,6 +39,8 @@ from .images import InstanceImages
 from .instance import ManagedInstance
 
 log = logging.getLogger("flowmesh.pools")
+
+COALESCE_S = 0.02   # how long a launch (or scaling decision, or termination) waits for company
 
 
 # errors under a task after which the instance itself is checked (a dead connection, a
@@ -82,7 +84,7 @@ class TaskRun:
     attempts_left: int = 0   # further dispatches allowed if its instance is lost under it
 
     def mark(self, what: str) -> None:
-        self.marks[what] = time.monotonic()
+        self.marks[what] = clock.monotonic()
 
     def _span(self, a: str, b: str) -> float:
         m = self.marks
@@ -392,10 +394,36 @@ class Pool(abc.ABC):
                       phases=run.phases())
 
     # ---- instances -------------------------------------------------------------
-    async def _launch(self, count: int, *, replace: bool = True) -> list[ManagedInstance]:
-        """Launch ``count`` instances in one provider call (failing over down the offers),
-        wait until the provider says they run, and bootstrap each.  Instances that fail
-        bootstrap are terminated and, with ``replace``, launched again once."""
+    async def _launch(self, count: int, *, replace: bool = True,
+                      on_ready: Callable[[ManagedInstance], None] | None = None) -> list[ManagedInstance]:
+        """Launch ``count`` instances in the calls :meth:`Provisioner.launch_sizes` plans (they
+        go out together; the rate limits space them), failing over down the offers.  Each
+        instance is bootstrapped as soon as the provider says it runs and handed to
+        ``on_ready`` the moment it is READY, so the first instances serve while the last
+        still boot.  Instances that fail bootstrap are terminated and, with ``replace``,
+        launched again once.  Returns the READY ones; raises only when none came up."""
+        sizes = self.ctx.provisioner.launch_sizes(self.provider, self.offers[0].region, count)
+        results = await asyncio.gather(*(self._launch_call(n, on_ready) for n in sizes),
+                                       return_exceptions=True)
+        ready = [mi for r in results if not isinstance(r, BaseException) for mi in r[0]]
+        errors = [e for r in results for e in ([r] if isinstance(r, BaseException) else r[1])]
+        failed_boot = sum(len(r[1]) for r in results if not isinstance(r, BaseException))
+        if failed_boot and replace and not self._closing:
+            try:
+                ready += await self._launch(failed_boot, replace=False, on_ready=on_ready)
+            except FlowMeshError as exc:
+                log.warning("pool %s: replacing %d instance(s) that failed bootstrap: %s",
+                            self.name, failed_boot, exc)
+        if errors and not ready:
+            raise errors[0]
+        for e in errors:
+            if isinstance(e, asyncio.CancelledError):
+                raise e
+        return ready
+
+    async def _launch_call(self, count: int, on_ready: Callable[[ManagedInstance], None] | None
+                           ) -> tuple[list[ManagedInstance], list[BaseException]]:
+        """One launch call and the bring-up of what it returned: (ready, bootstrap errors)."""
         tags = {TAG_FLEET: self.ctx.fleet, TAG_POOL: self.name, TAG_OWNER: self.ctx.owner}
         outcome = await self.ctx.provisioner.launch({self.provider.name: self.provider}, self.offers,
                                                     self.spec.instance, count, tags,
@@ -415,49 +443,72 @@ class Pool(abc.ABC):
             self.instances[mi.id] = mi
             self._publish(EventKind.INSTANCE_REQUESTED, instance_id=mi.id, detail=inst.instance_type)
             managed.append(mi)
-        try:
-            await self._await_running(managed)
-        except BaseException:
-            await self._terminate(managed)
-            raise
-        results = await asyncio.gather(*(self._bootstrap(mi) for mi in managed), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        ready = [mi for mi, r in zip(managed, results) if not isinstance(r, BaseException)]
-        if errors and replace and not self._closing:
+        running = {mi.id: asyncio.get_running_loop().create_future() for mi in managed}
+
+        async def bring_up(mi: ManagedInstance) -> ManagedInstance:
             try:
-                ready += await self._launch(len(errors), replace=False)
-            except FlowMeshError as exc:
-                log.warning("pool %s: replacing %d instance(s) that failed bootstrap: %s",
-                            self.name, len(errors), exc)
-        if errors and not ready:
-            raise errors[0]
-        return ready
+                await running[mi.id]
+            except BaseException:
+                await self._terminate([mi])
+                raise
+            await self._bootstrap(mi)
+            if on_ready is not None:
+                on_ready(mi)
+            return mi
+
+        poller = asyncio.ensure_future(self._await_running(managed, running))
+        try:
+            results = await asyncio.gather(*(bring_up(mi) for mi in managed), return_exceptions=True)
+        finally:
+            poller.cancel()
+        for r in results:
+            if isinstance(r, asyncio.CancelledError):
+                raise r
+        return ([r for r in results if not isinstance(r, BaseException)],
+                [r for r in results if isinstance(r, BaseException)])
 
     def _slots_per_instance(self) -> int:
         return 1
 
-    async def _await_running(self, insts: list[ManagedInstance]) -> None:
-        """Until the provider reports every instance running: one batched describe per round,
-        backing off from 0.5 s to 5 s, up to the bootstrap deadline (clouds push no events)."""
-        deadline = time.monotonic() + self.ctx.bootstrap_timeout_s
+    async def _await_running(self, insts: list[ManagedInstance],
+                             running: dict[str, asyncio.Future[None]]) -> None:
+        """Resolve each instance's future as the provider reports it running: one batched
+        describe per round for those still pending, backing off from 0.5 s to 5 s, up to
+        the bootstrap deadline (clouds push no events)."""
+        deadline = clock.monotonic() + self.ctx.bootstrap_timeout_s
         delay = 0.5
         while True:
-            pending = [mi for mi in insts if mi.instance.state is ProviderState.PENDING]
+            pending = []
+            for mi in insts:
+                fut = running[mi.id]
+                if fut.done():
+                    continue
+                if mi.instance.state is ProviderState.PENDING:
+                    pending.append(mi)
+                elif mi.instance.state is ProviderState.TERMINATED:
+                    fut.set_exception(InstanceLost(f"instance {mi.id} was terminated before it ran"))
+                else:
+                    fut.set_result(None)
             if not pending:
                 return
-            if time.monotonic() + delay > deadline:
-                raise SandboxTimeout(f"instances {[mi.id for mi in pending]} still pending after "
-                                     f"{self.ctx.bootstrap_timeout_s:g} s")
+            if clock.monotonic() + delay > deadline:
+                for mi in pending:
+                    running[mi.id].set_exception(SandboxTimeout(
+                        f"instance {mi.id} still pending after {self.ctx.bootstrap_timeout_s:g} s"))
+                return
             await asyncio.sleep(delay)
             delay = min(5.0, delay * 2)
-            seen = {i.id: i for i in await self.ctx.provisioner.call(
-                self.provider, pending[0].instance.region, "describe",
-                lambda: self.provider.describe([mi.id for mi in pending]))}
+            try:
+                seen = {i.id: i for i in await self.ctx.provisioner.call(
+                    self.provider, pending[0].instance.region, "describe",
+                    lambda: self.provider.describe([mi.id for mi in pending]))}
+            except FlowMeshError as exc:
+                for mi in pending:
+                    running[mi.id].set_exception(exc)
+                return
             for mi in pending:
                 if mi.id in seen:
                     mi.instance = seen[mi.id]
-                    if mi.instance.state is ProviderState.TERMINATED:
-                        raise InstanceLost(f"instance {mi.id} was terminated before it ran")
 
     async def _bootstrap(self, mi: ManagedInstance) -> None:
         """RUNNING -> the bootstrap steps -> READY (or FAILED: terminated, its machine
@@ -470,7 +521,7 @@ class Pool(abc.ABC):
             report = await asyncio.wait_for(self.bootstrapper.run(mi, warm), self.ctx.bootstrap_timeout_s)
             mi.bootstrap = report
             mi.lifecycle.to(InstanceState.READY)
-            mi.last_used = time.monotonic()
+            mi.last_used = clock.monotonic()
             self._publish(EventKind.INSTANCE_READY, instance_id=mi.id, detail=report.summary(),
                           bootstrap=report)
         except BaseException as exc:

@@ -21,11 +21,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import shlex
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import clock
 from ..errors import BootstrapError, FlowMeshError, RuntimeMissingError, SpecError
 from ..images import ImageInfo
 from ..specs import BootstrapReport, BootstrapStep, check_number
@@ -123,14 +123,14 @@ class Bootstrapper:
         steps: list[BootstrapStep] = []
 
         async def step(name: str, fn: Callable[[], Awaitable[tuple[bool, str]]]) -> None:
-            t0 = time.monotonic()
+            t0 = clock.monotonic()
             try:
                 changed, detail = await fn()
             except BootstrapError:
                 raise
             except (FlowMeshError, OSError, asyncio.TimeoutError) as exc:
                 raise BootstrapError(mi.id, name, f"{type(exc).__name__}: {exc}") from exc
-            steps.append(BootstrapStep(name, time.monotonic() - t0, changed, detail))
+            steps.append(BootstrapStep(name, clock.monotonic() - t0, changed, detail))
 
         async def reach() -> tuple[bool, str]:
             await mi.runtime.runner.wait_reachable(self.policy.reach_timeout_s)

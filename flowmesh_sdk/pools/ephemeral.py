@@ -1,8 +1,9 @@
 """Ephemeral pools: a fresh instance per task, terminated after it (perfect isolation).
 
 Tasks that ask for an instance within ``COALESCE_S`` of each other share ONE launch call
-for all of them (one ``RunInstances`` for a burst of N tasks, not N), and each gets its
-own instance from the batch.
+for all of them (one ``RunInstances`` for a burst of N tasks, not N; calls of at most the
+provider's ``max_batch``), and each gets its own instance from the batch the moment that
+instance is READY.  Instances of tasks that end together are terminated in one call too.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from ..errors import CapacityError
 from ..images import ImageInfo
 from ..sandbox import Sandbox
 from ..specs import SandboxSpec
-from .base import Pool, TaskRun
+from .base import COALESCE_S, Pool, TaskRun
 from .instance import ManagedInstance
 
-COALESCE_S = 0.02   # how long a launch waits for company
 
 
 class EphemeralPool(Pool):
@@ -24,6 +24,8 @@ class EphemeralPool(Pool):
         super().__init__(*args, **kwargs)
         self._waiting: list[asyncio.Future[ManagedInstance]] = []
         self._flush: asyncio.Task[None] | None = None
+        self._ending: list[tuple[ManagedInstance, asyncio.Future[None]]] = []
+        self._end_flush: asyncio.Task[None] | None = None
 
     def _capacity(self) -> int:
         return self.spec.max_instances
@@ -54,29 +56,56 @@ class EphemeralPool(Pool):
         batch = [f for f in batch if not f.done()]
         if not batch:
             return
+        queue = iter(batch)
+
+        def hand_out(mi: ManagedInstance) -> None:
+            """An instance is READY: it goes to the next task still waiting."""
+            for fut in queue:
+                if not fut.done():         # not cancelled meanwhile
+                    fut.set_result(mi)
+                    return
+            self._spawn(self._terminate([mi]))   # nobody left to take it
+
         try:
-            ready = await self._launch(len(batch))
+            await self._launch(len(batch), on_ready=hand_out)
         except BaseException as exc:
             for fut in batch:
                 if not fut.done():
                     fut.set_exception(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
             return
-        spare: list[ManagedInstance] = []
         for fut in batch:
-            if fut.done():                 # its task was cancelled meanwhile
-                continue
-            if ready:
-                fut.set_result(ready.pop(0))
-            else:
+            if not fut.done():
                 fut.set_exception(CapacityError(f"pool {self.name!r}: {len(batch)} instances asked "
                                                 "in one launch, fewer came up", code="PartialLaunch"))
-        spare += ready
-        if spare:
-            await self._terminate(spare)
 
     async def _teardown(self, sandbox: Sandbox | None, inst: ManagedInstance | None) -> None:
         try:
             await self._close_sandbox(sandbox)
         finally:
             if inst is not None and inst.id in self.instances:
-                await self._terminate([inst])
+                await self._terminate_coalesced(inst)
+
+    async def _terminate_coalesced(self, mi: ManagedInstance) -> None:
+        """Terminate ``mi`` together with the others whose tasks end within ``COALESCE_S``:
+        one terminate call (and one confirming describe) for a burst, not one each."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ending.append((mi, fut))
+        if self._end_flush is None:
+            self._end_flush = asyncio.ensure_future(self._terminate_batch())
+        await asyncio.shield(fut)
+
+    async def _terminate_batch(self) -> None:
+        await asyncio.sleep(COALESCE_S)
+        batch, self._ending, self._end_flush = self._ending, [], None
+        try:
+            await self._terminate([mi for mi, _ in batch])
+        except BaseException as exc:
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+            raise
+        for _, fut in batch:
+            if not fut.done():
+                fut.set_result(None)

@@ -7,9 +7,9 @@ sandbox uses are removed until it is back under the low-water mark.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 
+from .. import clock
 from ..control.events import EventKind
 from ..errors import ImageNotFoundError
 from ..images import ImageInfo, PullBudget
@@ -31,7 +31,7 @@ class InstanceImages:
         """Make ``info`` present on ``mi``; concurrent callers share one pull."""
         cached = mi.images.get(info.digest)
         if cached is not None:
-            cached.last_used = time.monotonic()
+            cached.last_used = clock.monotonic()
             return cached
         fut = mi.pulls.get(info.digest)
         if fut is None:
@@ -40,7 +40,7 @@ class InstanceImages:
         return await asyncio.shield(fut)
 
     async def _pull(self, mi: ManagedInstance, info: ImageInfo) -> CachedImage:
-        t0 = time.monotonic()
+        t0 = clock.monotonic()
         pulled = False
         if info.registry is None:
             if not mi.runtime.runner.on_this_host:
@@ -55,8 +55,8 @@ class InstanceImages:
             if pulled:  # not when the machine's store already had it
                 self.publish(EventKind.IMAGE_PULLED, instance_id=mi.id,
                              detail=f"{info.run_ref} (image size {info.size} bytes) in "
-                                    f"{time.monotonic() - t0:.2f} s")
-        cached = mi.images[info.digest] = CachedImage(info, time.monotonic(), fetched=pulled)
+                                    f"{clock.monotonic() - t0:.2f} s")
+        cached = mi.images[info.digest] = CachedImage(info, clock.monotonic(), fetched=pulled)
         await self.evict(mi, keep=info.digest)
         return cached
 
@@ -64,13 +64,13 @@ class InstanceImages:
         cached = mi.images.get(digest)
         if cached is not None:
             cached.in_use += 1
-            cached.last_used = time.monotonic()
+            cached.last_used = clock.monotonic()
 
     def release(self, mi: ManagedInstance | None, digest: str) -> None:
         cached = mi.images.get(digest) if mi is not None else None
         if cached is not None and cached.in_use > 0:
             cached.in_use -= 1
-            cached.last_used = time.monotonic()
+            cached.last_used = clock.monotonic()
 
     async def evict(self, mi: ManagedInstance, *, keep: str = "") -> list[str]:
         """Above the high-water mark, remove LRU images no sandbox uses."""

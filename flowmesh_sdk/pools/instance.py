@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 
+from .. import clock
 from ..images import ImageInfo
+from ..identity import is_digest, label_digest, sandbox_h_exec
 from ..lifecycle import InstanceState, Lifecycle, instance_lifecycle
 from ..provider import Instance
 from ..remote.runtime import ContainerRuntime
 from ..sandbox import Sandbox
 from ..specs import BootstrapReport, SandboxSpec
 
-WarmKey = tuple[str, float, float, int, bool, str]
+WarmKey = str   # the container's H_exec (flowmesh_sdk.identity.sandbox_h_exec)
 
 
 def warm_key(spec: SandboxSpec, digest: str) -> WarmKey:
-    """What a container fixes at creation (env and timeouts are per command).  Keyed by
-    the image digest, not the tag: a moved tag never hands out an old warm container."""
-    return (digest, spec.cpus, spec.memory_gb, spec.pids, spec.network, spec.workdir)
+    """What a container fixes at creation (env and timeouts are per command), as its
+    H_exec: same image digest + same limits, network and workdir -> same warm slot.  Keyed
+    by the image digest, not the tag: a moved tag never hands out an old warm container."""
+    if not is_digest(digest):   # a resolver that returned an image id without "sha256:"
+        digest = label_digest(digest)
+    return sandbox_h_exec(spec, digest)
 
 
 @dataclass(slots=True)
@@ -41,7 +45,7 @@ class ManagedInstance:
         self.images: dict[str, CachedImage] = {}    # digest -> what this instance holds
         self.warm: dict[WarmKey, list[Sandbox]] = {}
         self.warming: dict[WarmKey, int] = {}
-        self.last_used = time.monotonic()
+        self.last_used = clock.monotonic()
         self.pulls: dict[str, asyncio.Future[CachedImage]] = {}   # digest -> pull in flight
         self.authfiles: dict[str, str] = {}   # registry -> its auth file's path on the machine
         self.bootstrap: BootstrapReport | None = None

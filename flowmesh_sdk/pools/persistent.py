@@ -20,15 +20,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 
+from .. import clock
 from ..control.events import EventKind
 from ..errors import SandboxTimeout
 from ..images import ImageInfo
 from ..lifecycle import InstanceState
 from ..sandbox import Sandbox
 from ..specs import SandboxSpec
-from .base import Pool, TaskRun
+from .base import COALESCE_S, Pool, TaskRun
 from .instance import ManagedInstance, WarmKey, warm_key
 
 log = logging.getLogger("flowmesh.pools")
@@ -45,6 +45,8 @@ class PersistentPool(Pool):
         self._launch_error: BaseException | None = None
         self._blocked_until = 0.0
         self._wake_reaper = asyncio.Event()
+        self._room: dict[str, ManagedInstance] = {}   # READY instances that had a free slot
+        self._scale_soon: asyncio.Task[object] | None = None
 
     def _capacity(self) -> int:
         return self.spec.max_instances * self.spec.sandboxes_per_instance
@@ -58,10 +60,7 @@ class PersistentPool(Pool):
         need = self.spec.min_instances - self._live()
         if need > 0:
             self._pending += need
-            try:
-                await self._launch(need)
-            finally:
-                self._pending -= need
+            await self._launch_counted(need)
         for info in warm:
             for mi in list(self.instances.values()):
                 self._refill_warm(mi, self.default_sandbox(info.image), info)
@@ -77,7 +76,7 @@ class PersistentPool(Pool):
     # ---- scheduling ------------------------------------------------------------
     async def _place(self, spec: SandboxSpec, info: ImageInfo, run: TaskRun) -> ManagedInstance:
         key = warm_key(spec, info.digest)
-        deadline = time.monotonic() + self.ctx.bootstrap_timeout_s
+        deadline = clock.monotonic() + self.ctx.bootstrap_timeout_s
         async with self._cond:
             self._want += 1
             try:
@@ -85,12 +84,14 @@ class PersistentPool(Pool):
                     mi = self._pick(key, info)
                     if mi is not None:
                         mi.active += 1
-                        mi.last_used = time.monotonic()
+                        mi.last_used = clock.monotonic()
+                        if mi.free <= 0:
+                            self._room.pop(mi.id, None)
                         return mi
-                    self._maybe_scale_up()
+                    self._request_scale()
                     if self._launch_error is not None and not self._pending and not self._ready():
                         raise self._launch_error
-                    remaining = deadline - time.monotonic()
+                    remaining = deadline - clock.monotonic()
                     if remaining <= 0:
                         raise SandboxTimeout(f"pool {self.name!r}: no slot became free within "
                                              f"{self.ctx.bootstrap_timeout_s:g} s")
@@ -98,20 +99,47 @@ class PersistentPool(Pool):
                         await asyncio.wait_for(self._cond.wait(), remaining)
                     except asyncio.TimeoutError:
                         continue
+            except BaseException:
+                # A woken waiter that leaves (cancelled, timed out) passes its wake-up on,
+                # so a freed slot never waits for a task that is gone.
+                if self._room:
+                    self._cond.notify(1)
+                raise
             finally:
                 self._want -= 1
 
     def _pick(self, key: WarmKey, info: ImageInfo) -> ManagedInstance | None:
         """A warm container of this shape first, then locality (image or its layers held),
-        then the most free slots."""
-        cands = [i for i in self._ready() if i.free > 0]
+        then the most free slots.  Looks only at instances with room (an index kept as
+        slots are taken and given back), so placing is cheap with thousands of busy ones."""
+        cands = []
+        for i in list(self._room.values()):
+            if i.free > 0:
+                cands.append(i)
+            else:
+                del self._room[i.id]   # full, or no longer READY
         if not cands:
             return None
         return max(cands, key=lambda i: (bool(i.warm.get(key)), i.locality(info), i.free))
 
+    def _has_room(self, mi: ManagedInstance) -> None:
+        if mi.free > 0:
+            self._room[mi.id] = mi
+
+    def _request_scale(self) -> None:
+        """Decide on scaling once per burst of waiting tasks (``COALESCE_S`` later), so that a
+        burst of N tasks becomes one launch of the instances they need, not N launches."""
+        if self._scale_soon is None:
+            self._scale_soon = self._spawn(self._scale_after(COALESCE_S))
+
+    async def _scale_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        self._scale_soon = None
+        self._maybe_scale_up()
+
     def _maybe_scale_up(self) -> None:
         # Even while draining: tasks admitted before the drain still need their slots.
-        if time.monotonic() < self._blocked_until:
+        if clock.monotonic() < self._blocked_until:
             return
         slots = self.spec.sandboxes_per_instance
         free = sum(i.free for i in self._ready())
@@ -121,20 +149,36 @@ class PersistentPool(Pool):
             self._pending += n
             self._spawn(self._scale_up(n))
 
+    async def _launch_counted(self, n: int) -> list[ManagedInstance]:
+        """``_launch(n)``, the ``n`` already counted in ``_pending`` by the caller (so that
+        scaling decisions taken meanwhile see them): each leaves the count when READY (and
+        the waiters are woken at once) or when it failed."""
+        left = [n]
+
+        def ready(mi: ManagedInstance) -> None:
+            left[0] -= 1
+            self._pending -= 1
+            self._has_room(mi)
+            self._spawn(self._wake_placers(mi.free))
+
+        try:
+            return await self._launch(n, on_ready=ready)
+        finally:
+            self._pending -= left[0]
+
     async def _scale_up(self, n: int) -> None:
         self._publish(EventKind.POOL_SCALED, detail=f"+{n} (live {self._live()} of max "
                                                      f"{self.spec.max_instances})")
         try:
-            ready = await self._launch(n)
+            ready = await self._launch_counted(n)
             if len(ready) < n:
-                self._blocked_until = time.monotonic() + LAUNCH_BACKOFF_S
+                self._blocked_until = clock.monotonic() + LAUNCH_BACKOFF_S
             self._launch_error = None
         except Exception as exc:  # noqa: BLE001 - reported to the waiters
             log.warning("pool %s: launch of %d instance(s) failed: %s", self.name, n, exc)
             self._launch_error = exc
-            self._blocked_until = time.monotonic() + LAUNCH_BACKOFF_S
+            self._blocked_until = clock.monotonic() + LAUNCH_BACKOFF_S
         finally:
-            self._pending -= n
             self._wake_reaper.set()
             async with self._cond:
                 self._cond.notify_all()
@@ -182,16 +226,18 @@ class PersistentPool(Pool):
         finally:
             if inst is not None:
                 inst.active -= 1
-                inst.last_used = time.monotonic()
+                inst.last_used = clock.monotonic()
+                if inst.state is InstanceState.READY:
+                    self._has_room(inst)
             self._wake_reaper.set()
             async with self._cond:
-                self._cond.notify_all()
+                self._cond.notify(1)
 
     # ---- idle reclaim ------------------------------------------------------------
     async def _reap_idle(self) -> None:
         idle_s = self.spec.idle_timeout_s
         while not self._closing:
-            now = time.monotonic()
+            now = clock.monotonic()
             async with self._cond:
                 ready = self._ready()
                 excess = len(ready) - self.spec.min_instances
@@ -213,9 +259,13 @@ class PersistentPool(Pool):
     def _on_instance_failed(self) -> None:
         self._spawn(self._wake_placers())
 
-    async def _wake_placers(self) -> None:
+    async def _wake_placers(self, n: int | None = None) -> None:
+        """Wake ``n`` waiting tasks (all when None: a change every waiter must see)."""
         async with self._cond:
-            self._cond.notify_all()
+            if n is None:
+                self._cond.notify_all()
+            else:
+                self._cond.notify(n)
 
     def _on_closing(self) -> None:
         self._wake_reaper.set()

@@ -1,0 +1,97 @@
+"""What a simulated cloud is like: its instance types, how long a VM takes to boot, its
+API rate limits, its capacity, its spot interruptions and its network.
+
+Figures with a published source carry it; the others are assumptions, named as such,
+that the caller can change (``flowmesh cost simulate`` prints the profile it used).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from flowmesh_sdk.errors import SpecError
+from flowmesh_sdk.provider import ApiRate
+from flowmesh_sdk.specs import check_number
+
+GBIT = 1e9 / 8   # bytes per second in one Gbit/s
+
+
+@dataclass(frozen=True, slots=True)
+class SimInstanceType:
+    name: str
+    cpus: int
+    memory_gb: float
+    price_per_hour: float
+    spot_price_per_hour: float | None = None
+    nic_gbps: float = 0.1          # MegaFlow's 100 Mbit/s per small instance
+    capacity: int = 1_000_000      # most live instances of this type the region has for us
+
+    def __post_init__(self) -> None:
+        check_number(f"sim.types[{self.name}].cpus", self.cpus, lo=1, integer=True)
+        check_number(f"sim.types[{self.name}].price_per_hour", self.price_per_hour, lo=0)
+        check_number(f"sim.types[{self.name}].nic_gbps", self.nic_gbps, lo=0, lo_open=True)
+        check_number(f"sim.types[{self.name}].capacity", self.capacity, lo=0, integer=True)
+
+
+@dataclass(frozen=True, slots=True)
+class SimCloud:
+    """A simulated provider+region.
+
+    ``boot_median_s``/``boot_p90_s`` define a lognormal time from the launch call to the
+    VM answering; ``rates`` and ``max_batch`` are the API's limits (EC2's are published,
+    see :func:`ec2`); ``spot_interruptions_per_hour`` is a Poisson rate per spot
+    instance; ``registry_egress_gbps`` caps the registry's total egress (None: unlimited);
+    ``billing_min_s`` is the shortest billed period.
+    """
+
+    name: str
+    region: str
+    types: tuple[SimInstanceType, ...]
+    boot_median_s: float = 40.0
+    boot_p90_s: float = 70.0
+    rates: tuple[ApiRate, ...] = ()
+    max_batch: int = 1000
+    spot_interruptions_per_hour: float = 0.0
+    registry_egress_gbps: float | None = None
+    container_start_s: float = 0.5
+    billing_min_s: float = 60.0
+    notes: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.types:
+            raise SpecError("sim.types", "a simulated cloud needs at least one instance type")
+        check_number("sim.boot_median_s", self.boot_median_s, lo=0, lo_open=True)
+        check_number("sim.boot_p90_s", self.boot_p90_s, lo=self.boot_median_s)
+        check_number("sim.max_batch", self.max_batch, lo=1, integer=True)
+        check_number("sim.spot_interruptions_per_hour", self.spot_interruptions_per_hour, lo=0)
+        if self.registry_egress_gbps is not None:
+            check_number("sim.registry_egress_gbps", self.registry_egress_gbps, lo=0, lo_open=True)
+
+    @property
+    def boot_sigma(self) -> float:
+        """The lognormal's sigma from its median and 90th percentile (z(0.9) = 1.2816)."""
+        return math.log(self.boot_p90_s / self.boot_median_s) / 1.2815515655446004
+
+    def type(self, name: str) -> SimInstanceType:
+        for t in self.types:
+            if t.name == name:
+                return t
+        raise SpecError("sim.instance_type", f"{name!r} is not one of {[t.name for t in self.types]}")
+
+
+def ec2(types: tuple[SimInstanceType, ...], region: str = "us-east-1", **kw: object) -> SimCloud:
+    """EC2's published API limits (the ``ec2`` provider's table, sourced there) with the
+    given instance types; boot time and the rest are the assumptions of :class:`SimCloud`."""
+    from flowmesh_providers.ec2.client import MAX_LAUNCH_BATCH, RATES
+    return SimCloud(name="ec2", region=region, types=types, rates=RATES, max_batch=MAX_LAUNCH_BATCH,
+                    notes=("API limits: Amazon EC2 request throttling (see providers/ec2/client.py)",),
+                    **kw)  # type: ignore[arg-type]
+
+
+def unlimited(name: str, types: tuple[SimInstanceType, ...], region: str = "sim-1",
+              **kw: object) -> SimCloud:
+    """A cloud without client-side API limits (for providers whose limits are not
+    published per call, and for lower-bound experiments)."""
+    return SimCloud(name=name, region=region, types=types,
+                    notes=("API limits: none modelled (assumption)",), **kw)  # type: ignore[arg-type]

@@ -1,0 +1,209 @@
+"""One simulated run: a batch of tasks through the REAL fleet, pools, provisioner,
+pull budget and control plane, on a :class:`~.provider.SimProvider`, on virtual time.
+
+    result = run_scenario(cloud, Workload(tasks=2000, minutes=100, mode="ephemeral",
+                                          instance_type="ecs.c8a.2xlarge"), seed=7)
+    result.makespan_s, result.cost_usd, result.phases_p50, result.cpu_ms_per_task
+
+Each task is ``sim-work SECONDS`` in a sandbox of its own image (SWE-style: one image
+per task, ``image_gb`` each) or of one shared image.  The result also carries the
+lower bound the simulated cloud imposes on the makespan (API rate limits, the boot
+times drawn, the NIC and registry bandwidth, the work itself), so the control plane's
+own overhead is ``makespan / lower_bound - 1``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from flowmesh_sdk import clock
+from flowmesh_sdk.control.events import EventKind
+from flowmesh_sdk.errors import ImageNotFoundError, SpecError
+from flowmesh_sdk.fleet import Fleet
+from flowmesh_sdk.images import ImageInfo, ImageResolver, LayerInfo, PullPolicy
+from flowmesh_sdk.specs import InstanceSpec, PhaseTimings, PoolSpec, SandboxSpec, Task, check_choice, check_number
+
+from . import loop
+from .cloud import GBIT, SimCloud
+from .provider import SimProvider
+
+REGISTRY = "registry.sim.invalid"   # never contacted: the simulated machines answer pulls
+# The pull budget of a cloud registry at fleet scale (an assumption: registries publish
+# per-API request quotas in the thousands per second; see docs/cost-model.md).
+SIM_PULL_POLICY = PullPolicy(rate_per_s=1000.0, burst=2000, max_concurrent_pulls=10_000)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    tasks: int
+    minutes: float
+    instance_type: str
+    mode: str = "ephemeral"            # or "persistent"
+    tasks_per_instance: int = 1
+    sandbox_cpus: float = 1.0
+    sandbox_memory_gb: float = 1.0
+    image_gb: float = 0.75
+    distinct_images: bool = True       # SWE-style: every task its own image
+    spot: bool = False
+    prewarmed: bool = False            # persistent: instances up (and READY) before the clock starts
+
+    def __post_init__(self) -> None:
+        check_number("workload.tasks", self.tasks, lo=1, hi=1_000_000, integer=True)
+        check_number("workload.minutes", self.minutes, lo=0, lo_open=True)
+        check_choice("workload.mode", self.mode, ("ephemeral", "persistent"))
+        check_number("workload.tasks_per_instance", self.tasks_per_instance, lo=1, integer=True)
+        check_number("workload.image_gb", self.image_gb, lo=0)
+        if self.mode == "ephemeral" and self.tasks_per_instance != 1:
+            raise SpecError("workload.tasks_per_instance", "ephemeral pools run one task per instance")
+
+    @property
+    def instances(self) -> int:
+        return math.ceil(self.tasks / self.tasks_per_instance)
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    workload: Workload
+    cloud: str
+    seed: int
+    succeeded: int
+    failed: int
+    makespan_s: float                 # first submission to last result (virtual)
+    lower_bound_s: float              # what the simulated cloud allows at best
+    cost_usd: float
+    instances_launched: int
+    interrupted: int
+    redispatched: int
+    failovers: int
+    phases_p50: PhaseTimings
+    phases_mean: PhaseTimings
+    api_calls: dict[str, int] = field(default_factory=dict)
+    cpu_s: float = 0.0                # coordinator CPU for the whole run (process time)
+
+    @property
+    def overhead_pct(self) -> float:
+        return 100.0 * (self.makespan_s / self.lower_bound_s - 1.0) if self.lower_bound_s else 0.0
+
+    @property
+    def cpu_ms_per_task(self) -> float:
+        return 1000.0 * self.cpu_s / self.workload.tasks
+
+
+class SimResolver(ImageResolver):
+    """Images of the simulated registry, by name: ``sim/task-<i>`` and ``sim/base``."""
+
+    def __init__(self, sizes: dict[str, int]) -> None:
+        self.sizes = sizes           # image name -> bytes
+
+    @staticmethod
+    def digest(name: str) -> str:
+        return "sha256:" + hashlib.sha256(name.encode()).hexdigest()
+
+    async def resolve(self, image: str, *, arch: str = "x86_64") -> ImageInfo:
+        name = image.removeprefix(f"{REGISTRY}/")
+        if name not in self.sizes:
+            raise ImageNotFoundError(image, "not in the simulated registry")
+        d = self.digest(name)
+        return ImageInfo(image=image, digest=d, run_ref=f"{REGISTRY}/{name.split(':')[0]}@{d}",
+                         registry=REGISTRY, layers=(LayerInfo(d, self.sizes[name]),))
+
+
+def run_scenario(cloud: SimCloud, w: Workload, *, seed: int = 0,
+                 instance_types: Sequence[str] | None = None) -> SimResult:
+    """Play ``w`` out on ``cloud`` (deterministic for ``seed``); see the module doc.
+    ``instance_types``: the types offered to the pool, cheapest first (default: only
+    the workload's), so that a capacity error fails over to the next."""
+    with tempfile.TemporaryDirectory(prefix="fm-sim-") as home:
+        cpu0 = time.process_time()
+        res = loop.run(_run(cloud, w, seed, home, tuple(instance_types or (w.instance_type,))))
+        return replace(res, cpu_s=time.process_time() - cpu0)
+
+
+async def _run(cloud: SimCloud, w: Workload, seed: int, home: str, types: tuple[str, ...]) -> SimResult:
+    cloud.type(w.instance_type)   # a SpecError naming the types when unknown
+    size = int(w.image_gb * 1e9)
+    names = [f"sim/task-{i}:1" for i in range(w.tasks)] if w.distinct_images else ["sim/base:1"]
+    resolver = SimResolver({n: size for n in names})
+    prov = SimProvider(cloud, images={resolver.digest(n): size for n in names}, seed=seed,
+                       types=types, spot=w.spot)
+    t = cloud.type(w.instance_type)
+    spec = PoolSpec(name="sim", provider=cloud.name, mode=w.mode,
+                    instance=InstanceSpec(cpus=t.cpus, memory_gb=t.memory_gb),
+                    max_instances=w.instances, min_instances=w.instances if w.prewarmed else 0,
+                    sandboxes_per_instance=w.tasks_per_instance if w.mode == "persistent" else 1,
+                    warm_per_image=0, idle_timeout_s=3600.0, task_attempts=5)
+    counts = {"redispatched": 0, "failovers": 0}
+    async with Fleet("sim", home=home, providers={cloud.name: prov}, images=resolver,
+                     pull_policy=SIM_PULL_POLICY, bootstrap_timeout_s=24 * 3600.0) as fleet:
+        fleet.bus.on(lambda e: counts.__setitem__("redispatched", counts["redispatched"] + 1),
+                     EventKind.TASK_REDISPATCHED)
+        fleet.bus.on(lambda e: counts.__setitem__("failovers", counts["failovers"] + 1),
+                     EventKind.LAUNCH_FAILOVER)
+        pool = await fleet.pool(spec)
+        t0 = clock.monotonic()
+        work_s = w.minutes * 60.0
+        tasks = [Task(name=f"t{i}", sandbox=SandboxSpec(image=f"{REGISTRY}/{names[i % len(names)]}",
+                                                        cpus=min(w.sandbox_cpus, float(t.cpus)),
+                                                        memory_gb=w.sandbox_memory_gb, timeout_s=work_s * 2),
+                      command=f"sim-work {work_s:g}", timeout_s=work_s * 2)
+                 for i in range(w.tasks)]
+        results = await pool.map(tasks)
+        makespan = clock.monotonic() - t0
+        await pool.drain()
+        cost = prov.cost()
+    ok = [r for r in results if r.ok]
+    lb = lower_bound(cloud, w, prov, t0)
+    return SimResult(workload=w, cloud=cloud.name, seed=seed, succeeded=len(ok),
+                     failed=len(results) - len(ok), makespan_s=makespan, lower_bound_s=lb,
+                     cost_usd=cost, instances_launched=len(prov.vms),
+                     interrupted=prov.stats()["interrupted"], redispatched=counts["redispatched"],
+                     failovers=counts["failovers"], phases_p50=_phases(results, statistics.median),
+                     phases_mean=_phases(results, statistics.fmean), api_calls=dict(prov.calls))
+
+
+def _phases(results: Sequence, agg) -> PhaseTimings:  # type: ignore[no-untyped-def]
+    if not results:
+        return PhaseTimings()
+    return PhaseTimings(**{f: agg(getattr(r.phases, f) for r in results)
+                           for f in ("queued", "scheduling", "env_startup", "execution", "teardown")})
+
+
+def lower_bound(cloud: SimCloud, w: Workload, prov: SimProvider, t0: float) -> float:
+    """The shortest makespan the simulated cloud allows for ``w``, whatever the client does.
+
+    Instances: the k-th (0-based) cannot be asked for before the per-instance launch
+    bucket allows it, ``max(0, (k + 1 - burst) / refill)`` after the start (EC2's
+    resource bucket; 0 without limits), and boots in the time the cloud drew for the k-th
+    instance it launched (the draws come in launch order whoever launches, so any client
+    meets the same ones).  Then the first image pull at NIC speed, a container start and
+    the work.  Pulls together cannot beat the registry's egress.
+    Prewarmed persistent instances start from ready.
+    """
+    t = cloud.type(w.instance_type)
+    size = w.image_gb * 1e9
+    pull_s = size / (t.nic_gbps * GBIT)
+    after_boot = pull_s + cloud.container_start_s + w.minutes * 60.0
+    if w.prewarmed:
+        launch_part = 0.0
+    else:
+        burst, refill = math.inf, math.inf
+        for rate in cloud.rates:
+            if rate.api == "launch" and rate.per_instance:
+                burst, refill = rate.burst, rate.rate_per_s
+        boots = [vm.boots_at - vm.launched_at for vm in prov.vms.values()
+                 if vm.launched_at >= t0 - 1e-9][:w.instances]
+        launch_part = max((max(0.0, (k + 1 - burst) / refill) if refill != math.inf else 0.0) + b
+                          for k, b in enumerate(boots)) if boots else 0.0
+    bound = launch_part + after_boot
+    if cloud.registry_egress_gbps:
+        images = w.tasks if w.distinct_images else w.instances
+        bound = max(bound, images * size / (cloud.registry_egress_gbps * GBIT)
+                    + cloud.container_start_s + w.minutes * 60.0)
+    return bound
+

@@ -1,0 +1,116 @@
+"""The simulator: virtual time, fair-share links, and the real pools on simulated clouds
+(capacity failover, spot interruptions re-dispatched, one launch per burst)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from flowmesh_providers.sim import SimInstanceType, Workload, ec2, run_scenario, unlimited
+from flowmesh_providers.sim.loop import VirtualTimeLoop, run
+from flowmesh_providers.sim.network import Link
+from flowmesh_sdk import clock
+from flowmesh_sdk.errors import SpecError
+
+SMALL = SimInstanceType("c.2xlarge", 8, 16, 0.34, nic_gbps=0.1)
+
+
+def test_virtual_time_jumps_to_the_next_timer():
+    async def main() -> tuple[float, bool]:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, VirtualTimeLoop)
+        t0 = clock.monotonic()
+        await asyncio.sleep(6000)                      # a hundred simulated minutes
+        slept = clock.monotonic() - t0
+        try:
+            await asyncio.wait_for(asyncio.Event().wait(), 30)
+            timed_out = False
+        except asyncio.TimeoutError:
+            timed_out = True
+        return slept, timed_out
+
+    slept, timed_out = run(main())
+    assert slept == pytest.approx(6000.0)
+    assert timed_out
+
+
+def test_a_link_shares_its_capacity_fairly():
+    async def main() -> dict[str, float]:
+        link = Link("l", 100.0)                        # 100 bytes/s
+        done: dict[str, float] = {}
+
+        async def send(name: str, size: float, after: float) -> None:
+            await asyncio.sleep(after)
+            await link.carry(size)
+            done[name] = clock.monotonic()
+
+        await asyncio.gather(send("a", 100, 0), send("b", 300, 0), send("c", 50, 3))
+        return done
+
+    done = run(main())
+    # a and b share 50/50 until a is done at 2 s; b alone until c joins at 3 s (b has 150
+    # left); then 50 each: c's 50 bytes take 1 s (t=4), b's last 50 at 100/s (t=4.5)
+    assert done["a"] == pytest.approx(2.0)
+    assert done["c"] == pytest.approx(4.0)
+    assert done["b"] == pytest.approx(4.5)
+
+
+def test_ephemeral_batch_on_ec2_limits_is_deterministic_and_meets_its_bound():
+    w = Workload(tasks=30, minutes=100, instance_type="c.2xlarge", mode="ephemeral")
+    a = run_scenario(ec2((SMALL,)), w, seed=3)
+    b = run_scenario(ec2((SMALL,)), w, seed=3)
+    c = run_scenario(ec2((SMALL,)), w, seed=4)
+    assert (a.succeeded, a.failed, a.instances_launched) == (30, 0, 30)
+    assert a.makespan_s >= a.lower_bound_s - 1e-6          # the bound is a bound
+    assert a.lower_bound_s > 6000 + 60                      # work + a 0.75 GB pull at 100 Mbit/s
+    assert (a.makespan_s, a.cost_usd, a.api_calls) == (b.makespan_s, b.cost_usd, b.api_calls)
+    assert a.makespan_s != c.makespan_s                     # other boot times drawn
+    assert a.api_calls["launch"] == 1                       # one call for the burst
+    assert a.phases_p50.execution == pytest.approx(6000.0)
+    # 30 VMs of $0.34/h, each billed from launch to termination (> 100 minutes)
+    assert 30 * 0.34 * 6000 / 3600 < a.cost_usd < 30 * 0.34 * a.makespan_s / 3600 + 1
+
+
+def test_capacity_error_fails_over_to_the_next_type_and_both_are_billed():
+    scarce = SimInstanceType("a.cheap", 8, 16, 0.30, capacity=3)
+    dear = SimInstanceType("b.dear", 8, 16, 0.50)
+    cloud = unlimited("cap", (scarce, dear))
+    w = Workload(tasks=5, minutes=10, instance_type="a.cheap", mode="ephemeral")
+    # the pool sees both types' offers when the workload names none in particular:
+    from flowmesh_providers.sim import scenario
+    r = scenario.run_scenario(cloud, w, seed=1, instance_types=("a.cheap", "b.dear"))
+    assert r.succeeded == 5 and r.failovers >= 1
+    by_type = r.api_calls
+    assert by_type["launch"] >= 2
+    assert r.cost_usd > 5 * 0.30 * 600 / 3600     # some of it at the dearer price
+
+
+def test_spot_interruptions_are_redispatched_and_every_task_completes():
+    spot = SimInstanceType("s.2xlarge", 8, 16, 0.34, spot_price_per_hour=0.10)
+    cloud = unlimited("spotty", (spot,), spot_interruptions_per_hour=0.3)
+    w = Workload(tasks=20, minutes=60, instance_type="s.2xlarge", mode="ephemeral", spot=True)
+    r = run_scenario(cloud, w, seed=11)
+    assert r.redispatched > 0 and r.interrupted >= r.redispatched
+    assert r.succeeded == 20 and r.failed == 0
+    assert r.instances_launched >= 20 + r.redispatched       # a fresh VM for each re-dispatch
+    # interrupted VMs are billed until they went away, spot price throughout
+    assert r.cost_usd < r.instances_launched * 0.10 * r.makespan_s / 3600
+
+
+def test_persistent_burst_packs_tasks_and_launches_once():
+    big = SimInstanceType("m.16xlarge", 64, 256, 3.0, nic_gbps=1.0)
+    w = Workload(tasks=40, minutes=30, instance_type="m.16xlarge", mode="persistent",
+                 tasks_per_instance=8)
+    r = run_scenario(ec2((big,)), w, seed=2)
+    assert r.succeeded == 40 and r.instances_launched == 5
+    assert r.api_calls["launch"] == 1
+
+
+def test_bad_workload_names_the_field():
+    with pytest.raises(SpecError) as ei:
+        Workload(tasks=0, minutes=10, instance_type="x")
+    assert ei.value.field == "workload.tasks"
+    with pytest.raises(SpecError) as ei:
+        run_scenario(ec2((SMALL,)), Workload(tasks=1, minutes=1, instance_type="nope"))
+    assert ei.value.field == "sim.instance_type"
