@@ -228,6 +228,11 @@ class Offer:
     zone: str | None = None
     spot: bool = False
     arch: str = "x86_64"
+    # From the price catalog (flowmesh_sdk.catalog.CatalogRow.offer): total GPU memory,
+    # where the price came from, and when it was fetched (ISO date); empty when unknown.
+    gpu_memory_gb: float | None = None
+    source: str = ""
+    fetched_at: str | None = None
 
     def fits(self, spec: InstanceSpec) -> bool:
         return (self.cpus >= spec.cpus and self.memory_gb + 1e-9 >= spec.memory_gb

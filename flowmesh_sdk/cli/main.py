@@ -107,6 +107,7 @@ def status(limit: int = typer.Option(20, help="recent tasks to show")) -> None:
     try:
         insts = store.instances(live_only=True)
         tasks = store.tasks(limit=limit)
+        reuse = store.reuse_summary()
     finally:
         store.close()
     it = Table(title="instances not terminated")
@@ -123,6 +124,16 @@ def status(limit: int = typer.Option(20, help="recent tasks to show")) -> None:
                    _ms(t.queued_s), _ms(t.scheduling_s), _ms(t.env_startup_s), _ms(t.execution_s),
                    _ms(t.teardown_s), (t.detail or "")[:60])
     console.print(tt)
+    if reuse:
+        # result reuse (flowmesh_sdk.reuse): requests answered without running anything
+        rt = Table(title="result reuse")
+        for col in ("fleet", "hits", "joins", "executions", "compute saved (s)", "requests saved"):
+            rt.add_column(col)
+        for r in reuse:
+            total = r.hits + r.joins + r.executions
+            rt.add_row(r.fleet, str(r.hits), str(r.joins), str(r.executions), f"{r.saved_s:.1f}",
+                       f"{100 * (r.hits + r.joins) / total:.0f}%" if total else "-")
+        console.print(rt)
 
 
 @app.command()
@@ -182,6 +193,11 @@ async def _gc(names: list[str], age: float | None, all_: bool, yes: bool) -> Non
     if res.still_present:
         err.print(f"[red]still present after terminate:[/red] {', '.join(res.still_present)}")
         raise typer.Exit(2)
+
+
+from .cost import register as _register_cost  # noqa: E402 - `offers`, `catalog`, `cost` (cli/cost.py)
+
+_register_cost(app)
 
 
 def main() -> None:

@@ -1,0 +1,196 @@
+"""U(j,B) for every feasible offer, each term normalised and kept for the explanation.
+
+``j`` is one worker slot of an offer (one sandbox, or one GPU worker of ``Demand.gpus``
+GPUs) and ``B`` the demand.  For each feasible offer:
+
+* ``T_eff`` -- per-slot throughput (:mod:`.throughput`): sandboxes/hour for CPU pools,
+  decode tokens/s for a model workload.  ``T^ = T_eff / max T_eff`` over the feasible
+  offers: the fastest slot scores 1, one half as fast 0.5.
+* ``C`` -- the instance's expected $/h after interruptions (:mod:`.cost`), divided by
+  its slots: $ per slot-hour.  ``C^ = C / min C`` over the feasible offers: the
+  cheapest slot scores 1, one twice as dear 2.
+* ``G_loc`` -- 1 when the image (or the model's weights) is already resident where the
+  offer runs (``Demand.resident``), else 0.
+
+``U = w_t*T^ - w_c*C^ + w_l*G_loc``; higher is better.  Both ratios are taken against
+the *best* feasible offer, so an outlier (a 96-vCPU machine bought for one sandbox)
+does not squash the differences that matter, and C^ stays linear in dollars, which the
+planner needs (its objective adds instance costs).  With the ``balanced`` weights an
+offer twice as dear must be twice as fast to tie.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..catalog.records import CatalogRow
+from ..specs import Offer
+from ..catalog.profiles import profile
+from .cost import BID_MARGIN, OUTBID_PER_HOUR
+from .demand import Demand, TenantAffinity
+from .gates import Feasible, GateResult, NoFeasibleOffer, check, describe
+from .policy import Policy
+from .throughput import CONTAINER_START_S, PULL_MBPS_CAP, PULL_MBPS_PER_8_VCPU, tokens_per_second
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    """One feasible offer and every term of its utility."""
+
+    row: CatalogRow
+    market: str
+    slots: int
+    price_per_hour: float          # listed $/h of the instance in this market
+    cost_per_hour: float           # C: expected $/h of the instance after interruptions (bid if any)
+    bid_per_hour: float | None     # Vast.ai interruptible: the bid to place
+    t_eff: float                   # per slot: sandboxes/hour, or tokens/s for a model
+    t_unit: str                    # "sandboxes/h" or "tokens/s"
+    t_norm: float                  # T^ in [0, 1]
+    c_norm: float                  # C^ >= 1: per-slot cost / the cheapest feasible per-slot cost
+    g_loc: float                   # 0 or 1
+    utility: float                 # U = w_t*T^ - w_c*C^ + w_l*G_loc
+    available: int | None = None   # how many of this offer can be had (None: not limited)
+
+    @property
+    def cost_per_slot(self) -> float:
+        return self.cost_per_hour / self.slots
+
+    def offer(self) -> Offer:
+        """The :class:`Offer` to launch (a Vast.ai bid is launched at the bid price)."""
+        base = self.row.offer(self.market)
+        if base is None:  # only for fractional-vCPU shapes, which no sandbox fits
+            raise ValueError(f"{self.row.key} cannot be launched as an Offer (fractional vCPUs)")
+        if self.bid_per_hour is not None:
+            from dataclasses import replace
+            base = replace(base, price_per_hour=self.bid_per_hour)
+        return base
+
+    def explain(self, policy: Policy) -> str:
+        return (f"U = {policy.w_t:g}*{self.t_norm:.3f} - {policy.w_c:g}*{self.c_norm:.3f} "
+                f"+ {policy.w_l:g}*{self.g_loc:g} = {self.utility:.3f}")
+
+
+@dataclass(slots=True)
+class Scored:
+    """The feasible offers as arrays (index ``i`` is ``feasible.rows[i]`` on
+    ``feasible.markets[i]``); :meth:`score` builds the record of one."""
+
+    demand: Demand
+    policy: Policy
+    feasible: Feasible
+    slots: np.ndarray
+    t: np.ndarray
+    price: np.ndarray
+    cost: np.ndarray
+    bids: list[float | None]
+    g: np.ndarray
+    cap: np.ndarray        # -1: not limited
+    t_norm: np.ndarray
+    c_norm: np.ndarray     # per slot, relative to the cheapest
+    utility: np.ndarray    # per slot
+
+    @property
+    def gates(self) -> tuple[GateResult, ...]:
+        return self.feasible.gates
+
+    def __len__(self) -> int:
+        return len(self.feasible.rows)
+
+    def score(self, i: int) -> Score:
+        cap = int(self.cap[i])
+        return Score(row=self.feasible.rows[i], market=self.feasible.markets[i], slots=int(self.slots[i]),
+                     price_per_hour=float(self.price[i]), cost_per_hour=float(self.cost[i]),
+                     bid_per_hour=self.bids[i], t_eff=float(self.t[i]),
+                     t_unit="tokens/s" if self.demand.model is not None else "sandboxes/h",
+                     t_norm=float(self.t_norm[i]), c_norm=float(self.c_norm[i]), g_loc=float(self.g[i]),
+                     utility=float(self.utility[i]), available=None if cap < 0 else cap)
+
+    def ranking(self, limit: int | None = None) -> list[Score]:
+        """Best first (ties: cheaper slot, then name, so the order is reproducible)."""
+        per_slot = self.cost / self.slots
+        order = np.lexsort((np.arange(len(self)), per_slot, -self.utility))
+        if limit is not None:
+            order = order[:limit]
+        return [self.score(int(i)) for i in order]
+
+
+def score(rows: Sequence[CatalogRow], demand: Demand, policy: Policy,
+          affinities: Mapping[str, TenantAffinity] | None = None,
+          caps: Mapping[str, int] | None = None) -> Scored:
+    """Gate, then score every feasible offer; :class:`NoFeasibleOffer` when none is left.
+
+    ``caps`` limits how many instances of a row (by :attr:`CatalogRow.key`) may be used,
+    on top of the row's own ``available``."""
+    feasible = check(rows, demand, affinities)
+    n = len(feasible.rows)
+    if n == 0:
+        raise NoFeasibleOffer(describe(demand), feasible.considered, feasible.gates)
+    rows_ok, markets = feasible.rows, feasible.markets
+    slots = feasible.slots
+    t, price, cost, bids, g = _terms(rows_ok, markets, slots, demand)
+    cap = np.fromiter((-1 if r.available is None else r.available for r in rows_ok), np.int64, n)
+    if caps:
+        for i, row in enumerate(rows_ok):
+            extra = caps.get(row.key)
+            if extra is not None:
+                cap[i] = extra if cap[i] < 0 else min(int(cap[i]), extra)
+    t_max = float(t.max()) if n else 0.0
+    t_norm = t / t_max if t_max > 0 else np.zeros(n)
+    per_slot = cost / slots
+    c_min = float(per_slot.min())
+    c_norm = per_slot / c_min if c_min > 0 else np.where(per_slot > 0, np.inf, 1.0)
+    utility = policy.w_t * t_norm - policy.w_c * c_norm + policy.w_l * g
+    return Scored(demand=demand, policy=policy, feasible=feasible, slots=slots, t=t, price=price, cost=cost,
+                  bids=bids, g=g, cap=cap, t_norm=t_norm, c_norm=c_norm, utility=utility)
+
+
+def _terms(rows: Sequence[CatalogRow], markets: Sequence[str], slots: np.ndarray, demand: Demand
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[float | None], np.ndarray]:
+    """T_eff, listed price, C and bid of every offer, and G_loc: the same arithmetic as
+    :func:`.throughput.t_eff` and :func:`.cost.effective_price` (the reference, per row;
+    ``tests/test_bidder.py`` checks the two agree), done on arrays so that 10,000
+    offers score in milliseconds."""
+    n = len(rows)
+    hours = demand.hours
+    spot = np.fromiter((m == "spot" for m in markets), bool, n)
+    nan = float("nan")
+    od = np.fromiter((nan if r.on_demand_per_hour is None else r.on_demand_per_hour for r in rows), float, n)
+    sp = np.fromiter((nan if r.spot_per_hour is None else r.spot_per_hour for r in rows), float, n)
+    listed = np.where(spot, sp, od)
+    provider = [r.provider for r in rows]
+    vast = np.fromiter((p == "vast" for p in provider), bool, n)
+    rel = np.fromiter((r.reliability or 1.0 for r in rows), float, n)
+    spot_lam = {p: profile(p).spot_hazard_per_hour for p in set(provider)}
+    cloud_lam = np.fromiter((spot_lam[p] for p in provider), float, n)
+    lam = np.where(vast, -np.log(rel) / 24.0 + spot * OUTBID_PER_HOUR, np.where(spot, cloud_lam, 0.0))
+    raw_bid = np.round(sp * (1.0 + BID_MARGIN), 6)
+    bid_arr = np.where(vast & spot, np.where(np.isnan(od), raw_bid, np.minimum(raw_bid, od)), np.nan)
+    has_bid = ~np.isnan(bid_arr)
+    paid = np.where(has_bid, bid_arr, listed)
+    x = lam * hours
+    with np.errstate(divide="ignore", invalid="ignore"):
+        factor = np.where(x <= 0, 1.0, np.where(x < 1e-6, 1.0 + x / 2.0, np.expm1(x) / np.where(x > 0, x, 1.0)))
+    cost = paid * factor
+    bids: list[float | None] = [float(v) if ok else None for v, ok in zip(bid_arr, has_bid)]
+    g = np.zeros(n)
+    if demand.resident:
+        g = np.fromiter((demand.is_resident(r.provider, r.region, r.instance_type) for r in rows), float, n)
+    if demand.model is not None:
+        t = np.fromiter(((tokens_per_second(r, demand) or 0.0) for r in rows), float, n)
+    else:
+        cpus = np.fromiter((r.cpus for r in rows), float, n)
+        mbps = np.minimum(PULL_MBPS_CAP, PULL_MBPS_PER_8_VCPU * np.maximum(1.0, cpus / 8.0))
+        pull = np.where(g > 0, 0.0, demand.image_gb * 8000.0 / (mbps / np.maximum(slots, 1))) \
+            if demand.image_gb > 0 else np.zeros(n)
+        startup = pull + CONTAINER_START_S
+        if demand.mode == "ephemeral":
+            boot = {p: profile(p).boot_s for p in set(provider)}
+            startup = startup + np.fromiter((boot[p] for p in provider), float, n)
+        t = 3600.0 / (startup + demand.minutes * 60.0)
+    return t, listed, cost, bids, g
+
+
+__all__ = ["Score", "Scored", "score"]
