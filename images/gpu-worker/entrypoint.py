@@ -5,8 +5,8 @@ Standard library only. It checks the arguments, works out the parallelism from
 the GPUs the container can see, and then *execs* the real command, so that
 the command becomes PID 1's program and gets the container's signals itself.
 
-    entrypoint.py serve --model M [--tensor-parallel auto|N] [--num-heads H]
-                        [--host 0.0.0.0] [--port 8000] [--max-model-len N]
+    entrypoint.py serve --model M [--tensor-parallel auto|N] [--tensor-parallel-fit]
+                        [--num-heads H] [--host 0.0.0.0] [--port 8000] [--max-model-len N]
                         [--gpu-memory-utilization F] [--served-model-name NAME]
                         [--dry-run] [-- EXTRA VLLM ARGS...]
         -> vllm serve M --host ... --port ... --tensor-parallel-size N ...
@@ -26,6 +26,10 @@ the command becomes PID 1's program and gets the container's signals itself.
 "auto" means the number of visible GPUs: the entries of CUDA_VISIBLE_DEVICES
 when it is set (CUDA ignores everything from the first invalid entry on, for
 example "-1"), otherwise the "GPU n:" lines of ``nvidia-smi -L``.
+``--tensor-parallel-fit`` (with auto) picks instead the largest power of two
+that is at most the visible GPUs and divides ``--num-heads`` when given
+(:func:`fit_tensor_parallel`); the FlowMesh SDK's inference role uses it, so
+this file holds the one copy of that rule.
 
 ``--dry-run`` prints the exact argv (shell-quoted, on one line) to stdout and
 exits 0 without running it. A bad argument exits 2 with an argparse-style
@@ -90,6 +94,22 @@ def visible_gpus(env: Mapping[str, str] | None = None) -> GpuCount:
         return GpuCount(None, f"nvidia-smi -L failed: {why[0]}")
     n = sum(1 for ln in res.stdout.splitlines() if ln.startswith("GPU "))
     return GpuCount(n, "nvidia-smi -L")
+
+
+def fit_tensor_parallel(gpus: int, num_heads: int | None = None) -> int:
+    """The largest power of two that is at most ``gpus`` and divides ``num_heads``
+    (when given); 0 when ``gpus`` < 1.
+
+    vLLM shards the attention heads across the tensor-parallel ranks, so the size
+    must divide the head count; a power of two keeps the shards even for the
+    hidden and vocabulary sizes too.  GPUs beyond the chosen size stay unused.
+    """
+    if gpus < 1:
+        return 0
+    tp = 1
+    while tp * 2 <= gpus and (num_heads is None or num_heads % (tp * 2) == 0):
+        tp *= 2
+    return tp
 
 
 # --------------------------------------------------------------------------- #
@@ -165,6 +185,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     serve.add_argument("--tensor-parallel", type=_auto_or_positive, default="auto",
                        metavar="auto|N",
                        help="tensor-parallel size; auto (default) = number of visible GPUs")
+    serve.add_argument("--tensor-parallel-fit", action="store_true",
+                       help="with auto: the largest power of two that is at most the visible "
+                            "GPUs and divides --num-heads, instead of all visible GPUs")
     serve.add_argument("--num-heads", type=_positive_int, metavar="H",
                        help="the model's attention heads; the tensor-parallel size must divide it")
     serve.add_argument("--host", default=DEFAULT_HOST, type=_nonempty,
@@ -242,7 +265,12 @@ def _resolve_parallel(p: argparse.ArgumentParser, flag: str, value: str | int,
 def serve_argv(p: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str],
                env: Mapping[str, str] | None = None) -> list[str]:
     gpus = visible_gpus(env)
+    if args.tensor_parallel_fit and args.tensor_parallel != "auto":
+        p.error(f"argument --tensor-parallel-fit: only allowed with --tensor-parallel auto, "
+                f"not {args.tensor_parallel}")
     tp = _resolve_parallel(p, "--tensor-parallel", args.tensor_parallel, gpus)
+    if args.tensor_parallel_fit:
+        tp = fit_tensor_parallel(tp, args.num_heads)
     if args.num_heads is not None and args.num_heads % tp:
         allowed = _divisors(args.num_heads, gpus.count)
         how = (f"auto resolved to {tp} ({gpus.source}), which"
