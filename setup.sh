@@ -9,7 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 extra=""
-[ "${1:-}" = "--dev" ] && extra="[dev]"
+# --dev: the test dependencies, and the training role's (torch, trl) for its CPU test
+[ "${1:-}" = "--dev" ] && extra="[dev,train]"
 
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"

@@ -12,6 +12,10 @@ from .fleet import Fleet
 from .pools import EphemeralPool, PersistentPool, Pool
 from .pools.bootstrap import BootstrapPolicy
 from .sandbox import Sandbox
+from .specs import Provenance, ReuseKind
+from .reuse import ResultReuse, ReusePolicy
+from .workflows import Workflow
+from .workers import InferenceEndpoint, InferenceSpec, InferenceWorker, TrainingSpec, TrainingWorker
 from .specs import (ExecResult, InstanceSpec, Offer, PhaseTimings, PoolMode, PoolSpec, SandboxSpec,
                     Task, TaskResult)
 
@@ -19,6 +23,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BootstrapPolicy",
+    "Provenance", "ResultReuse", "ReuseKind", "ReusePolicy", "Workflow",
+    "InferenceEndpoint", "InferenceSpec", "InferenceWorker", "TrainingSpec", "TrainingWorker",
     "AuthError", "CapacityError", "EphemeralPool", "EventKind", "ExecResult", "Fleet", "FlowMeshError",
     "ImageNotFoundError", "InstanceLost", "InstanceSpec", "NotFoundError", "Offer", "PersistentPool",
     "PhaseTimings", "Pool", "PoolClosedError", "PoolMode", "PoolSpec", "ProviderError", "QuotaError",

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import gc
 from .config import Owner, home_dir
@@ -37,6 +37,10 @@ from .pools.base import Pool, PoolContext
 from .pools.bootstrap import BootstrapPolicy
 from .pools.ephemeral import EphemeralPool
 from .pools.persistent import PersistentPool
+
+if TYPE_CHECKING:
+    from .reuse import ResultReuse
+    from .specs import Task, TaskResult
 
 log = logging.getLogger("flowmesh.fleet")
 
@@ -87,7 +91,7 @@ class Fleet:
         self._runtimes: dict[int, ContainerRuntime] = {}
         self._local_runner = LocalRunner()
         self._registry_creds = dict(registry_credentials or {})
-        self._authfiles: dict[str, str] = {}
+        self._authfiles: dict[str, str | None] = {}
         self.pulls = PullBudget(self.control, pull_policy, on_retry=self._pull_retry)
         self.provisioner = Provisioner(self.control, retry_policy, on_failover=self._failover)
         self.registry = RegistryClient(credentials=self._registry_creds)
@@ -102,6 +106,7 @@ class Fleet:
         self.bootstrap = bootstrap or BootstrapPolicy()
         self.pools: dict[str, Pool] = {}
         self._closed = False
+        self._results: ResultReuse | None = None   # behind .results, made on first use
 
     def __repr__(self) -> str:
         return f"Fleet({self.name!r}, pools={sorted(self.pools)})"
@@ -120,8 +125,11 @@ class Fleet:
     def authfile_for(self, registry: str) -> str | None:
         """A 0600 auth file for a registry whose credentials came from ``registry_credentials``
         or the environment (podman reads the default auth files by itself)."""
+        if registry in self._authfiles:
+            return self._authfiles[registry]
         creds = self._registry_creds.get(registry) or env_credentials(registry)
         if creds is None:
+            self._authfiles[registry] = None   # asked once per registry, not once per pull
             return None
         if registry not in self._authfiles:
             d = self.home / "auth"
@@ -179,6 +187,37 @@ class Fleet:
             self.pools.pop(spec.name, None)
             raise
         return pool
+
+    # ---- result reuse (flowmesh_sdk.reuse) ------------------------------------------
+    @property
+    def results(self) -> ResultReuse:
+        """The fleet's :class:`~flowmesh_sdk.reuse.ResultReuse`: by default over a local
+        content-addressable store in ``FLOWMESH_HOME/cas``, resolving images with this
+        fleet's resolver and publishing its events on ``fleet.bus``.  Assign another (e.g.
+        over an ``S3Store``) before the first use to share results between machines."""
+        if self._results is None:
+            from .cas.local import LocalDirStore
+            from .reuse import ResultReuse
+
+            self._results = ResultReuse(LocalDirStore(self.home / "cas"), resolver=self.images,
+                                        bus=self.bus, fleet=self.name)
+        return self._results
+
+    @results.setter
+    def results(self, reuse: ResultReuse) -> None:
+        self._results = reuse
+
+    async def run(self, task: Task, *, pool: Pool | str, workflow: str | None = None,
+                  cache_failures: bool | None = None) -> TaskResult:
+        """Run ``task`` on ``pool`` (a pool or its name) through :attr:`results`: a stored
+        result of the same work is returned without running, the same work in flight is
+        joined.  Returns a TaskResult whose ``reuse`` and ``provenance`` say which."""
+        if isinstance(pool, str):
+            if pool not in self.pools:
+                raise SpecError("pool", f"no pool named {pool!r} in this fleet; have "
+                                        f"{', '.join(sorted(self.pools)) or 'none'}")
+            pool = self.pools[pool]
+        return await self.results.run(task, pool, workflow=workflow, cache_failures=cache_failures)
 
     async def reconcile(self, providers: Sequence[str] = ("local",)) -> ReconcileReport:
         """What the clouds say against what the store says, after a restart: instances of

@@ -37,6 +37,7 @@ order, an object has no canonical form.  Sort a set into a list yourself.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import re
@@ -271,8 +272,16 @@ def _resource_class(spec: SandboxSpec) -> dict[str, object]:
 
 def sandbox_h_exec(spec: SandboxSpec, image_digest: str) -> str:
     """The execution signature of a sandbox container: same image digest, same limits,
-    same network and workdir -> same warm slot.  Env, command and files are per task."""
-    return h_exec(image_digest, _container_params(spec), _resource_class(spec))
+    same network and workdir -> same warm slot.  Env, command and files are per task.
+    (Memoised: pools ask for it on every placement.)"""
+    return _sandbox_h_exec(image_digest, tuple(sorted(_container_params(spec).items())),
+                           tuple(sorted(_resource_class(spec).items())))
+
+
+@functools.lru_cache(maxsize=4096)
+def _sandbox_h_exec(image_digest: str, params: tuple[tuple[str, object], ...],
+                    resource_class: tuple[tuple[str, object], ...]) -> str:
+    return h_exec(image_digest, dict(params), dict(resource_class))
 
 
 @dataclass(frozen=True, slots=True)

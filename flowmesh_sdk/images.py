@@ -21,10 +21,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
-
 from . import clock
-from .backoff import jittered_backoff
+from .backoff import retry_async
 from .control.backend import ControlBackend
 from .errors import ImageNotFoundError, RegistryUnavailableError, ThrottledError
 from .registry.client import RegistryClient
@@ -94,29 +92,24 @@ class PullBudget:
         bucket = self.control.rate_limiter(f"registry:{registry}", p.rate_per_s, p.burst)
         sem = self.control.semaphore(f"registry:{registry}:pulls", p.max_concurrent_pulls) if pull else None
 
-        def before_sleep(state: RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            wait = state.next_action.sleep if state.next_action else 0.0
-            log.warning("%s: attempt %d failed (%s); retrying in %.1f s", what,
-                        state.attempt_number, exc, wait)
-            if self.on_retry is not None and exc is not None:
-                self.on_retry(what, state.attempt_number, exc, wait)
+        def before_sleep(attempt: int, exc: BaseException, wait: float) -> None:
+            log.warning("%s: attempt %d failed (%s); retrying in %.1f s", what, attempt, exc, wait)
+            if self.on_retry is not None:
+                self.on_retry(what, attempt, exc, wait)
 
-        async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(p.attempts), wait=jittered_backoff(p.backoff_s, p.backoff_max_s),
-                reraise=True,
-                retry=retry_if_exception_type((ThrottledError, RegistryUnavailableError)),
-                before_sleep=before_sleep):
-            with attempt:
+        async def once() -> T:
+            if sem is not None:
+                await sem.acquire()
+            try:
+                await bucket.acquire()
+                return await fn()
+            finally:
                 if sem is not None:
-                    await sem.acquire()
-                try:
-                    await bucket.acquire()
-                    return await fn()
-                finally:
-                    if sem is not None:
-                        sem.release()
-        raise AssertionError("unreachable")  # pragma: no cover
+                    sem.release()
+
+        return await retry_async(once, attempts=p.attempts, base_s=p.backoff_s, cap_s=p.backoff_max_s,
+                                 retry_on=(ThrottledError, RegistryUnavailableError),
+                                 before_sleep=before_sleep)
 
 
 # ---- resolvers --------------------------------------------------------------------------

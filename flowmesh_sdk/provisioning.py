@@ -21,9 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
-
-from .backoff import jittered_backoff
+from .backoff import retry_async
 from .control.backend import ControlBackend
 from .control.limits import TokenBucket
 from .errors import (AuthError, CapacityError, FlowMeshError, ProviderUnavailableError, QuotaError,
@@ -106,21 +104,18 @@ class Provisioner:
     async def call(self, provider: Provider, region: str, api: str, fn: Callable[[], Awaitable[T]],
                    *, instances: int = 1) -> T:
         """``fn`` within the (provider, region, api) bucket, retrying throttling and outages."""
-        def before_sleep(state: RetryCallState) -> None:
+        def before_sleep(attempt: int, exc: BaseException, wait: float) -> None:
             log.warning("%s %s %s: attempt %d failed (%s); backing off %.1f s", provider.name,
-                        region, api, state.attempt_number,
-                        state.outcome.exception() if state.outcome else "",
-                        state.next_action.sleep if state.next_action else 0.0)
+                        region, api, attempt, exc, wait)
+
+        async def once() -> T:
+            await self._limit(provider, region, api, instances)
+            return await fn()
 
         p = self.policy
-        async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(p.attempts), wait=jittered_backoff(p.backoff_s, p.backoff_max_s),
-                reraise=True, before_sleep=before_sleep,
-                retry=retry_if_exception_type((ThrottledError, ProviderUnavailableError))):
-            with attempt:
-                await self._limit(provider, region, api, instances)
-                return await fn()
-        raise AssertionError("unreachable")  # pragma: no cover
+        return await retry_async(once, attempts=p.attempts, base_s=p.backoff_s, cap_s=p.backoff_max_s,
+                                 retry_on=(ThrottledError, ProviderUnavailableError),
+                                 before_sleep=before_sleep)
 
     # ---- launch with failover ------------------------------------------------------
     async def launch(self, providers: Mapping[str, Provider], offers: Sequence[Offer],

@@ -8,14 +8,18 @@ of the last moment, never a finished task that was already reported.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
+import logging
 import sqlite3
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from .events import TASK_END, Event, EventBus, EventKind
+
+log = logging.getLogger("flowmesh.store")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS pools (
@@ -120,7 +124,9 @@ class MetadataStore:
         self.path = str(path)
         self._local = threading.local()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowmesh-store")
-        self._pending: set[Future[None]] = set()
+        self._queue: collections.deque[Event] = collections.deque()
+        self._scheduled = False
+        self._flag = threading.Lock()
         self._pool.submit(self._init).result()
 
     def _conn(self) -> sqlite3.Connection:
@@ -140,59 +146,82 @@ class MetadataStore:
         bus.on(self.record)
 
     def record(self, ev: Event) -> None:
-        fut = self._pool.submit(self._write, ev)
-        self._pending.add(fut)
-        fut.add_done_callback(self._pending.discard)
+        """Queue ``ev`` for the writer thread (never blocks).  The writer takes everything
+        queued at once and writes it in one transaction: a burst of events costs one
+        commit, not one each."""
+        self._queue.append(ev)
+        with self._flag:
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self._pool.submit(self._drain)
 
     async def flush(self) -> None:
         """Wait until every event recorded so far is on disk."""
-        await asyncio.wrap_future(self._pool.submit(lambda: None))
+        await asyncio.wrap_future(self._pool.submit(self._drain))
 
-    def _write(self, ev: Event) -> None:
+    def _drain(self) -> None:
+        with self._flag:
+            self._scheduled = False
+        batch = []
+        try:
+            while True:
+                batch.append(self._queue.popleft())
+        except IndexError:
+            pass
+        if not batch:
+            return
         c = self._conn()
         with c:
-            if ev.kind is EventKind.POOL_CREATED:
-                c.execute("INSERT OR REPLACE INTO pools VALUES (?,?,?,?,NULL)",
-                          (ev.fleet, ev.pool, ev.detail, ev.at))
-            elif ev.kind is EventKind.POOL_DRAINED:
-                c.execute("UPDATE pools SET drained_at=? WHERE fleet=? AND name=?",
-                          (ev.at, ev.fleet, ev.pool))
-            elif ev.kind in _INSTANCE_STATE:
-                state = _INSTANCE_STATE[ev.kind]
-                c.execute("INSERT OR IGNORE INTO instances (id, fleet, pool, state, requested_at, detail)"
-                          " VALUES (?,?,?,?,?,'')", (ev.instance_id, ev.fleet, ev.pool, state, ev.at))
-                c.execute("UPDATE instances SET state=?, detail=? WHERE id=?",
-                          (state, ev.detail, ev.instance_id))
-                if ev.kind is EventKind.INSTANCE_READY:
-                    c.execute("UPDATE instances SET ready_at=? WHERE id=?", (ev.at, ev.instance_id))
-                elif ev.kind is EventKind.INSTANCE_TERMINATED:
-                    c.execute("UPDATE instances SET terminated_at=? WHERE id=?", (ev.at, ev.instance_id))
-            elif ev.kind is EventKind.TASK_SUBMITTED:
-                c.execute("INSERT OR REPLACE INTO tasks (id, fleet, pool, name, state, submitted_at)"
-                          " VALUES (?,?,?,?,'submitted',?)",
-                          (ev.task_id, ev.fleet, ev.pool, ev.task_name, ev.at))
-            elif ev.kind is EventKind.TASK_STARTED:
-                c.execute("UPDATE tasks SET state='running', instance_id=? WHERE id=?",
-                          (ev.instance_id, ev.task_id))
-            elif ev.kind in TASK_END:
-                p = ev.phases
-                c.execute(
-                    "INSERT OR IGNORE INTO tasks (id, fleet, pool, name, state, submitted_at)"
-                    " VALUES (?,?,?,?,'submitted',?)", (ev.task_id, ev.fleet, ev.pool, ev.task_name, ev.at))
-                c.execute(
-                    "UPDATE tasks SET state=?, instance_id=COALESCE(?, instance_id), exit_code=?,"
-                    " queued_s=?, scheduling_s=?, env_startup_s=?, execution_s=?, teardown_s=?,"
-                    " finished_at=?, detail=? WHERE id=?",
-                    (_TASK_STATE[ev.kind], ev.instance_id, ev.exit_code,
-                     p.queued if p else None, p.scheduling if p else None,
-                     p.env_startup if p else None, p.execution if p else None,
-                     p.teardown if p else None, ev.at, ev.detail, ev.task_id))
-            elif ev.kind in _REUSE_OUTCOME:
-                d = json.loads(ev.detail or "{}")
-                c.execute("INSERT OR REPLACE INTO reuse VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                          (ev.task_id, ev.fleet, ev.pool, ev.task_name, _REUSE_OUTCOME[ev.kind],
-                           d.get("h_task"), d.get("tenant"), d.get("workflow"), d.get("result"),
-                           d.get("computed_by"), d.get("saved_s"), ev.at))
+            for ev in batch:
+                try:
+                    self._write(c, ev)
+                except (sqlite3.Error, ValueError) as exc:   # one bad event does not lose the batch
+                    log.warning("metadata store: could not record %s: %s", ev.kind.value, exc)
+
+    def _write(self, c: sqlite3.Connection, ev: Event) -> None:
+        if ev.kind is EventKind.POOL_CREATED:
+            c.execute("INSERT OR REPLACE INTO pools VALUES (?,?,?,?,NULL)",
+                      (ev.fleet, ev.pool, ev.detail, ev.at))
+        elif ev.kind is EventKind.POOL_DRAINED:
+            c.execute("UPDATE pools SET drained_at=? WHERE fleet=? AND name=?",
+                      (ev.at, ev.fleet, ev.pool))
+        elif ev.kind in _INSTANCE_STATE:
+            state = _INSTANCE_STATE[ev.kind]
+            c.execute("INSERT OR IGNORE INTO instances (id, fleet, pool, state, requested_at, detail)"
+                      " VALUES (?,?,?,?,?,'')", (ev.instance_id, ev.fleet, ev.pool, state, ev.at))
+            c.execute("UPDATE instances SET state=?, detail=? WHERE id=?",
+                      (state, ev.detail, ev.instance_id))
+            if ev.kind is EventKind.INSTANCE_READY:
+                c.execute("UPDATE instances SET ready_at=? WHERE id=?", (ev.at, ev.instance_id))
+            elif ev.kind is EventKind.INSTANCE_TERMINATED:
+                c.execute("UPDATE instances SET terminated_at=? WHERE id=?", (ev.at, ev.instance_id))
+        elif ev.kind is EventKind.TASK_SUBMITTED:
+            c.execute("INSERT OR REPLACE INTO tasks (id, fleet, pool, name, state, submitted_at)"
+                      " VALUES (?,?,?,?,'submitted',?)",
+                      (ev.task_id, ev.fleet, ev.pool, ev.task_name, ev.at))
+        elif ev.kind is EventKind.TASK_STARTED:
+            c.execute("UPDATE tasks SET state='running', instance_id=? WHERE id=?",
+                      (ev.instance_id, ev.task_id))
+        elif ev.kind in TASK_END:
+            p = ev.phases
+            c.execute(
+                "INSERT OR IGNORE INTO tasks (id, fleet, pool, name, state, submitted_at)"
+                " VALUES (?,?,?,?,'submitted',?)", (ev.task_id, ev.fleet, ev.pool, ev.task_name, ev.at))
+            c.execute(
+                "UPDATE tasks SET state=?, instance_id=COALESCE(?, instance_id), exit_code=?,"
+                " queued_s=?, scheduling_s=?, env_startup_s=?, execution_s=?, teardown_s=?,"
+                " finished_at=?, detail=? WHERE id=?",
+                (_TASK_STATE[ev.kind], ev.instance_id, ev.exit_code,
+                 p.queued if p else None, p.scheduling if p else None,
+                 p.env_startup if p else None, p.execution if p else None,
+                 p.teardown if p else None, ev.at, ev.detail, ev.task_id))
+        elif ev.kind in _REUSE_OUTCOME:
+            d = json.loads(ev.detail or "{}")
+            c.execute("INSERT OR REPLACE INTO reuse VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                      (ev.task_id, ev.fleet, ev.pool, ev.task_name, _REUSE_OUTCOME[ev.kind],
+                       d.get("h_task"), d.get("tenant"), d.get("workflow"), d.get("result"),
+                       d.get("computed_by"), d.get("saved_s"), ev.at))
 
     # ---- reading ---------------------------------------------------------------
     def _query(self, sql: str, args: tuple = ()) -> list[tuple]:

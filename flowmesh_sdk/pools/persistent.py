@@ -47,6 +47,7 @@ class PersistentPool(Pool):
         self._wake_reaper = asyncio.Event()
         self._room: dict[str, ManagedInstance] = {}   # READY instances that had a free slot
         self._scale_soon: asyncio.Task[object] | None = None
+        self._reap_at: float | None = None   # when the sleeping reaper wakes by itself
 
     def _capacity(self) -> int:
         return self.spec.max_instances * self.spec.sandboxes_per_instance
@@ -229,7 +230,10 @@ class PersistentPool(Pool):
                 inst.last_used = clock.monotonic()
                 if inst.state is InstanceState.READY:
                     self._has_room(inst)
-            self._wake_reaper.set()
+            if self._reap_at is None:
+                # an instance going idle now is due after every one already idle, so the
+                # reaper needs waking only when it is not already sleeping until one
+                self._wake_reaper.set()
             async with self._cond:
                 self._cond.notify(1)
 
@@ -251,10 +255,13 @@ class PersistentPool(Pool):
                 continue
             waiting = [i.last_used + idle_s - now for i in idle] if excess > 0 else []
             self._wake_reaper.clear()
+            self._reap_at = now + min(waiting) if waiting else None
             try:
                 await asyncio.wait_for(self._wake_reaper.wait(), min(waiting) if waiting else None)
             except asyncio.TimeoutError:
                 pass
+            finally:
+                self._reap_at = None
 
     def _on_instance_failed(self) -> None:
         self._spawn(self._wake_placers())

@@ -69,6 +69,7 @@ class SimProvider(Provider):
             if cloud.registry_egress_gbps else None
         self.vms: dict[str, SimVm] = {}
         self.calls: collections.Counter[str] = collections.Counter()
+        self.live: collections.Counter[str] = collections.Counter()   # live VMs per type
         self._by_request: dict[str, list[str]] = {}
         self._seq = 0
 
@@ -94,7 +95,7 @@ class SimProvider(Provider):
         if request.request_id in self._by_request:      # idempotent by request id
             return [self.vms[i].instance for i in self._by_request[request.request_id]]
         t = self.cloud.type(request.offer.instance_type)
-        live = sum(1 for vm in self.vms.values() if vm.type is t and vm.terminated_at is None)
+        live = self.live[t.name]
         if live + request.count > t.capacity:
             raise CapacityError(f"{t.name}: {t.capacity - live} left, {request.count} asked",
                                 provider=self.name, code="InsufficientInstanceCapacity")
@@ -112,6 +113,7 @@ class SimProvider(Provider):
                             tags={**request.tags, TAG_REQUEST: request.request_id}, launched_at=now,
                             price_per_hour=request.offer.price_per_hour, address=iid)
             vm = self.vms[iid] = SimVm(inst, t, request.offer.spot, machine, now, now + boot)
+            self.live[t.name] += 1
             if vm.spot and self.cloud.spot_interruptions_per_hour > 0:
                 after = self.rng.expovariate(self.cloud.spot_interruptions_per_hour / 3600.0)
                 asyncio.get_running_loop().call_at(now + boot + after, self._interrupt, iid)
@@ -130,6 +132,7 @@ class SimProvider(Provider):
             vm = self.vms.get(i)
             if vm is not None and vm.terminated_at is None:
                 vm.terminated_at = now
+                self.live[vm.type.name] -= 1
 
     async def list_tagged(self, tags: Mapping[str, str]) -> list[Instance]:
         self.calls["list"] += 1
@@ -163,6 +166,7 @@ class SimProvider(Provider):
         if vm.terminated_at is None:
             vm.interrupted = True
             vm.terminated_at = clock.monotonic()
+            self.live[vm.type.name] -= 1
             vm.machine.kill()
 
     def cost(self, now: float | None = None) -> float:
