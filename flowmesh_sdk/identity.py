@@ -278,7 +278,7 @@ def sandbox_h_exec(spec: SandboxSpec, image_digest: str) -> str:
                            tuple(sorted(_resource_class(spec).items())))
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=65536)
 def _sandbox_h_exec(image_digest: str, params: tuple[tuple[str, object], ...],
                     resource_class: tuple[tuple[str, object], ...]) -> str:
     return h_exec(image_digest, dict(params), dict(resource_class))

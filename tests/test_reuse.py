@@ -375,7 +375,7 @@ async def test_calls_single_flight_and_a_failed_leader_is_not_shared(tmp_path):
     await _until(lambda: len(calls) == 2 and reuse.waiting() == 2)
     gate.set()
     outs = await asyncio.gather(*pending, other)
-    assert calls == [b"2+2", b"2+3"]
+    assert sorted(calls) == [b"2+2", b"2+3"]   # one run each, in whatever order they started
     assert [o.output for o in outs] == [b"answer to 2+2"] * 3 + [b"answer to 2+3"]
     assert sorted(o.reuse.value for o in outs[:3]) == ["executed", "joined", "joined"]
     # a later request is a hit; another seed is other work

@@ -114,3 +114,14 @@ def test_bad_workload_names_the_field():
     with pytest.raises(SpecError) as ei:
         run_scenario(ec2((SMALL,)), Workload(tasks=1, minutes=1, instance_type="nope"))
     assert ei.value.field == "sim.instance_type"
+
+
+def test_images_wanted_by_sandboxes_being_made_are_never_evicted():
+    # 40 tasks at once on one machine whose image budget (80% of 20 GB) holds 16 of their
+    # 1 GB images: pulls cross the high-water mark while other tasks' images wait for their
+    # containers; none of those may be evicted (they once were: "image not known")
+    big = SimInstanceType("m.big", 64, 256, 3.0, nic_gbps=1.0)
+    w = Workload(tasks=40, minutes=5, instance_type="m.big", mode="persistent", tasks_per_instance=40,
+                 image_gb=1.0, disk_gb=20, prewarmed=True)
+    r = run_scenario(unlimited("disk", (big,)), w, seed=0)
+    assert (r.succeeded, r.failed) == (40, 0)

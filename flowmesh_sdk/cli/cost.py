@@ -294,6 +294,8 @@ def cost_estimate(tasks: int = typer.Option(..., "--tasks", help="tasks submitte
 
 def register(app: typer.Typer) -> None:
     """Add ``offers``, ``catalog`` and ``cost`` to the main ``flowmesh`` app."""
+    from .simulate import cost_simulate
+    cost_app.command("simulate")(cost_simulate)
     app.command("offers")(offers)
     app.add_typer(catalog_app, name="catalog")
     app.add_typer(cost_app, name="cost")

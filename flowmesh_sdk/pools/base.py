@@ -518,7 +518,8 @@ class Pool(abc.ABC):
             self._publish(EventKind.INSTANCE_RUNNING, instance_id=mi.id)
             warm = [await self.ctx.images.resolve(image, arch=self.spec.instance.arch)
                     for image in self.spec.warm_images]
-            report = await asyncio.wait_for(self.bootstrapper.run(mi, warm), self.ctx.bootstrap_timeout_s)
+            async with asyncio.timeout(self.ctx.bootstrap_timeout_s):
+                report = await self.bootstrapper.run(mi, warm)
             mi.bootstrap = report
             mi.lifecycle.to(InstanceState.READY)
             mi.last_used = clock.monotonic()
@@ -614,15 +615,23 @@ class Pool(abc.ABC):
         name = f"fm-{self.name}-{uuid.uuid4().hex[:10]}"
         labels = {LABEL_FLEET: self.ctx.fleet, LABEL_POOL: self.name, LABEL_INSTANCE: mi.id,
                   LABEL_OWNER: self.ctx.owner, LABEL_TASK: task_id}
-        await self.image_cache.ensure(mi, info)
+        # wanted from before its pull until its container holds it: eviction never takes an
+        # image a sandbox on its way needs (another task's pull may cross the high-water mark)
+        mi.wanted[info.digest] = mi.wanted.get(info.digest, 0) + 1
         try:
-            cid = await mi.runtime.create(name, spec, labels, image=info.run_ref)
-        except ImageNotFoundError:
-            # removed behind our back (a store shared with other pools): pull it again, once
-            mi.images.pop(info.digest, None)
             await self.image_cache.ensure(mi, info)
-            cid = await mi.runtime.create(name, spec, labels, image=info.run_ref)
-        self.image_cache.acquire(mi, info.digest)
+            try:
+                cid = await mi.runtime.create(name, spec, labels, image=info.run_ref)
+            except ImageNotFoundError:
+                # removed behind our back (a store shared with other pools): pull it again, once
+                mi.images.pop(info.digest, None)
+                await self.image_cache.ensure(mi, info)
+                cid = await mi.runtime.create(name, spec, labels, image=info.run_ref)
+            self.image_cache.acquire(mi, info.digest)
+        finally:
+            mi.wanted[info.digest] -= 1
+            if not mi.wanted[info.digest]:
+                del mi.wanted[info.digest]
         sb = Sandbox(mi.runtime, cid, name, spec, instance_id=mi.id, image_id=info.digest)
         try:
             await sb.start()

@@ -173,7 +173,8 @@ class Bootstrapper:
             chan = await mi.runtime.runner.open_channel(["sh"])
             try:
                 await chan.write(b"echo fm-agent-ok\n")
-                line = await asyncio.wait_for(chan.readline(), 30)
+                async with asyncio.timeout(30):
+                    line = await chan.readline()
             finally:
                 await chan.close()
             if line.strip() != b"fm-agent-ok":

@@ -81,8 +81,8 @@ class InstanceImages:
             if mi.cache_bytes() <= self.cache_bytes * LOW_WATER:
                 break
             info = cached.info
-            if cached.in_use or info.digest == keep or info.registry is None:
-                continue  # in use, just pulled, or built here (never evicted)
+            if cached.in_use or info.digest in mi.wanted or info.digest == keep or info.registry is None:
+                continue  # in use, wanted by a sandbox being made, just pulled, or built here
             if await mi.runtime.remove_image(info.run_ref):
                 mi.images.pop(info.digest, None)
                 removed.append(info.digest)

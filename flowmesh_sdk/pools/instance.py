@@ -48,6 +48,7 @@ class ManagedInstance:
         self.last_used = clock.monotonic()
         self.pulls: dict[str, asyncio.Future[CachedImage]] = {}   # digest -> pull in flight
         self.authfiles: dict[str, str] = {}   # registry -> its auth file's path on the machine
+        self.wanted: dict[str, int] = {}      # digest -> sandboxes being made from it (not evictable)
         self.bootstrap: BootstrapReport | None = None
 
     def __repr__(self) -> str:

@@ -12,7 +12,8 @@
   waiting for a slot outnumber the free and coming slots, more instances are launched in
   one batched call.  A failed launch backs scaling off for a while.
 * Instances idle for ``idle_timeout_s`` beyond ``min_instances`` are reclaimed by a timer
-  that sleeps until the next instance could become idle (no polling).
+  that sleeps until the next instance could become idle (no polling), in batches: at most
+  ``REAP_GRANULARITY`` of ``idle_timeout_s`` late.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .instance import ManagedInstance, WarmKey, warm_key
 log = logging.getLogger("flowmesh.pools")
 
 LAUNCH_BACKOFF_S = 30.0
+REAP_GRANULARITY = 0.05   # the reaper sleeps at least this share of idle_timeout_s between scans
 
 
 class PersistentPool(Pool):
@@ -76,7 +78,7 @@ class PersistentPool(Pool):
 
     # ---- scheduling ------------------------------------------------------------
     async def _place(self, spec: SandboxSpec, info: ImageInfo, run: TaskRun) -> ManagedInstance:
-        key = warm_key(spec, info.digest)
+        key = warm_key(spec, info.digest) if self.spec.warm_per_image else None   # no warm pool: no key
         deadline = clock.monotonic() + self.ctx.bootstrap_timeout_s
         async with self._cond:
             self._want += 1
@@ -97,8 +99,9 @@ class PersistentPool(Pool):
                         raise SandboxTimeout(f"pool {self.name!r}: no slot became free within "
                                              f"{self.ctx.bootstrap_timeout_s:g} s")
                     try:
-                        await asyncio.wait_for(self._cond.wait(), remaining)
-                    except asyncio.TimeoutError:
+                        async with asyncio.timeout(remaining):
+                            await self._cond.wait()
+                    except TimeoutError:
                         continue
             except BaseException:
                 # A woken waiter that leaves (cancelled, timed out) passes its wake-up on,
@@ -109,7 +112,7 @@ class PersistentPool(Pool):
             finally:
                 self._want -= 1
 
-    def _pick(self, key: WarmKey, info: ImageInfo) -> ManagedInstance | None:
+    def _pick(self, key: WarmKey | None, info: ImageInfo) -> ManagedInstance | None:
         """A warm container of this shape first, then locality (image or its layers held),
         then the most free slots.  Looks only at instances with room (an index kept as
         slots are taken and given back), so placing is cheap with thousands of busy ones."""
@@ -143,7 +146,7 @@ class PersistentPool(Pool):
         if clock.monotonic() < self._blocked_until:
             return
         slots = self.spec.sandboxes_per_instance
-        free = sum(i.free for i in self._ready())
+        free = sum(i.free for i in self._room.values() if i.state is InstanceState.READY)
         short = self._want - free - self._pending * slots
         n = min(math.ceil(short / slots), self.spec.max_instances - self._live()) if short > 0 else 0
         if n > 0:
@@ -180,7 +183,7 @@ class PersistentPool(Pool):
             self._launch_error = exc
             self._blocked_until = clock.monotonic() + LAUNCH_BACKOFF_S
         finally:
-            self._wake_reaper.set()
+            self._wake_reaper_if_idle()
             async with self._cond:
                 self._cond.notify_all()
 
@@ -188,7 +191,7 @@ class PersistentPool(Pool):
     async def _provision(self, spec: SandboxSpec, info: ImageInfo, inst: ManagedInstance | None,
                          run: TaskRun) -> Sandbox:
         assert inst is not None
-        sb = inst.take_warm(warm_key(spec, info.digest))
+        sb = inst.take_warm(warm_key(spec, info.digest)) if self.spec.warm_per_image else None
         if sb is None:
             sb = await self._new_sandbox(inst, spec, info, run.id)
         else:
@@ -197,8 +200,10 @@ class PersistentPool(Pool):
         return sb
 
     def _refill_warm(self, mi: ManagedInstance, spec: SandboxSpec, info: ImageInfo) -> None:
+        if self._closing or not self.spec.warm_per_image:
+            return
         key = warm_key(spec, info.digest)
-        if self._closing or mi.warm_count(key) >= self.spec.warm_per_image:
+        if mi.warm_count(key) >= self.spec.warm_per_image:
             return
         mi.warming[key] = mi.warming.get(key, 0) + 1
         self._spawn(self._make_warm(mi, key, spec, info))
@@ -230,23 +235,30 @@ class PersistentPool(Pool):
                 inst.last_used = clock.monotonic()
                 if inst.state is InstanceState.READY:
                     self._has_room(inst)
-            if self._reap_at is None:
-                # an instance going idle now is due after every one already idle, so the
-                # reaper needs waking only when it is not already sleeping until one
-                self._wake_reaper.set()
+            self._wake_reaper_if_idle()
             async with self._cond:
                 self._cond.notify(1)
 
     # ---- idle reclaim ------------------------------------------------------------
+    def _wake_reaper_if_idle(self) -> None:
+        """An instance idle from now is due after every one already idle, so the reaper
+        needs waking only when it is not already sleeping until one (no deadline)."""
+        if self._reap_at is None:
+            self._wake_reaper.set()
+
     async def _reap_idle(self) -> None:
         idle_s = self.spec.idle_timeout_s
         while not self._closing:
             now = clock.monotonic()
             async with self._cond:
-                ready = self._ready()
-                excess = len(ready) - self.spec.min_instances
-                idle = sorted((i for i in ready if i.active == 0), key=lambda i: i.last_used)
-                reap = [i for i in idle if now - i.last_used >= idle_s][:max(0, excess)]
+                # idle instances have room, so the room index holds them all (busy ones are
+                # not looked at: thousands of them cost nothing here)
+                idle = sorted((i for i in self._room.values()
+                               if i.active == 0 and i.state is InstanceState.READY), key=lambda i: i.last_used)
+                due = [i for i in idle if now - i.last_used >= idle_s]
+                # how many may go (beyond min_instances) is counted only when some are due
+                excess = len(self._ready()) - self.spec.min_instances if due else len(idle)
+                reap = due[:max(0, excess)]
                 for mi in reap:
                     mi.lifecycle.to(InstanceState.DRAINING)
                     self._publish(EventKind.INSTANCE_DRAINING, instance_id=mi.id, detail="idle")
@@ -254,10 +266,14 @@ class PersistentPool(Pool):
                 await self._terminate(reap)
                 continue
             waiting = [i.last_used + idle_s - now for i in idle] if excess > 0 else []
+            # wake no more often than every REAP_GRANULARITY of idle_s: instances going idle
+            # one by one are then reaped in batches (one terminate call, one scan) rather
+            # than one at a time, at the price of up to that much extra idle time
+            sleep = max(min(waiting), idle_s * REAP_GRANULARITY) if waiting else None
             self._wake_reaper.clear()
-            self._reap_at = now + min(waiting) if waiting else None
+            self._reap_at = now + sleep if sleep is not None else None
             try:
-                await asyncio.wait_for(self._wake_reaper.wait(), min(waiting) if waiting else None)
+                await asyncio.wait_for(self._wake_reaper.wait(), sleep)
             except asyncio.TimeoutError:
                 pass
             finally:

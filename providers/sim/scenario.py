@@ -52,6 +52,7 @@ class Workload:
     distinct_images: bool = True       # SWE-style: every task its own image
     spot: bool = False
     prewarmed: bool = False            # persistent: instances up (and READY) before the clock starts
+    disk_gb: int | None = None         # per instance; default: room for twice the images running at once
 
     def __post_init__(self) -> None:
         check_number("workload.tasks", self.tasks, lo=1, hi=1_000_000, integer=True)
@@ -134,7 +135,10 @@ async def _run(cloud: SimCloud, w: Workload, seed: int, home: str, types: tuple[
                        types=types, spot=w.spot)
     t = cloud.type(w.instance_type)
     spec = PoolSpec(name="sim", provider=cloud.name, mode=w.mode,
-                    instance=InstanceSpec(cpus=t.cpus, memory_gb=t.memory_gb),
+                    # a disk that holds the images of the tasks running at once (and then some)
+                    instance=InstanceSpec(cpus=t.cpus, memory_gb=t.memory_gb,
+                                          disk_gb=w.disk_gb or max(100, math.ceil(2 * w.tasks_per_instance
+                                                                                   * w.image_gb))),
                     max_instances=w.instances, min_instances=w.instances if w.prewarmed else 0,
                     sandboxes_per_instance=w.tasks_per_instance if w.mode == "persistent" else 1,
                     warm_per_image=0, idle_timeout_s=3600.0, task_attempts=5)

@@ -158,7 +158,7 @@ async def test_task_on_a_host_that_dies_is_redispatched_and_published_once(fm_ho
             doomed = pool.instances[first.instance_id].instance.address
             await asyncio.to_thread(sshds[doomed].stop)     # the machine vanishes mid-task
             res = await running
-            assert res.ok, res
+            assert res.ok, res.error
             assert res.result.stdout == "done\n"
             survivor = next(mi for mi in pool.instances.values() if mi.instance.address != doomed)
             assert res.instance_id == survivor.id != first.instance_id
