@@ -14,6 +14,10 @@ client key and container storage), ``--n`` samples each after one unmeasured war
 (e) the SDK's exec on a held-open sandbox channel: ``sb.exec("true")`` in a busybox
     sandbox of a persistent pool on the ``ssh`` provider with that one host.
 
+It also prints the bootstrap of that host split by step (reach, runtime, registry login,
+prefetch, agent): first fresh (its own empty container store, so the prefetch pulls), then
+bootstrapped again by a second fleet (a no-op: nothing changed).
+
 Then every p50 against (a)'s, and the target: p50(e) <= 0.05 x p50(a).  The last line
 printed is exactly ``ssh_exec_ratio=<p50(e) / p50(a)>`` (three decimals).  Exit status 0
 whether or not the target is met.
@@ -41,6 +45,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec
+from flowmesh_sdk.specs import BootstrapReport
 from flowmesh_sdk.remote.keys import PublicKey, host_id
 from flowmesh_sdk.testing.registry import LocalRegistry
 from flowmesh_sdk.testing.sshd import LoopbackSshd
@@ -173,10 +178,12 @@ async def sdk(d: LoopbackSshd, n: int, home: Path) -> tuple[list[float], list[fl
     prov = SshProvider([host], state_dir=home / "ssh")
     with LocalRegistry() as reg:
         ref = await asyncio.to_thread(reg.push, image, "bench/busybox:1")
+        spec = PoolSpec(name="bench", provider="ssh", min_instances=1, max_instances=1,
+                        instance=InstanceSpec(cpus=2, memory_gb=2), warm_per_image=0, warm_images=(ref,))
         async with Fleet("ssh-exec-bench", home=home, providers={"ssh": prov}) as fleet:
-            pool = await fleet.pool(PoolSpec(name="bench", provider="ssh", min_instances=1, max_instances=1,
-                                             instance=InstanceSpec(cpus=2, memory_gb=2), warm_per_image=0))
+            pool = await fleet.pool(spec)
             (mi,) = pool.instances.values()
+            fresh = mi.bootstrap
             runner = mi.runtime.runner
 
             async def run_true() -> None:
@@ -191,22 +198,30 @@ async def sdk(d: LoopbackSshd, n: int, home: Path) -> tuple[list[float], list[fl
                     if res.exit_code != 0:
                         raise RuntimeError(f"sb.exec(true) exited {res.exit_code}")
                 execs = await sample_async(n, exec_true)
-            bootstrap_by_step(fleet)
+        async with Fleet("ssh-exec-bench-again", home=home, providers={"ssh": prov}) as fleet:
+            (again,) = [m.bootstrap for m in (await fleet.pool(spec)).instances.values()]
+        if fresh is not None and again is not None:
+            bootstrap_by_step(fresh, again)
     await prov.close()
     return runs, execs
 
 
 # --------------------------------------------------------------------------- #
-# >>> LEAD: bootstrap time of a fresh host, split by step <<<
-# The issue also asks for the bootstrap time of a fresh host split by step (reach,
-# runtime, registry login, prefetch, agent).  Those steps are being built in
-# flowmesh_sdk/pools/ right now; this function is the place to measure them (it is
-# called with the bench's fleet after the pool above bootstrapped its one fresh host).
-# Until it is filled in, the bench says so and measures nothing here.
+# bootstrap of a fresh host, split by step
 # --------------------------------------------------------------------------- #
 
-def bootstrap_by_step(fleet: Fleet) -> None:
-    console.print("bootstrap time by step: not measured by this script yet (see bootstrap_by_step)")
+def bootstrap_by_step(fresh: BootstrapReport, again: BootstrapReport) -> None:
+    """The five steps on a fresh host (its own empty container store, so the prefetch
+    really pulls) and on the same host bootstrapped a second time (a no-op)."""
+    table = Table(title="bootstrap of a loopback host, by step (s; * = changed something)",
+                  title_justify="left")
+    for col in ("step", "fresh host", "second bootstrap", "detail (fresh)"):
+        table.add_column(col, justify="left" if col in ("step", "detail (fresh)") else "right")
+    for a, b in zip(fresh.steps, again.steps):
+        table.add_row(a.name, f"{a.seconds:.3f}{'*' if a.changed else ''}",
+                      f"{b.seconds:.3f}{'*' if b.changed else ''}", a.detail)
+    table.add_row("total", f"{fresh.total_s:.3f}", f"{again.total_s:.3f}", "")
+    console.print(table)
 
 
 # --------------------------------------------------------------------------- #
