@@ -32,8 +32,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
+
+from _stats import console as bench_console, pct  # bench/_stats.py (the script's folder is on sys.path)
 
 from flowmesh_sdk import EventKind, Fleet, InstanceSpec, Pool, PoolSpec
 from flowmesh_sdk.remote.local import LocalRunner
@@ -46,25 +47,12 @@ EXEC_TARGET = 0.05
 WARM_TIMEOUT_S = 60.0
 IDLE_PID1 = 'trap "exit 0" TERM INT; while :; do sleep 86400 & wait $!; done'
 
-console = Console(stderr=False)
-if not console.is_terminal:
-    console = Console(width=120)
+console = bench_console()
 
 
 # --------------------------------------------------------------------------- #
 # helpers
 # --------------------------------------------------------------------------- #
-
-def pct(xs: list[float], q: float) -> float:
-    """The q-th percentile (0-100), linear interpolation between closest ranks."""
-    s = sorted(xs)
-    if len(s) == 1:
-        return s[0]
-    k = (len(s) - 1) * q / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
 
 async def sample(n: int, one: Callable[[], Awaitable[float]], label: str) -> list[float]:
     """One warm-up, then ``n`` timed calls of ``one`` (which returns seconds)."""

@@ -41,8 +41,9 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
+
+from _stats import console as bench_console, pct  # bench/_stats.py (the script's folder is on sys.path)
 
 from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec
 from flowmesh_sdk.specs import BootstrapReport
@@ -54,25 +55,12 @@ ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.50"
 TARGET = 0.05
 
-console = Console(stderr=False)
-if not console.is_terminal:
-    console = Console(width=120)
+console = bench_console()
 
 
 # --------------------------------------------------------------------------- #
 # helpers
 # --------------------------------------------------------------------------- #
-
-def pct(xs: list[float], q: float) -> float:
-    """The q-th percentile (0-100), linear interpolation between closest ranks."""
-    s = sorted(xs)
-    if len(s) == 1:
-        return s[0]
-    k = (len(s) - 1) * q / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
 
 def sample_sync(n: int, one: Callable[[], None]) -> list[float]:
     one()   # warm-up, not measured

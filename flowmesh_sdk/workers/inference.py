@@ -31,7 +31,7 @@ import logging
 
 import httpx
 
-from ..control.events import Event, EventBus, EventKind
+from ..control.events import EventBus, EventKind
 from ..errors import FlowMeshError, SpecError
 from ..remote.runtime import ContainerRuntime
 from .container import WorkerContainer, worker_labels
@@ -39,7 +39,7 @@ from .endpoint import DrainReport, InferenceEndpoint
 from .errors import WorkerStartError
 from .health import HealthReport, wait_until_healthy
 from .specs import CONTAINER_PORT, ClientLimits, InferenceSpec
-from .state import WorkerState, worker_lifecycle
+from .state import WorkerBase, WorkerState, worker_lifecycle
 
 log = logging.getLogger("flowmesh.workers")
 
@@ -52,7 +52,7 @@ def tensor_parallel_of(argv: list[str]) -> int:
         raise WorkerStartError(f"the launch plan has no --tensor-parallel-size: {argv}") from exc
 
 
-class InferenceWorker:
+class InferenceWorker(WorkerBase):
     """One vLLM server on the machine ``runtime`` drives."""
 
     role = "inference"
@@ -81,15 +81,6 @@ class InferenceWorker:
 
     def __repr__(self) -> str:
         return f"InferenceWorker({self.name}, model={self.spec.model!r}, {self.state.value})"
-
-    @property
-    def state(self) -> WorkerState:
-        return self.lifecycle.state
-
-    def _emit(self, kind: EventKind, detail: str = "") -> None:
-        if self.bus is not None:
-            self.bus.publish(Event(kind, self.fleet, instance_id=self.instance_id, task_name=self.name,
-                                   detail=detail))
 
     # ---- join -------------------------------------------------------------------------
     async def join(self) -> InferenceEndpoint:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 
+from ..control.events import Event, EventBus, EventKind
 from ..lifecycle import Lifecycle
 
 
@@ -36,3 +37,22 @@ WORKER_TRANSITIONS: Mapping[WorkerState, frozenset[WorkerState]] = {
 def worker_lifecycle(name: str = "") -> Lifecycle:  # type: ignore[type-arg]
     """A fresh lifecycle in STARTING (``Lifecycle`` checks against this table)."""
     return Lifecycle(WORKER_TRANSITIONS, WorkerState.STARTING, f"worker {name}")  # type: ignore[type-var]
+
+
+class WorkerBase:
+    """What both roles share: the lifecycle, and worker events on the fleet's bus."""
+
+    name: str
+    fleet: str
+    instance_id: str | None
+    bus: EventBus | None
+    lifecycle: Lifecycle  # type: ignore[type-arg]
+
+    @property
+    def state(self) -> WorkerState:
+        return self.lifecycle.state  # type: ignore[no-any-return]
+
+    def _emit(self, kind: EventKind, detail: str = "") -> None:
+        if self.bus is not None:
+            self.bus.publish(Event(kind, self.fleet, instance_id=self.instance_id, task_name=self.name,
+                                   detail=detail))

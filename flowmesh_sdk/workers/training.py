@@ -44,7 +44,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from ..cas.base import ContentStore
-from ..control.events import Event, EventBus, EventKind
+from ..control.events import EventBus, EventKind
 from ..errors import FlowMeshError, SpecError
 from ..remote.runner import CommandResult, Runner
 from ..remote.runtime import ContainerRuntime
@@ -52,7 +52,7 @@ from .checkpoints import Checkpoint, publish_files
 from .container import WorkerContainer, run_plan, with_env, worker_labels
 from .errors import TrainingFailedError
 from .specs import Mount, TrainingSpec
-from .state import WorkerState, worker_lifecycle
+from .state import WorkerBase, WorkerState, worker_lifecycle
 
 #: the entrypoint in a source checkout (process mode's default on this host)
 REPO_ENTRYPOINT = Path(__file__).resolve().parents[2] / "images" / "gpu-worker" / "entrypoint.py"
@@ -119,7 +119,7 @@ def _tail(text: str, lines: int = 25) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-class TrainingWorker:
+class TrainingWorker(WorkerBase):
     """One TRL job on the machine ``target`` reaches (a ContainerRuntime, or a Runner for
     process mode)."""
 
@@ -155,15 +155,6 @@ class TrainingWorker:
     def __repr__(self) -> str:
         mode = "container" if self.spec.image else "process"
         return f"TrainingWorker({self.name}, {self.spec.recipe}, {mode}, {self.state.value})"
-
-    @property
-    def state(self) -> WorkerState:
-        return self.lifecycle.state
-
-    def _emit(self, kind: EventKind, detail: str = "") -> None:
-        if self.bus is not None:
-            self.bus.publish(Event(kind, self.fleet, instance_id=self.instance_id, task_name=self.name,
-                                   detail=detail))
 
     def _mounts(self) -> list[Mount]:
         return job_mounts(self.spec)
