@@ -205,12 +205,10 @@ class Pool(abc.ABC):
                         await sb.write_file(path, data)
                     run.result = await sb.exec(task.command, timeout_s=task.timeout_s)
                 break
-            except InstanceLost:
-                if run.attempts_left > 0 and not run.lifecycle.terminal:
-                    continue   # dispatched again, on another instance
-                break
             except FlowMeshError:
-                break   # recorded in run.error by _lease
+                if not run.lifecycle.terminal:
+                    continue   # its instance was lost: _lease queued it again for another
+                break          # recorded in run.error by _lease
         return TaskResult(task_id=run.id, name=task.name, pool=self.name, result=run.result,
                           phases=run.phases(), error=run.error, instance_id=run.instance_id,
                           image_digest=run.image_digest)
@@ -334,10 +332,9 @@ class Pool(abc.ABC):
             run.cancelled = isinstance(exc, asyncio.CancelledError)
             lost = (not run.cancelled and isinstance(exc, FlowMeshError) and inst is not None
                     and await self._lost(inst, exc))
-            if lost and run.attempts_left > 0:
-                redispatch = True
-                raise InstanceLost(f"instance {inst.id} was lost under task {name}: {exc}") from exc
-            run.error = run.error or ("cancelled" if run.cancelled else f"{type(exc).__name__}: {exc}")
+            redispatch = lost and run.attempts_left > 0
+            if not redispatch:
+                run.error = run.error or ("cancelled" if run.cancelled else f"{type(exc).__name__}: {exc}")
             if lost:
                 raise InstanceLost(f"instance {inst.id} was lost under task {name}: {exc}") from exc
             raise
