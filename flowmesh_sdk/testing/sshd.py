@@ -185,21 +185,23 @@ class LoopbackSshd:
         if self._proc is not None and self._proc.poll() is None:
             # Per-connection sshd processes are children of the listener in their own
             # sessions; SIGTERM on the listener does not end them, so end them by pid.
+            # The listener goes first, so that by the time the sessions die no new
+            # connection can be accepted (as with a machine that vanished).
             children = _children(self._proc.pid)
             try:
                 os.killpg(self._proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-            for pid in children:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             try:
                 self._proc.wait(5)
             except subprocess.TimeoutExpired:
                 os.killpg(self._proc.pid, signal.SIGKILL)
                 self._proc.wait(5)
+            for pid in children:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         if self._log is not None:
             self._log.close()
             self._log = None
