@@ -18,11 +18,12 @@ command -> same verdict), and a failing test is a verdict, so ``cache_failures``
    fresh local CAS.  Every result (b) got by reuse (a hit or a join) is compared with
    the fresh run (a) of the same evaluation: exit code, stdout and stderr must be
    byte-identical.
-2. **Counted, full size** (64 x 16): the same generator through the real reuse layer and a
-   real local CAS, with the pool replaced by ``CountingStandIn`` -- a COUNTING STAND-IN,
-   not a sandbox: it returns a record derived from the task's files, so executions can
-   be counted at full size in seconds.  Every reused result is compared with a fresh
-   answer of the stand-in for that evaluation.
+2. **Full size on the fleet simulator** (64 x 16): the same generator through the real
+   reuse layer and a real local CAS over a real persistent pool on simulated EC2
+   (``providers/sim``, virtual time: each evaluation runs ``--eval-minutes`` simulated
+   minutes and exits with the verdict its patch earns).  The step runs twice, without
+   and with reuse, so the dollars both cost are printed side by side, and every reused
+   result is compared with the fresh run of the same evaluation.
 
 The target is executions = distinct tasks, and no wrong reuse.  The last line is exactly
 ``executions_saved_pct=<x> wrong_reuse=<n>``: x is the share of the 1,024 evaluations
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import importlib.util
 import random
 import sys
@@ -53,8 +53,11 @@ from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec, Task, TaskR
 from flowmesh_sdk.cas import LocalDirStore
 from flowmesh_sdk.identity import task_identity
 from flowmesh_sdk.reuse import ResultReuse, ReusePolicy
-from flowmesh_sdk.specs import ExecResult, PhaseTimings, ReuseKind
+from flowmesh_sdk.specs import ExecResult, ReuseKind
 from flowmesh_providers.local import LocalProvider
+from flowmesh_providers.sim import SimInstanceType, ec2
+from flowmesh_providers.sim import loop as sim_loop
+from flowmesh_providers.sim.scenario import REGISTRY, SimResolver, sim_fleet
 
 ROOT = Path(__file__).resolve().parent.parent
 console = Console()
@@ -67,8 +70,9 @@ echo FAIL; exit 1
 """
 RIGHT = "s/ - 1 ))/ ))/\n"
 COMMON_WRONG = "s/ - 1 ))/ + 1 ))/\n"
-#: a digest-pinned reference for the counted part: resolved without a registry
-COUNTED_IMAGE = "bench.invalid/flowmesh/swe@sha256:" + hashlib.sha256(b"counted-image").hexdigest()
+#: the evaluation image in the simulated registry (the full-size part)
+SIM_IMAGE = "sim/swe-eval:1"
+SIM_IMAGE_BYTES = 2 * 10**9
 
 
 # --------------------------------------------------------------------------- #
@@ -177,55 +181,61 @@ async def real_part(args: argparse.Namespace, image: str) -> dict[str, float]:
 # 2. counted, full size
 # --------------------------------------------------------------------------- #
 
-class CountingStandIn:
-    """A COUNTING STAND-IN for a pool (not a sandbox, not a test run): ``run_task`` answers
-    with a record derived from the task's files and command, after yielding to the event
-    loop so that identical requests overlap as they would in flight.  It counts calls."""
-
-    name = "counted"
-
-    def __init__(self, digest: str) -> None:
-        self.digest = digest
-        self.calls = 0
-
-    @staticmethod
-    def answer(task: Task) -> ExecResult:
-        h = hashlib.sha256(task.command.encode())
-        for path in sorted(task.files):
-            h.update(path.encode() + b"\0" + bytes(task.files[path]) + b"\0")
-        verdict = int(h.hexdigest()[:2], 16) % 2
-        return ExecResult(exit_code=verdict, stdout=f"{'FAIL' if verdict else 'PASS'} {h.hexdigest()[:16]}\n",
-                          stderr="", duration_s=0.0)
-
-    async def run_task(self, task: Task) -> TaskResult:
-        self.calls += 1
-        await asyncio.sleep(0.001)
-        return TaskResult(task_id=f"counted-{self.calls:05d}", name=task.name, pool=self.name,
-                          result=self.answer(task), phases=PhaseTimings(execution=1.0),
-                          image_digest=self.digest)
+def sim_task(ev: Evaluation, eval_s: float) -> Task:
+    """The evaluation as a simulated machine runs it: the same files (so the same H_task
+    for the same patch), and a command that runs ``eval_s`` simulated seconds and exits
+    with the verdict the patch earns (0: the test passes)."""
+    real = evaluation_task(ev, f"{REGISTRY}/{SIM_IMAGE}")
+    return Task(name=real.name, sandbox=SandboxSpec(image=real.sandbox.image, cpus=1, memory_gb=1),
+                command=f"sim-work {eval_s:g} {0 if ev.expect_pass else 1}", files=real.files,
+                timeout_s=eval_s * 2, deterministic=True)
 
 
-async def counted_part(args: argparse.Namespace) -> dict[str, float]:
+async def _sim_step(tasks: list[Task], reuse_on: bool, home: str) -> tuple[list[TaskResult], float, int, object]:
+    """One RL step's evaluations in a persistent pool on simulated EC2 (8 sandboxes per
+    c5.2xlarge), with or without the reuse layer: (results, dollars, executions, counts)."""
+    cloud = ec2((SimInstanceType("c5.2xlarge", 8, 16, 0.34, nic_gbps=0.1),))
+    async with sim_fleet(cloud, {SIM_IMAGE: SIM_IMAGE_BYTES}, home=home) as (fleet, prov):
+        pool = await fleet.pool(PoolSpec(name="rewards", provider="ec2", mode="persistent",
+                                         instance=InstanceSpec(cpus=8, memory_gb=16),
+                                         max_instances=-(-len(tasks) // 8), sandboxes_per_instance=8,
+                                         warm_per_image=0))
+        if reuse_on:
+            reuse = ResultReuse(LocalDirStore(f"{home}/cas"), resolver=fleet.images, bus=fleet.bus, fleet="sim",
+                                policy=ReusePolicy(cache_failures=True))
+            results = list(await asyncio.gather(*(reuse.run(t, pool) for t in tasks)))
+            counts: object = reuse.counts()
+            executed = reuse.counts().executions
+        else:
+            results = await pool.map(tasks)
+            counts, executed = None, len(tasks)
+        await pool.drain()
+        return results, prov.cost(), executed, counts
+
+
+def counted_part(args: argparse.Namespace) -> dict[str, float]:
+    """Full size on the fleet simulator: the real reuse layer over a real persistent pool on
+    simulated EC2 (virtual time), once without reuse and once with it."""
     step = make_step(args.full_tasks, args.full_rollouts, args.dup_share, args.unique_right, args.seed)
-    tasks = [evaluation_task(ev, COUNTED_IMAGE) for ev in step]
-    digest = COUNTED_IMAGE.split("@", 1)[1]
-    stand_in = CountingStandIn(digest)
-    with tempfile.TemporaryDirectory(prefix="fm-dedup-cas-") as tmp:
-        reuse = ResultReuse(LocalDirStore(tmp), fleet="counted", policy=ReusePolicy(cache_failures=True))
-        results = await asyncio.gather(*(reuse.run(t, stand_in) for t in tasks))
-    c = reuse.counts()
-    wrong = sum(not same_bytes(r.result, CountingStandIn.answer(t))
-                for r, t in zip(results, tasks) if r.reuse in (ReuseKind.HIT, ReuseKind.JOINED))
+    tasks = [sim_task(ev, args.eval_minutes * 60) for ev in step]
+    with tempfile.TemporaryDirectory(prefix="fm-dedup-sim-") as tmp:
+        fresh, cost_fresh, _, _ = sim_loop.run(_sim_step(tasks, False, f"{tmp}/a"))
+        reused, cost_reuse, executed, c = sim_loop.run(_sim_step(tasks, True, f"{tmp}/b"))
+    wrong = sum(not same_bytes(r.result, f.result) for r, f in zip(reused, fresh)
+                if r.reuse in (ReuseKind.HIT, ReuseKind.JOINED))
+    digest = SimResolver.digest(SIM_IMAGE)
     n_distinct = distinct(tasks, digest)
-    table = Table(title=f"2. counted: {args.full_tasks} tasks x {args.full_rollouts} rollouts through the "
-                        "real reuse layer (pool = counting stand-in)")
-    for col in ("requested", "executed", "hits", "joins", "distinct tasks", "executions = distinct"):
+    table = Table(title=f"2. full size on the fleet simulator: {args.full_tasks} tasks x {args.full_rollouts} "
+                        f"rollouts, {args.eval_minutes:g}-minute evaluations, persistent pool on simulated EC2")
+    for col in ("requested", "executed", "hits", "joins", "distinct tasks", "executions = distinct",
+                "$ without reuse", "$ with reuse"):
         table.add_column(col, justify="right")
-    table.add_row(str(len(tasks)), str(stand_in.calls), str(c.hits), str(c.joins), str(n_distinct),
-                  "yes" if stand_in.calls == n_distinct else "NO")
+    table.add_row(str(len(tasks)), str(executed), str(c.hits), str(c.joins), str(n_distinct),  # type: ignore[attr-defined]
+                  "yes" if executed == n_distinct else "NO", f"{cost_fresh:.2f}", f"{cost_reuse:.2f}")
     console.print(table)
-    console.print(f"reused results checked against a fresh answer: {c.hits + c.joins}, wrong: {wrong}")
-    return {"requested": len(tasks), "executed": stand_in.calls, "distinct": n_distinct, "wrong": wrong}
+    console.print(f"reused results compared with the fresh run of the same evaluation: "
+                  f"{c.hits + c.joins}, wrong: {wrong}")  # type: ignore[attr-defined]
+    return {"requested": len(tasks), "executed": executed, "distinct": n_distinct, "wrong": wrong}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -238,6 +248,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="share of rollouts ending in one of their task's two common patches")
     p.add_argument("--unique-right", type=float, default=0.3,
                    help="share of the other rollouts whose own patch fixes the bug")
+    p.add_argument("--eval-minutes", type=float, default=5.0,
+                   help="simulated part: minutes one reward evaluation runs (default 5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--image", default=None, help="sandbox image (default: busybox, built if missing)")
     p.add_argument("--skip-real", action="store_true", help="only the counted part")
@@ -256,7 +268,7 @@ async def main(argv: list[str] | None = None) -> int:
         real = await real_part(args, args.image or build_busybox())
         wrong += int(real["wrong"])
         ok &= real["executed"] == real["distinct"] and real["bad_verdicts"] == 0
-    counted = await counted_part(args)
+    counted = await asyncio.to_thread(counted_part, args)   # its own virtual-time loop
     wrong += int(counted["wrong"])
     ok &= counted["executed"] == counted["distinct"]
     saved = 100.0 * (1 - counted["executed"] / counted["requested"])

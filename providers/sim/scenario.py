@@ -14,12 +14,13 @@ own overhead is ``makespan / lower_bound - 1``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from flowmesh_sdk import clock
@@ -115,6 +116,21 @@ class SimResolver(ImageResolver):
                          registry=REGISTRY, layers=(LayerInfo(d, self.sizes[name]),))
 
 
+@contextlib.asynccontextmanager
+async def sim_fleet(cloud: SimCloud, images: Mapping[str, int], *, home: str, seed: int = 0,
+                    types: Sequence[str] | None = None, spot: bool = False
+                    ) -> AsyncIterator[tuple[Fleet, SimProvider]]:
+    """A real :class:`Fleet` on a :class:`SimProvider` of ``cloud`` (call it under the
+    virtual-time loop, :func:`.loop.run`): ``images`` maps image names in the simulated
+    registry (``sim/...``; sandboxes name them ``REGISTRY/sim/...``) to their bytes."""
+    resolver = SimResolver(dict(images))
+    prov = SimProvider(cloud, images={resolver.digest(n): size for n, size in images.items()}, seed=seed,
+                       types=types, spot=spot)
+    async with Fleet("sim", home=home, providers={cloud.name: prov}, images=resolver,
+                     pull_policy=SIM_PULL_POLICY, bootstrap_timeout_s=24 * 3600.0) as fleet:
+        yield fleet, prov
+
+
 def run_scenario(cloud: SimCloud, w: Workload, *, seed: int = 0,
                  instance_types: Sequence[str] | None = None) -> SimResult:
     """Play ``w`` out on ``cloud`` (deterministic for ``seed``); see the module doc.
@@ -130,9 +146,6 @@ async def _run(cloud: SimCloud, w: Workload, seed: int, home: str, types: tuple[
     cloud.type(w.instance_type)   # a SpecError naming the types when unknown
     size = int(w.image_gb * 1e9)
     names = [f"sim/task-{i}:1" for i in range(w.tasks)] if w.distinct_images else ["sim/base:1"]
-    resolver = SimResolver({n: size for n in names})
-    prov = SimProvider(cloud, images={resolver.digest(n): size for n in names}, seed=seed,
-                       types=types, spot=w.spot)
     t = cloud.type(w.instance_type)
     spec = PoolSpec(name="sim", provider=cloud.name, mode=w.mode,
                     # a disk that holds the images of the tasks running at once (and then some)
@@ -143,8 +156,8 @@ async def _run(cloud: SimCloud, w: Workload, seed: int, home: str, types: tuple[
                     sandboxes_per_instance=w.tasks_per_instance if w.mode == "persistent" else 1,
                     warm_per_image=0, idle_timeout_s=3600.0, task_attempts=5)
     counts = {"redispatched": 0, "failovers": 0}
-    async with Fleet("sim", home=home, providers={cloud.name: prov}, images=resolver,
-                     pull_policy=SIM_PULL_POLICY, bootstrap_timeout_s=24 * 3600.0) as fleet:
+    async with sim_fleet(cloud, {n: size for n in names}, home=home, seed=seed, types=types,
+                         spot=w.spot) as (fleet, prov):
         fleet.bus.on(lambda e: counts.__setitem__("redispatched", counts["redispatched"] + 1),
                      EventKind.TASK_REDISPATCHED)
         fleet.bus.on(lambda e: counts.__setitem__("failovers", counts["failovers"] + 1),
