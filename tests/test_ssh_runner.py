@@ -188,3 +188,29 @@ async def test_sandbox_over_ssh(runner, busybox_image):
 async def test_input_not_read_is_no_error(runner):
     r = await runner.run(["sh", "-c", "head -c 10; exit 4"], timeout_s=30, input=b"y" * (8 << 20))
     assert (r.exit_code, r.stdout, r.timed_out) == (4, b"y" * 10, False)
+
+
+async def test_more_channels_than_max_sessions_open_a_second_connection(sshd):
+    # sshd here allows 64 sessions; the runner is told 3 per connection, as if MaxSessions
+    # were 3: five held-open channels need two connections, and all five answer
+    runner = SshRunner(target_of(sshd), max_sessions=3, max_connections=2)
+    chans = []
+    try:
+        for _ in range(5):
+            chans.append(await runner.open_channel(["sh"]))
+        assert runner.connects == 2
+        for i, ch in enumerate(chans):
+            await ch.write(f"echo chan-{i}\n".encode())
+            assert await asyncio.wait_for(ch.readline(), 10) == f"chan-{i}\n".encode()
+        # all six slots of two connections: the seventh caller waits until one is given back
+        chans.append(await runner.open_channel(["sh"]))
+        waiting = asyncio.ensure_future(runner.open_channel(["sh"]))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()
+        await chans.pop(0).close()
+        chans.append(await asyncio.wait_for(waiting, 10))
+        assert runner.connects == 2
+    finally:
+        for ch in chans:
+            await ch.close()
+        await runner.close()

@@ -2,8 +2,10 @@
 
 :class:`SshRunner` implements :class:`~flowmesh_sdk.remote.runner.Runner` with paramiko.
 One ``paramiko.Transport`` per runner is opened lazily and reused: every :meth:`run`,
-:meth:`open_channel` and SFTP transfer is a new session channel on it.  When the
-connection has died it is opened again (once per call, after a short backoff).
+:meth:`open_channel` and SFTP transfer is a new session channel on it.  Past
+``max_sessions`` channels at once (sshd's ``MaxSessions``) a second connection is opened,
+and so on up to ``max_connections``.  When a connection has died it is opened again
+(once per call, after a short backoff).
 
 Host keys are pinned: :class:`SshTarget` carries the one public host key line the SDK
 expects (``ssh-ed25519 AAAA...``).  Any other key fails with :class:`AuthError` before
@@ -137,8 +139,9 @@ class _Pump:
 class _Proc:
     """A remote process on a session channel: its streams, its exit status, its pgid."""
 
-    def __init__(self, runner: SshRunner, chan: Any, argv: Sequence[str]) -> None:
+    def __init__(self, runner: SshRunner, conn: _Conn, chan: Any, argv: Sequence[str]) -> None:
         self.runner = runner
+        self.conn = conn
         self.chan = chan
         self.argv = tuple(argv)
         loop = asyncio.get_running_loop()
@@ -179,7 +182,8 @@ class _Proc:
     async def kill(self) -> None:
         if self.pgid is not None and self.pgid > 1:
             try:
-                await self.runner._exec_simple(f"kill -KILL -- -{self.pgid} 2>/dev/null; true", 15.0)
+                await self.runner._exec_simple(f"kill -KILL -- -{self.pgid} 2>/dev/null; true", 15.0,
+                                               self.conn)
             except Exception as exc:  # noqa: BLE001 - best effort; logged
                 log.warning("%s: could not kill remote process group %s: %s",
                             self.runner.label, self.pgid, exc)
@@ -237,7 +241,18 @@ class SshChannel(StreamChannel):
             self._drain.cancel()
 
     def runner_release(self) -> None:
-        self._proc.runner._sessions.release()
+        self._proc.runner._give_slot(self._proc.conn)
+
+
+class _Conn:
+    """One SSH connection of a runner, and how many session slots are taken on it."""
+
+    __slots__ = ("transport", "busy", "lock")
+
+    def __init__(self) -> None:
+        self.transport: Any = None
+        self.busy = 0
+        self.lock = asyncio.Lock()
 
 
 class SshRunner(Runner):
@@ -246,10 +261,13 @@ class SshRunner(Runner):
     on_this_host = False
 
     def __init__(self, target: SshTarget, *, connect_timeout_s: float = 10.0,
-                 keepalive_s: float = 15.0, max_sessions: int = 10,
+                 keepalive_s: float = 15.0, max_sessions: int = 10, max_connections: int = 8,
                  host_key_check: Callable[[str, int, str, bytes], None] | None = None) -> None:
-        """``max_sessions`` caps concurrent session channels (OpenSSH's ``MaxSessions``
-        is 10 by default); callers past it wait for a free one.  ``host_key_check(host,
+        """``max_sessions`` caps concurrent session channels per connection (OpenSSH's
+        ``MaxSessions`` is 10 by default).  Held-open channels past it make the runner open
+        another connection to the machine, up to ``max_connections`` (so a machine can hold
+        more sandbox channels than one connection allows); commands past it, and channels
+        past all connections, wait for a slot to be given back.  ``host_key_check(host,
         port, key_type, key_blob)`` decides on the server's key when ``target.host_key``
         is empty (trust on first use: :meth:`flowmesh_sdk.remote.keys.KnownHosts.tofu_check`);
         it returns to accept and raises AuthError to refuse."""
@@ -259,9 +277,10 @@ class SshRunner(Runner):
         self.label = target.label
         self.connect_timeout_s = connect_timeout_s
         self.keepalive_s = keepalive_s
-        self._transport: Any = None
-        self._lock = asyncio.Lock()
-        self._sessions = asyncio.Semaphore(max_sessions)
+        self.max_sessions = max_sessions
+        self.max_connections = max_connections
+        self._conns: list[_Conn] = []
+        self._freed = asyncio.Event()   # a session slot was given back
         self._closed = False
         #: how many SSH connections this runner has opened (1 while it never had to reconnect)
         self.connects = 0
@@ -330,29 +349,51 @@ class SshRunner(Runner):
             transport.close()
             raise
 
-    async def _get_transport(self, *, fresh: bool = False) -> Any:
+    async def _take_slot(self, *, grow: bool, timeout_s: float = 300.0) -> _Conn:
+        """A session slot on a connection with room.  Only ``grow`` callers (held-open
+        channels) open a further connection when all are full; commands wait for a slot
+        instead (so a burst of short commands stays on one connection).  Waits for a
+        slot given back, up to ``timeout_s`` (asyncio.TimeoutError past it)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            conn = next((c for c in self._conns if c.busy < self.max_sessions), None)
+            if conn is None and (not self._conns or (grow and len(self._conns) < self.max_connections)):
+                conn = _Conn()
+                self._conns.append(conn)
+            if conn is not None:
+                conn.busy += 1
+                return conn
+            self._freed.clear()
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await self._freed.wait()
+
+    def _give_slot(self, conn: _Conn) -> None:
+        conn.busy -= 1
+        self._freed.set()
+
+    async def _get_transport(self, conn: _Conn, *, fresh: bool = False) -> Any:
         if self._closed:
             raise SandboxClosedError(f"{self.label}: the runner is closed")
-        async with self._lock:
-            t = self._transport
+        async with conn.lock:
+            t = conn.transport
             if fresh and t is not None:
                 await asyncio.to_thread(t.close)
-                self._transport = t = None
+                conn.transport = t = None
             if t is None or not t.is_active():
                 if t is not None:
                     await asyncio.to_thread(t.close)
-                    self._transport = None
+                    conn.transport = None
                 t = await asyncio.wait_for(asyncio.to_thread(self._connect_blocking),
                                            self.connect_timeout_s * 3)
-                self._transport = t
+                conn.transport = t
                 self.connects += 1
             return t
 
-    async def _with_transport(self, fn: Any, timeout_s: float | None = None) -> Any:
+    async def _with_transport(self, conn: _Conn, fn: Any, timeout_s: float | None = None) -> Any:
         """``fn(transport)`` in a thread; when the connection turns out dead, reconnect
         once after a backoff and try again."""
         limit = timeout_s if timeout_s is not None else self.connect_timeout_s * 3
-        t = await self._get_transport()
+        t = await self._get_transport(conn)
         try:
             return await asyncio.wait_for(asyncio.to_thread(fn, t), limit)
         except (EOFError, OSError, paramiko.SSHException) as exc:
@@ -360,7 +401,7 @@ class SshRunner(Runner):
                 raise ProviderUnavailableError(f"{self.label}: {exc}", provider="ssh") from exc
             log.info("%s: connection lost (%s); reconnecting", self.label, exc)
         await asyncio.sleep(_RECONNECT_BACKOFF_S)
-        t = await self._get_transport(fresh=True)
+        t = await self._get_transport(conn, fresh=True)
         return await asyncio.wait_for(asyncio.to_thread(fn, t), limit)
 
     async def wait_reachable(self, timeout_s: float) -> None:
@@ -387,8 +428,8 @@ class SshRunner(Runner):
             if not s.recv(4).startswith(b"SSH-"):
                 raise OSError("the port answers, but not with an SSH banner")
 
-    async def _start(self, argv: Sequence[str]) -> _Proc:
-        """A session channel running ``argv`` (wrapped); the caller holds a session slot."""
+    async def _start(self, argv: Sequence[str], conn: _Conn) -> _Proc:
+        """A session channel running ``argv`` (wrapped); the caller holds a slot on ``conn``."""
         cmd = _wrap(argv)
 
         def open_exec(t: Any) -> Any:
@@ -400,8 +441,8 @@ class SshRunner(Runner):
                 raise
             return chan
 
-        chan = await self._with_transport(open_exec)
-        proc = _Proc(self, chan, argv)
+        chan = await self._with_transport(conn, open_exec)
+        proc = _Proc(self, conn, chan, argv)
         try:
             await proc.read_pgid(self.connect_timeout_s * 3)
         except BaseException:
@@ -409,8 +450,8 @@ class SshRunner(Runner):
             raise
         return proc
 
-    async def _exec_simple(self, command: str, timeout_s: float) -> int | None:
-        """Run a shell line (unwrapped, no slot needed: used to kill) and wait for it."""
+    async def _exec_simple(self, command: str, timeout_s: float, conn: _Conn) -> int | None:
+        """Run a shell line on ``conn`` (unwrapped, no slot needed: used to kill) and wait."""
         def go(t: Any) -> int:
             chan = t.open_session(timeout=self.connect_timeout_s)
             try:
@@ -421,7 +462,7 @@ class SshRunner(Runner):
                 return chan.exit_status
             finally:
                 chan.close()
-        return await self._with_transport(go, timeout_s + self.connect_timeout_s * 2)
+        return await self._with_transport(conn, go, timeout_s + self.connect_timeout_s * 2)
 
     # ---- Runner --------------------------------------------------------------------
     async def run(self, argv: Sequence[str], *, timeout_s: float,
@@ -429,8 +470,9 @@ class SshRunner(Runner):
         t0 = time.monotonic()
         deadline = t0 + timeout_s
         timed_out = False
-        async with self._sessions:
-            proc = await self._start(argv)
+        conn = await self._take_slot(grow=False)
+        try:
+            proc = await self._start(argv, conn)
             try:
                 async def feed() -> None:
                     try:
@@ -472,15 +514,17 @@ class SshRunner(Runner):
                 raise
             finally:
                 proc.close()
+        finally:
+            self._give_slot(conn)
         return CommandResult(tuple(argv), code if code is not None else -1, out, err,
                              time.monotonic() - t0, timed_out)
 
     async def open_channel(self, argv: Sequence[str]) -> Channel:
-        await asyncio.wait_for(self._sessions.acquire(), 300.0)
+        conn = await self._take_slot(grow=True)
         try:
-            proc = await self._start(argv)
+            proc = await self._start(argv, conn)
         except BaseException:
-            self._sessions.release()
+            self._give_slot(conn)
             raise
         return SshChannel(proc)
 
@@ -495,8 +539,11 @@ class SshRunner(Runner):
                     sftp.get(a, b)
             finally:
                 sftp.close()
-        async with self._sessions:
-            await self._with_transport(go, timeout_s)
+        conn = await self._take_slot(grow=False)
+        try:
+            await self._with_transport(conn, go, timeout_s)
+        finally:
+            self._give_slot(conn)
 
     async def put_file(self, local_path: str, remote_path: str, *, timeout_s: float = 3600.0) -> None:
         await self._sftp("put", local_path, remote_path, timeout_s)
@@ -506,10 +553,11 @@ class SshRunner(Runner):
 
     async def close(self) -> None:
         self._closed = True
-        async with self._lock:
-            if self._transport is not None:
-                await asyncio.to_thread(self._transport.close)
-                self._transport = None
+        for conn in self._conns:
+            async with conn.lock:
+                if conn.transport is not None:
+                    await asyncio.to_thread(conn.transport.close)
+                    conn.transport = None
 
 
 async def _drain(reader: asyncio.StreamReader, buf: bytearray) -> None:
