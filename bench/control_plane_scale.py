@@ -2,7 +2,7 @@
 """The control plane at scale: 1 ... 10,000 concurrent 100-minute tasks through the REAL
 fleet, pools, provisioner, pull budget and metadata store, on a simulated EC2 (its
 published API limits, lognormal boot times, 100 Mbit/s per 8-vCPU instance) on virtual
-time -- so a 10,000-task, three-hour run takes seconds on two cores.
+time -- so a 10,000-task, three-hour run takes about ten seconds on two cores.
 
 Two numbers per run, side by side with what the simulated cloud itself imposes:
 

@@ -125,3 +125,19 @@ def test_images_wanted_by_sandboxes_being_made_are_never_evicted():
                  image_gb=1.0, disk_gb=20, prewarmed=True)
     r = run_scenario(unlimited("disk", (big,)), w, seed=0)
     assert (r.succeeded, r.failed) == (40, 0)
+
+
+@pytest.mark.slow
+def test_ten_thousand_concurrent_tasks_through_the_real_control_plane():
+    # the control plane at MegaFlow's largest scale, on a 2-core machine: 10,000 hundred-
+    # minute tasks, one simulated c5.2xlarge each, under EC2's published API limits
+    w = Workload(tasks=10_000, minutes=100, instance_type="c.2xlarge", mode="ephemeral")
+    r = run_scenario(ec2((SMALL,)), w, seed=5)
+    assert (r.succeeded, r.failed, r.instances_launched) == (10_000, 0, 10_000)
+    # launches follow the resource bucket: what it holds (1,000), then calls of ~10 s of
+    # refill (20 instances at 2/s) -- not 10,000 calls, and not one call that cannot be served
+    assert r.api_calls["launch"] == 1 + (10_000 - 1_000) // 20
+    # the 10,000th instance cannot be asked for before (10,000 - 1,000) / 2 s = 75 min
+    assert r.lower_bound_s > 6000 + 75 * 60
+    assert r.lower_bound_s <= r.makespan_s <= 1.02 * r.lower_bound_s
+    assert r.phases_p50.execution == pytest.approx(6000.0)
