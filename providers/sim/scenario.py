@@ -35,13 +35,17 @@ from .cloud import GBIT, SimCloud
 from .provider import SimProvider
 
 REGISTRY = "registry.sim.invalid"   # never contacted: the simulated machines answer pulls
-# The pull budget of a cloud registry at fleet scale (an assumption: registries publish
-# per-API request quotas in the thousands per second; see docs/cost-model.md).
+# The fleet's pull budget toward the simulated registry: an assumption, not a published
+# quota (a managed registry that serves thousands of instances at once); the time a pull
+# takes is the links' business (providers/sim/network.py).  See docs/cost-model.md.
 SIM_PULL_POLICY = PullPolicy(rate_per_s=1000.0, burst=2000, max_concurrent_pulls=10_000)
 
 
 @dataclass(frozen=True, slots=True)
 class Workload:
+    """A batch submitted at once: ``tasks`` of ``minutes`` each on ``instance_type``,
+    one per instance (ephemeral) or ``tasks_per_instance`` packed (persistent)."""
+
     tasks: int
     minutes: float
     instance_type: str
