@@ -14,6 +14,25 @@ MAX_PAGES = 2000          # a price listing longer than this is a loop, not a ca
 TIMEOUT_S = 60.0          # per request
 
 
+async def request_json(client: Any, method: str, url: str, *, provider: str, api: str, where: str,
+                       what: str = "", **kwargs: Any) -> Any:
+    """One request to a price API through ``client`` (an ``httpx.AsyncClient``): an
+    unreachable endpoint is ProviderUnavailableError (``EndpointUnreachable``), a non-2xx
+    answer goes through :func:`raise_for_status`; returns the JSON body (None if not JSON)."""
+    import httpx
+    try:
+        resp = await client.request(method, url, **kwargs)
+    except httpx.HTTPError as exc:
+        raise ProviderUnavailableError(f"{api} unreachable at {where}: {type(exc).__name__}",
+                                       provider=provider, code="EndpointUnreachable") from exc
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    raise_for_status(provider, resp.status_code, body, resp.headers, what=what)
+    return body
+
+
 def raise_for_status(provider: str, status: int, body: Any, headers: Any = None, what: str = "") -> None:
     """Raise the SDK error for a non-2xx answer of a price API."""
     if 200 <= status < 300:

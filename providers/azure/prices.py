@@ -27,9 +27,9 @@ from dataclasses import replace
 
 import httpx
 
-from flowmesh_sdk.catalog.http import MAX_PAGES, TIMEOUT_S, raise_for_status, same_origin
+from flowmesh_sdk.catalog.http import MAX_PAGES, TIMEOUT_S, request_json, same_origin
 from flowmesh_sdk.catalog.records import CatalogRow
-from flowmesh_sdk.errors import ProviderError, ProviderUnavailableError
+from flowmesh_sdk.errors import ProviderError
 
 PROVIDER = "azure"
 ENDPOINT = "https://prices.azure.com"
@@ -49,16 +49,8 @@ async def _items(client: httpx.AsyncClient, base: str, region: str) -> list[dict
     for _ in range(MAX_PAGES):
         if url is None:
             return items
-        try:
-            resp = await client.get(url, params=params)
-        except httpx.HTTPError as exc:
-            raise ProviderUnavailableError(f"Retail Prices API unreachable at {base}: {type(exc).__name__}",
-                                           provider=PROVIDER, code="EndpointUnreachable") from exc
-        try:
-            body = resp.json()
-        except ValueError:
-            body = None
-        raise_for_status(PROVIDER, resp.status_code, body, resp.headers, what=f"({region})")
+        body = await request_json(client, "GET", url, params=params, provider=PROVIDER,
+                                  api="Retail Prices API", where=base, what=f"({region})")
         if not isinstance(body, dict) or not isinstance(body.get("Items"), list):
             raise ProviderError(f"Retail Prices API ({region}) answered without Items", provider=PROVIDER)
         items.extend(body["Items"])

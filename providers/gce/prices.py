@@ -33,9 +33,9 @@ from dataclasses import replace
 
 import httpx
 
-from flowmesh_sdk.catalog.http import MAX_PAGES, TIMEOUT_S, raise_for_status
+from flowmesh_sdk.catalog.http import MAX_PAGES, TIMEOUT_S, request_json
 from flowmesh_sdk.catalog.records import CatalogRow
-from flowmesh_sdk.errors import AuthError, ProviderError, ProviderUnavailableError
+from flowmesh_sdk.errors import AuthError, ProviderError
 
 PROVIDER = "gce"
 ENDPOINT = "https://cloudbilling.googleapis.com"
@@ -125,16 +125,8 @@ async def _skus(client: httpx.AsyncClient, base: str, key: str) -> list[dict]:
         params = {"key": key, "currencyCode": "USD", "pageSize": "5000"}
         if token:
             params["pageToken"] = token
-        try:
-            resp = await client.get(url, params=params)
-        except httpx.HTTPError as exc:
-            raise ProviderUnavailableError(f"Cloud Billing Catalog API unreachable at {base}: {type(exc).__name__}",
-                                           provider=PROVIDER, code="EndpointUnreachable") from exc
-        try:
-            body = resp.json()
-        except ValueError:
-            body = None
-        raise_for_status(PROVIDER, resp.status_code, body, resp.headers, what="(services.skus.list)")
+        body = await request_json(client, "GET", url, params=params, provider=PROVIDER,
+                                  api="Cloud Billing Catalog API", where=base, what="(services.skus.list)")
         if not isinstance(body, dict):
             raise ProviderError("Cloud Billing Catalog API answered without JSON", provider=PROVIDER)
         skus.extend(body.get("skus") or [])

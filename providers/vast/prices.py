@@ -26,9 +26,9 @@ from typing import Any
 
 import httpx
 
-from flowmesh_sdk.catalog.http import TIMEOUT_S, raise_for_status
+from flowmesh_sdk.catalog.http import TIMEOUT_S, request_json
 from flowmesh_sdk.catalog.records import CatalogRow
-from flowmesh_sdk.errors import ProviderError, ProviderUnavailableError
+from flowmesh_sdk.errors import ProviderError
 
 PROVIDER = "vast"
 ENDPOINT = "https://console.vast.ai"
@@ -40,16 +40,8 @@ BASE_QUERY = {"verified": {"eq": True}, "external": {"eq": False}, "rentable": {
 
 async def _search(client: httpx.AsyncClient, base: str, kind: str, headers: dict[str, str]) -> list[dict[str, Any]]:
     query = {**BASE_QUERY, "order": [["dph_total", "asc"]], "type": kind, "limit": LIMIT}
-    try:
-        resp = await client.post(f"{base}/api/v0/bundles/", json=query, headers=headers)
-    except httpx.HTTPError as exc:
-        raise ProviderUnavailableError(f"Vast.ai search unreachable at {base}: {type(exc).__name__}",
-                                       provider=PROVIDER, code="EndpointUnreachable") from exc
-    try:
-        body = resp.json()
-    except ValueError:
-        body = None
-    raise_for_status(PROVIDER, resp.status_code, body, resp.headers, what=f"(search {kind})")
+    body = await request_json(client, "POST", f"{base}/api/v0/bundles/", json=query, headers=headers,
+                              provider=PROVIDER, api="Vast.ai search", where=base, what=f"(search {kind})")
     if not isinstance(body, dict) or not isinstance(body.get("offers"), list):
         raise ProviderError(f"Vast.ai search ({kind}) answered without offers", provider=PROVIDER)
     return body["offers"]
