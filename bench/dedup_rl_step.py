@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import random
 import sys
 import tempfile
@@ -48,6 +47,8 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
+from _common import busybox_image  # bench/_common.py (the script's folder is on sys.path)
 
 from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec, Task, TaskResult
 from flowmesh_sdk.cas import LocalDirStore
@@ -59,7 +60,6 @@ from flowmesh_providers.sim import SimInstanceType, ec2
 from flowmesh_providers.sim import loop as sim_loop
 from flowmesh_providers.sim.scenario import REGISTRY, SimResolver, sim_fleet
 
-ROOT = Path(__file__).resolve().parent.parent
 console = Console()
 if not console.is_terminal:
     console = Console(width=150)
@@ -126,14 +126,6 @@ def distinct(tasks: list[Task], digest: str) -> int:
 # --------------------------------------------------------------------------- #
 # 1. real, reduced size
 # --------------------------------------------------------------------------- #
-
-def build_busybox() -> str:
-    spec = importlib.util.spec_from_file_location("flowmesh_images", ROOT / "images" / "build.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.build_busybox()
-
 
 async def real_part(args: argparse.Namespace, image: str) -> dict[str, float]:
     step = make_step(args.tasks, args.rollouts, args.dup_share, args.unique_right, args.seed)
@@ -265,7 +257,7 @@ async def main(argv: list[str] | None = None) -> int:
     ok = True
     wrong = 0
     if not args.skip_real:
-        real = await real_part(args, args.image or build_busybox())
+        real = await real_part(args, args.image or busybox_image())
         wrong += int(real["wrong"])
         ok &= real["executed"] == real["distinct"] and real["bad_verdicts"] == 0
     counted = await asyncio.to_thread(counted_part, args)   # its own virtual-time loop

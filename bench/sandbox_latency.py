@@ -24,23 +24,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
-from _stats import console as bench_console, pct  # bench/_stats.py (the script's folder is on sys.path)
+from _common import console as bench_console, image_builder, pct  # bench/_common.py (the script's folder is on sys.path)
 
 from flowmesh_sdk import EventKind, Fleet, InstanceSpec, Pool, PoolSpec
 from flowmesh_sdk.remote.local import LocalRunner
 from flowmesh_sdk.remote.runtime import ContainerRuntime, RuntimeInfo
 
-ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_IMAGE = "localhost/flowmesh/swe-base:bookworm"
 TTFC_TARGET = 0.1
 EXEC_TARGET = 0.05
@@ -77,11 +74,7 @@ async def sh(*argv: str, check: bool = True) -> tuple[int, bytes, bytes]:
 
 
 def ensure_image(image: str) -> None:
-    path = ROOT / "images" / "build.py"
-    spec = importlib.util.spec_from_file_location("flowmesh_images", path)
-    assert spec is not None and spec.loader is not None
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
+    build = image_builder()
     builders = {build.SWE_BASE_IMAGE: build.build_swe_base, build.BUSYBOX_IMAGE: build.build_busybox}
     if image in builders:
         console.print(f"making sure {image} exists (a first swe-base build takes a minute or two)")

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import os
 import subprocess
 import sys
@@ -43,7 +42,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from _stats import console as bench_console, pct  # bench/_stats.py (the script's folder is on sys.path)
+from _common import busybox_image, console as bench_console, pct  # bench/_common.py (the script's folder is on sys.path)
 
 from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec
 from flowmesh_sdk.specs import BootstrapReport
@@ -51,7 +50,6 @@ from flowmesh_sdk.remote.keys import PublicKey, host_id
 from flowmesh_sdk.testing.registry import LocalRegistry
 from flowmesh_sdk.testing.sshd import LoopbackSshd
 
-ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.50"
 TARGET = 0.05
 
@@ -80,14 +78,6 @@ async def sample_async(n: int, one: Callable[[], Awaitable[None]]) -> list[float
         await one()
         out.append(time.perf_counter() - t0)
     return out
-
-
-def busybox_image() -> str:
-    spec = importlib.util.spec_from_file_location("flowmesh_images", ROOT / "images" / "build.py")
-    assert spec is not None and spec.loader is not None
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
-    return build.build_busybox()
 
 
 # --------------------------------------------------------------------------- #
