@@ -116,37 +116,29 @@ def fit_tensor_parallel(gpus: int, num_heads: int | None = None) -> int:
 # argument types
 # --------------------------------------------------------------------------- #
 
+def _int_in(value: str, lo: int, hi: int | None, allowed: str) -> int:
+    """``value`` as an integer in [lo, hi]; an argparse error naming what is allowed."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = lo - 1
+    if n < lo or (hi is not None and n > hi):
+        raise argparse.ArgumentTypeError(f"invalid value {value!r} (allowed: {allowed})")
+    return n
+
+
 def _auto_or_positive(value: str) -> str | int:
     if value.strip().lower() == "auto":
         return "auto"
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(
-            f"invalid value {value!r} (allowed: auto or a positive integer)")
-    return n
+    return _int_in(value, 1, None, "auto or a positive integer")
 
 
 def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"invalid value {value!r} (allowed: a positive integer)")
-    return n
+    return _int_in(value, 1, None, "a positive integer")
 
 
 def _port(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= 65535:
-        raise argparse.ArgumentTypeError(f"invalid value {value!r} (allowed: 1 to 65535)")
-    return n
+    return _int_in(value, 1, 65535, "1 to 65535")
 
 
 def _fraction(value: str) -> float:
