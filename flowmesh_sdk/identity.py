@@ -12,11 +12,11 @@ summarised in ``shared/seeds/001_*.txt``):
   engine), each keeping its own answer.
 
 Both are ``"sha256:" + 64 hex digits`` of a domain tag followed by the canonical encoding
-of a list.  The encoding (version 1, below) is the contract: it is stable across
+of a list.  The encoding (version 2, below) is the contract: it is stable across
 processes, machines and Python versions, and ``tests/test_identity.py`` pins golden
 vectors of it.  ``docs/identity.md`` explains every field that goes into each hash.
 
-Canonical encoding, version 1 (every length and count is an unsigned 64-bit big-endian
+Canonical encoding, version 2 (every length and count is an unsigned 64-bit big-endian
 integer, written ``u64``)::
 
     None          b"N"
@@ -24,11 +24,19 @@ integer, written ``u64``)::
     int           b"i" u64(len) ASCII decimal (optional "-", no leading zeros)
     float         b"f" 8 bytes IEEE-754 binary64, big-endian; -0.0 is written as 0.0;
                   NaN and +-inf are refused
-    str           b"s" u64(len) UTF-8 of the NFC-normalised string
+    str           b"s" u64(len) UTF-8 of the string exactly as given (no Unicode
+                  normalisation: "\u00e9" and "e\u0301" are different commands, so they
+                  are different values); lone surrogates are refused
     bytes         b"b" u64(len) the raw bytes (bytes never equal a str)
     list / tuple  b"l" u64(count) each item
     dict          b"d" u64(count) then key, value for each entry, ordered by the encoded
-                  key bytes; keys must be str; two keys equal after NFC are refused
+                  key bytes; keys must be str
+
+Version 1 NFC-normalised every string, so two spellings of one text that a shell runs as
+different bytes shared an ``H_task`` (a wrong result could be reused).  Version 2 hashes
+the exact bytes and uses new domain tags (``/v2``), so no v2 identity equals a v1 one; v1
+identities are not computed any more, and results stored under them are simply never
+found (they are recomputed once under their v2 identity).
 
 Anything else (sets, objects, bool-like numbers of other types) raises
 :class:`~flowmesh_sdk.errors.SpecError` naming where in the value it sits: a set has no
@@ -42,7 +50,6 @@ import hashlib
 import math
 import re
 import struct
-import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -55,11 +62,11 @@ __all__ = [
     "h_exec", "h_task", "is_digest", "label_digest", "sandbox_h_exec", "task_identity",
 ]
 
-ENCODING_VERSION = 1
-_DOMAIN_TASK = b"flowmesh/h_task/v1\x00"
-_DOMAIN_EXEC = b"flowmesh/h_exec/v1\x00"
-_DOMAIN_LABEL = b"flowmesh/label/v1\x00"
-_DIGEST = re.compile(r"^(sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128})$")
+ENCODING_VERSION = 2
+_DOMAIN_TASK = b"flowmesh/h_task/v2\x00"
+_DOMAIN_EXEC = b"flowmesh/h_exec/v2\x00"
+_DOMAIN_LABEL = b"flowmesh/label/v2\x00"
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128}")
 _U64 = struct.Struct(">Q")
 _F64 = struct.Struct(">d")
 
@@ -79,7 +86,7 @@ def _len(n: int) -> bytes:
 
 def _text(s: str, where: str) -> bytes:
     try:
-        return unicodedata.normalize("NFC", s).encode("utf-8")
+        return s.encode("utf-8")   # the exact bytes: no normalisation (encoding v2)
     except UnicodeEncodeError as exc:  # lone surrogates have no UTF-8 form
         raise SpecError(where, f"strings must be valid Unicode (no lone surrogates): {exc}") from exc
 
@@ -111,10 +118,7 @@ def _encode(v: object, out: bytearray, where: str) -> None:
             if not isinstance(key, str):
                 raise SpecError(f"{where}[{key!r}]", f"dict keys must be strings, got {type(key).__name__}")
             entries.append((_text(key, f"{where}[{key!r}]"), item, key))
-        entries.sort(key=lambda e: e[0])
-        for a, b in zip(entries, entries[1:]):
-            if a[0] == b[0]:
-                raise SpecError(f"{where}[{b[2]!r}]", "two keys are equal after NFC normalisation")
+        entries.sort(key=lambda e: e[0])   # distinct str keys have distinct UTF-8 bytes
         out += b"d" + _len(len(entries))
         for kbytes, item, key in entries:
             out += b"s" + _len(len(kbytes)) + kbytes
@@ -133,10 +137,20 @@ def _encode(v: object, out: bytearray, where: str) -> None:
 def decode(data: bytes) -> object:
     """The value that :func:`canonical` encoded (lists for lists and tuples, dicts for dicts).
 
-    Raises ValueError on bytes that are not exactly one canonical value."""
-    value, end = _decode(memoryview(bytes(data)), 0)
-    if end != len(data):
-        raise ValueError(f"trailing bytes after the canonical value at offset {end}")
+    Raises :class:`~flowmesh_sdk.errors.SpecError` (field ``canonical``; a ValueError too)
+    on anything that is not exactly one canonical value.  Encodings v1 and v2 share one
+    byte format (they differ only in what a string is normalised to before it is written),
+    so this reads both."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise SpecError("canonical", f"must be bytes, got {type(data).__name__}")
+    try:
+        value, end = _decode(memoryview(bytes(data)), 0)
+        if end != len(data):
+            raise ValueError(f"trailing bytes after the canonical value at offset {end}")
+    except SpecError:
+        raise
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise SpecError("canonical", f"not a canonical encoding: {exc}") from exc
     return value
 
 
@@ -201,7 +215,7 @@ def digest_bytes(data: bytes) -> str:
 
 
 def is_digest(value: object) -> bool:
-    return isinstance(value, str) and bool(_DIGEST.match(value))
+    return isinstance(value, str) and bool(_DIGEST.fullmatch(value))
 
 
 def check_digest(field: str, value: object) -> str:
@@ -225,14 +239,15 @@ def label_digest(label: str) -> str:
 def _inputs(inputs: Mapping[str, str] | Sequence[str]) -> dict[str, str] | list[str]:
     if isinstance(inputs, Mapping):
         return {str(k): check_digest(f"inputs[{k!r}]", v) for k, v in inputs.items()}
-    if isinstance(inputs, (str, bytes)):
-        raise SpecError("inputs", "must be a list of digests or a {name: digest} mapping")
+    if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
+        raise SpecError("inputs", f"must be a list of digests or a {{name: digest}} mapping, "
+                                  f"got {type(inputs).__name__}")
     return [check_digest(f"inputs[{i}]", v) for i, v in enumerate(inputs)]
 
 
 def h_task(image_or_model: str, params: Mapping[str, object],
            inputs: Mapping[str, str] | Sequence[str] = ()) -> str:
-    """``H_task = sha256(b"flowmesh/h_task/v1\\0" + canonical([digest, params, inputs]))``.
+    """``H_task = sha256(b"flowmesh/h_task/v2\\0" + canonical([digest, params, inputs]))``.
 
     ``image_or_model`` is a content digest (never a tag); ``params`` everything that changes
     the result; ``inputs`` the digests of the inputs, as an ordered list or a name -> digest
@@ -245,7 +260,7 @@ def h_task(image_or_model: str, params: Mapping[str, object],
 
 
 def h_exec(image_or_model: str, params: Mapping[str, object], resource_class: object) -> str:
-    """``H_exec = sha256(b"flowmesh/h_exec/v1\\0" + canonical([digest, params, resource_class]))``.
+    """``H_exec = sha256(b"flowmesh/h_exec/v2\\0" + canonical([digest, params, resource_class]))``.
 
     ``params`` must already exclude the per-item inputs (a prompt, a patch, a command):
     what remains is what an executor is configured with (sampling parameters, container
@@ -309,6 +324,8 @@ def task_params(task: Task) -> dict[str, object]:
 def task_identity(task: Task, image_digest: str) -> TaskIdentity:
     """``H_task`` and ``H_exec`` of ``task`` run on the image ``image_digest`` (resolved from
     ``task.sandbox.image`` by the caller: a tag is refused here)."""
+    if not isinstance(task, Task):
+        raise SpecError("task", f"must be a Task, got {type(task).__name__}")
     check_digest("image_digest", image_digest)
     inputs = {path: digest_bytes(bytes(data)) for path, data in task.files.items()}
     return TaskIdentity(h_task=h_task(image_digest, task_params(task), inputs),
@@ -334,7 +351,17 @@ def call_identity(kind: str, image_or_model: str, params: Mapping[str, object],
         raise SpecError("kind", f"must be a non-empty string, got {kind!r}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise SpecError("seed", f"must be a non-negative integer, got {seed!r}")
-    digests = {str(k): digest_bytes(bytes(v)) for k, v in inputs.items()}
+    if not isinstance(params, Mapping):
+        raise SpecError("params", f"must be a mapping, got {type(params).__name__}")
+    if not isinstance(inputs, Mapping):
+        raise SpecError("inputs", f"must be a {{name: bytes}} mapping, got {type(inputs).__name__}")
+    digests: dict[str, str] = {}
+    for k, v in inputs.items():
+        if not isinstance(k, str):
+            raise SpecError(f"inputs[{k!r}]", f"names must be strings, got {type(k).__name__}")
+        if not isinstance(v, (bytes, bytearray, memoryview)):
+            raise SpecError(f"inputs[{k!r}]", f"must be bytes, got {type(v).__name__}")
+        digests[k] = digest_bytes(bytes(v))
     return TaskIdentity(h_task=h_task(image_or_model, {"op": kind, "params": dict(params), "seed": seed},
                                       digests),
                         h_exec=h_exec(image_or_model, {"op": kind, "params": dict(params)}, resource_class),

@@ -1,14 +1,19 @@
 """Canonical encoding and the two operator identities (H_task, H_exec).
 
-The golden vectors below were computed once with flowmesh_sdk.identity (encoding v1) and
-pinned: a change to any of them changes every stored identity, and must come with a new
-encoding version (docs/identity.md).
+The golden vectors below were computed once with flowmesh_sdk.identity (encoding v2: strings
+as their exact UTF-8 bytes, domain tags ``/v2``) and pinned; the first h_task was also
+recomputed by hand from the byte layout (test_h_task_by_hand).  A change to any of them
+changes every stored identity, and must come with a new encoding version (docs/identity.md).
+Version 1 (NFC-normalised strings) is retired, not readable as an identity, so its vectors
+are gone.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -34,20 +39,20 @@ ENCODING_VECTORS = [
     (1.5, "663ff8000000000000"),
     (-0.0, "660000000000000000"),
     ("\u00e9", "730000000000000002c3a9"),
-    ("e\u0301", "730000000000000002c3a9"),       # NFC: the same string as above
+    ("e\u0301", "73000000000000000365cc81"),     # NFD: its own bytes, not the NFC form
     (b"\x00\xff", "62000000000000000200ff"),
     ([1, "a"], "6c00000000000000026900000000000000013173000000000000000161"),
     ({"b": 1, "a": [None]},
      "640000000000000002730000000000000001616c00000000000000014e7300000000000000016269000000000000000131"),
 ]
 
-GOLDEN_H_TASK = "sha256:80fc4d4e1c1e991af4c104f98e58c604b1212960cedf0d8518eefcc82b065d6b"
-GOLDEN_H_EXEC = "sha256:4e73a8140ff5d422be356c3bb458587189621c45afa8207efbb1cc863cd84683"
-GOLDEN_LABEL = "sha256:50ce384ec48e3aff4337bacfae985a482e600a2e1784ab74807cced63cd8126c"
-GOLDEN_TASK_H_TASK = "sha256:5be16bfd6bff5e12b70faf4770366cbcbd5eacc91063409300bdb77e90bc5b55"
-GOLDEN_TASK_H_EXEC = "sha256:d215be92ba6d1d5611e022069609d59e4af35642843f330e95bc1e56840f4ca6"
-GOLDEN_CALL_H_TASK = "sha256:a714cfc35cd57aacb28453654e71ac23a0ceb9363f063eb75a50e1238185d40a"
-GOLDEN_CALL_H_EXEC = "sha256:3d7a1bf20a2b2a1169f6755e7307cfa97d2550ff34faffba6c15d4f71538d0c2"
+GOLDEN_H_TASK = "sha256:f8de87d6cb17728c511d0c588e4aac6531034fefe0e4c3b14c2b4a835b201e1d"
+GOLDEN_H_EXEC = "sha256:f9630c5eaed943071aca3b8f6a88538f35d8ec371714e9d82d48a47ed25c3893"
+GOLDEN_LABEL = "sha256:ff500250b920c59259b72ca22220afd7df4c502482ebe73ad45e0e19c388845b"
+GOLDEN_TASK_H_TASK = "sha256:2aed69f08d0ace9fe149dc2817948102d36710d1474e3a9f183314c9db703ab9"
+GOLDEN_TASK_H_EXEC = "sha256:83cdb15c6ee8274808cf0f0f89800e3261964b106358bee907b5b2ea2dd99f0f"
+GOLDEN_CALL_H_TASK = "sha256:9470080c547657756e61db2ed4dfd2bad9bef88bbb35647df0568140d17c935d"
+GOLDEN_CALL_H_EXEC = "sha256:f854fa48073d6616e854bcb7dc48af4c6960f0397ea41fc336d66a7094499f85"
 SAMPLING = {"temperature": 1.0, "max_tokens": 4096}
 GPU = {"gpu": "H100", "gpus": 1}
 
@@ -115,7 +120,7 @@ def test_dict_order_does_not_matter():
 @pytest.mark.parametrize("bad,where", [
     (float("nan"), "value"), (float("inf"), "value"), ({1, 2}, "value"), ({1: "x"}, "value[1]"),
     (object(), "value"), ({"k": [1, {"z": float("-inf")}]}, "value['k'][1]['z']"),
-    ("\ud800", "value"), ({"e\u0301": 1, "\u00e9": 2}, "value"),
+    ("\ud800", "value"), ({"k": "\udfff"}, "value['k']"),
 ])
 def test_values_without_a_canonical_form_are_refused(bad, where):
     with pytest.raises(SpecError) as ei:
@@ -230,3 +235,57 @@ def test_call_identity_golden_and_what_h_exec_groups():
         call_identity("inference", "meta-llama/Llama-3.1-8B", SAMPLING, {}, GPU)
     with pytest.raises(SpecError):
         call_identity("", D1, SAMPLING, {}, GPU)
+
+
+def test_h_task_by_hand():
+    """GOLDEN_H_TASK rebuilt from the documented byte layout, without canonical()."""
+    def u64(n):
+        return struct.pack(">Q", n)
+
+    def s(text):
+        return b"s" + u64(len(text.encode())) + text.encode()
+    body = (b"l" + u64(3) + s(D1)
+            + b"d" + u64(2) + s("command") + s("pytest -q") + s("timeout_s") + b"f" + struct.pack(">d", 60.0)
+            + b"d" + u64(1) + s("/work/patch.diff") + s("sha256:" + hashlib.sha256(b"patch").hexdigest()))
+    assert "sha256:" + hashlib.sha256(b"flowmesh/h_task/v2\x00" + body).hexdigest() == GOLDEN_H_TASK
+
+
+def test_nfc_and_nfd_spellings_are_different_work():
+    """Defect 5 (issue 12): a command, an env value or a file path spelled in NFD is other
+    bytes than its NFC spelling -- it runs differently -- so it is another H_task."""
+    nfc, nfd = "\u00e9", "e\u0301"
+    spec = SandboxSpec(image="localhost/flowmesh/busybox:1", cpus=1, memory_gb=0.5)
+    pairs = [
+        (_golden_task(command=f"printf {nfc}"), _golden_task(command=f"printf {nfd}")),
+        (_golden_task(sandbox=SandboxSpec(image=spec.image, cpus=1, memory_gb=0.5, env={"K": nfc})),
+         _golden_task(sandbox=SandboxSpec(image=spec.image, cpus=1, memory_gb=0.5, env={"K": nfd}))),
+        (_golden_task(files={f"/work/{nfc}": b"x"}), _golden_task(files={f"/work/{nfd}": b"x"})),
+        (_golden_task(sandbox=SandboxSpec(image=spec.image, cpus=1, memory_gb=0.5, workdir=f"/{nfc}")),
+         _golden_task(sandbox=SandboxSpec(image=spec.image, cpus=1, memory_gb=0.5, workdir=f"/{nfd}"))),
+    ]
+    for a, b in pairs:
+        assert task_identity(a, D1).h_task != task_identity(b, D1).h_task
+    # two dict keys that are equal only after NFC are two keys now, not an error
+    assert decode(canonical({nfc: 1, nfd: 2})) == {nfc: 1, nfd: 2}
+    assert h_task(D1, {"command": nfc}) != h_task(D1, {"command": nfd})
+
+
+def test_a_digest_with_a_trailing_newline_is_refused():
+    with pytest.raises(SpecError):
+        check_digest("image", D1 + "\n")
+
+
+def test_bad_input_to_identity_is_a_spec_error():
+    for bad in (b"s\x00\x00\x00\x00\x00\x00\x00\x01\xff", b"i\x00\x00\x00\x00\x00\x00\x00\x01x", "text"):
+        with pytest.raises(SpecError):
+            decode(bad)
+    with pytest.raises(SpecError):
+        h_task(D1, {}, 5)
+    with pytest.raises(SpecError):
+        call_identity("inference", D1, SAMPLING, {"prompt": "not bytes"}, GPU)
+    with pytest.raises(SpecError):
+        call_identity("inference", D1, SAMPLING, [b"x"], GPU)
+    with pytest.raises(SpecError):
+        call_identity("inference", D1, ["not", "a", "mapping"], {}, GPU)
+    with pytest.raises(SpecError):
+        task_identity("not a task", D1)
