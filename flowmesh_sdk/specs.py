@@ -16,9 +16,17 @@ from types import MappingProxyType
 from .errors import SpecError
 from .registry.reference import ImageRef
 
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+# validated with fullmatch: ``re.match`` with ``$`` lets a trailing newline through
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}", re.ASCII)
+_TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:+-]{0,127}", re.ASCII)
 ARCHES = ("x86_64", "arm64")
+# What the container runtime accepts: podman refuses a CFS quota under 1 ms of its 100 ms
+# period ("CPU cfs quota cannot be less than 1ms"), i.e. cpus < 0.01; Docker refuses a
+# memory limit under 6 MB ("Minimum memory limit allowed is 6MB"), and a sandbox must
+# start on either.
+MIN_SANDBOX_CPUS = 0.01
+MIN_SANDBOX_MEMORY_GB = 6 / 1024
 
 
 def check_number(field_name: str, value: object, *, lo: float, hi: float | None = None,
@@ -43,16 +51,21 @@ def check_choice(field_name: str, value: object, allowed: tuple[str, ...]) -> No
 
 
 def check_name(field_name: str, value: object) -> None:
-    if not isinstance(value, str) or not _NAME.match(value):
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
         raise SpecError(field_name, "must be 1-40 chars of lowercase letters, digits and '-', "
                                     f"starting with a letter or digit; got {value!r}")
 
 
 def frozen_env(field_name: str, env: Mapping[str, str] | None) -> Mapping[str, str]:
     """Validate an environment mapping and return a read-only copy."""
+    if env is None:
+        env = {}
+    if not isinstance(env, Mapping):
+        raise SpecError(field_name, f"must be a mapping of NAME -> value (e.g. {{'PATH': '/bin'}}), "
+                                    f"got {type(env).__name__}")
     out: dict[str, str] = {}
-    for key, val in (env or {}).items():
-        if not isinstance(key, str) or not _ENV_KEY.match(key):
+    for key, val in env.items():
+        if not isinstance(key, str) or not _ENV_KEY.fullmatch(key):
             raise SpecError(f"{field_name}[{key!r}]",
                             "keys must match [A-Za-z_][A-Za-z0-9_]*")
         if not isinstance(val, str) or "\x00" in val:
@@ -78,6 +91,9 @@ class InstanceSpec:
         check_number("instance.gpus", self.gpus, lo=0, hi=16, integer=True)
         check_number("instance.disk_gb", self.disk_gb, lo=1, hi=65536, integer=True)
         check_choice("instance.arch", self.arch, ARCHES)
+        if self.gpu_name is not None and (not isinstance(self.gpu_name, str) or not self.gpu_name.strip()
+                                          or not self.gpu_name.isprintable()):
+            raise SpecError("instance.gpu_name", f"must be a GPU model name such as 'H100', got {self.gpu_name!r}")
         if self.gpu_name is not None and self.gpus == 0:
             raise SpecError("instance.gpu_name", "set only when instance.gpus >= 1")
 
@@ -105,14 +121,19 @@ class SandboxSpec:
             ImageRef.parse(self.image)
         except SpecError as exc:
             raise SpecError("sandbox.image", str(exc).removeprefix("image: ")) from None
-        check_number("sandbox.cpus", self.cpus, lo=0, hi=1024, lo_open=True)
-        check_number("sandbox.memory_gb", self.memory_gb, lo=0.004, hi=32768)
+        check_number("sandbox.cpus", self.cpus, lo=MIN_SANDBOX_CPUS, hi=1024)
+        check_number("sandbox.memory_gb", self.memory_gb, lo=0, hi=32768)
+        if self.memory_gb < MIN_SANDBOX_MEMORY_GB:
+            raise SpecError("sandbox.memory_gb", f"must be at least 6 MiB ({MIN_SANDBOX_MEMORY_GB:.6f} GB, "
+                                                 f"the container runtime's minimum), got {self.memory_gb!r}")
         check_number("sandbox.pids", self.pids, lo=8, hi=4_194_304, integer=True)
         check_number("sandbox.timeout_s", self.timeout_s, lo=0, hi=7 * 86400, lo_open=True)
         if not isinstance(self.network, bool):
             raise SpecError("sandbox.network", f"must be true or false, got {self.network!r}")
-        if not isinstance(self.workdir, str) or not self.workdir.startswith("/"):
-            raise SpecError("sandbox.workdir", f"must be an absolute path, got {self.workdir!r}")
+        if (not isinstance(self.workdir, str) or not self.workdir.startswith("/")
+                or "\x00" in self.workdir or len(self.workdir) > 4096):
+            raise SpecError("sandbox.workdir", "must be an absolute path (starting with /, no NUL bytes, "
+                                               f"at most 4096 chars), got {self.workdir!r}")
         object.__setattr__(self, "env", frozen_env("sandbox.env", self.env))
 
     @property
@@ -163,7 +184,22 @@ class PoolSpec:
         check_number("pool.idle_timeout_s", self.idle_timeout_s, lo=0, hi=30 * 86400, lo_open=True)
         check_number("pool.warm_per_image", self.warm_per_image, lo=0,
                      hi=self.sandboxes_per_instance, integer=True)
-        object.__setattr__(self, "warm_images", tuple(self.warm_images))
+        # warm_images (issue 12, defect 9): a tuple of image references, each parsed now; a
+        # bare string is refused rather than split into one-character "images"
+        if isinstance(self.warm_images, (str, bytes)):
+            raise SpecError("pool.warm_images", f"must be a tuple of image references, got the string "
+                                                f"{self.warm_images!r}; write warm_images=({self.warm_images!r},)")
+        try:
+            warm = tuple(self.warm_images)
+        except TypeError:
+            raise SpecError("pool.warm_images", "must be a tuple of image references, got "
+                                                f"{type(self.warm_images).__name__}") from None
+        for i, image in enumerate(warm):
+            try:
+                ImageRef.parse(image)
+            except SpecError as exc:
+                raise SpecError(f"pool.warm_images[{i}]", str(exc).removeprefix("image: ")) from exc
+        object.__setattr__(self, "warm_images", warm)
         if self.image_cache_gb is not None:
             check_number("pool.image_cache_gb", self.image_cache_gb, lo=0, hi=self.instance.disk_gb,
                          lo_open=True)
@@ -257,19 +293,30 @@ class Task:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise SpecError("task.name", "must be a non-empty string")
+        if not isinstance(self.name, str) or not self.name or not self.name.isprintable():
+            raise SpecError("task.name", f"must be a non-empty string of printable characters, got {self.name!r}")
+        if not isinstance(self.sandbox, SandboxSpec):
+            raise SpecError("task.sandbox", "must be a SandboxSpec (e.g. pool.default_sandbox(image) or "
+                                            f"SandboxSpec(image=...)), got {self.sandbox!r}")
+        if not isinstance(self.tenant, str) or not _TENANT.fullmatch(self.tenant):
+            raise SpecError("task.tenant", "must be a tenant name: 1-128 of A-Z a-z 0-9 . _ @ : + -, "
+                                           f"starting with a letter or digit; got {self.tenant!r}")
         if not isinstance(self.deterministic, bool):
             raise SpecError("task.deterministic", f"must be true or false, got {self.deterministic!r}")
         if self.seed is not None:
             check_number("task.seed", self.seed, lo=0, hi=2 ** 63 - 1, integer=True)
         if not isinstance(self.command, str) or not self.command.strip():
             raise SpecError("task.command", "must be a non-empty shell command")
+        if "\x00" in self.command:
+            raise SpecError("task.command", "must not contain NUL bytes (a shell command is a C string)")
         if self.timeout_s is not None:
             check_number("task.timeout_s", self.timeout_s, lo=0, hi=7 * 86400, lo_open=True)
+        if not isinstance(self.files, Mapping):
+            raise SpecError("task.files", f"must be a mapping of absolute path -> bytes, got "
+                                          f"{type(self.files).__name__}")
         for path, data in dict(self.files).items():
-            if not isinstance(path, str) or not path.startswith("/"):
-                raise SpecError(f"task.files[{path!r}]", "paths must be absolute")
+            if not isinstance(path, str) or not path.startswith("/") or "\x00" in path:
+                raise SpecError(f"task.files[{path!r}]", "paths must be absolute, without NUL bytes")
             if not isinstance(data, (bytes, bytearray)):
                 raise SpecError(f"task.files[{path!r}]", "contents must be bytes")
         object.__setattr__(self, "files", MappingProxyType(dict(self.files)))

@@ -91,3 +91,91 @@ def test_error_tree():
     assert issubclass(ImageNotFoundError, FlowMeshError)
     err = CapacityError("no room", provider="local", code="HostCapacity")
     assert str(err) == "[local] no room (HostCapacity)"
+
+
+# ---- issue 12: validation at construction for every field a user can pass ----------------
+
+def test_task_sandbox_tenant_and_command_are_checked_at_construction():
+    """Defect 8: these used to construct, and pool.map then died with AttributeError."""
+    sb = SandboxSpec(image="x")
+    cases = [
+        (dict(sandbox="localhost/x"), "task.sandbox", "SandboxSpec"),
+        (dict(sandbox=None), "task.sandbox", "SandboxSpec"),
+        (dict(tenant=42), "task.tenant", "tenant name"),
+        (dict(tenant=""), "task.tenant", "tenant name"),
+        (dict(tenant="alice\n"), "task.tenant", "tenant name"),
+        (dict(command="echo a\x00b"), "task.command", "NUL"),
+        (dict(files={"/work/a\x00b": b""}), "task.files", "NUL"),
+        (dict(files=[("/a", b"")]), "task.files", "mapping"),
+        (dict(name="t\n"), "task.name", "printable"),
+    ]
+    for kw, field, allowed in cases:
+        fields = dict(name="t", sandbox=sb, command="true")
+        fields.update(kw)
+        with pytest.raises(SpecError) as ei:
+            Task(**fields)
+        assert ei.value.field.startswith(field), kw
+        assert allowed in str(ei.value), kw
+    assert Task(name="t", sandbox=sb, command="true", tenant="team-a@corp").tenant == "team-a@corp"
+
+
+def test_warm_images_must_be_a_tuple_of_valid_references():
+    """Defect 9: a string was split into one-character images; bad references passed."""
+    with pytest.raises(SpecError) as ei:
+        PoolSpec(name="p", warm_images="localhost/x")
+    assert ei.value.field == "pool.warm_images" and "('localhost/x',)" in str(ei.value)
+    with pytest.raises(SpecError) as ei:
+        PoolSpec(name="p", warm_images=("localhost/ok", "Bad Image"))
+    assert ei.value.field == "pool.warm_images[1]"
+    with pytest.raises(SpecError) as ei:
+        PoolSpec(name="p", warm_images=5)
+    assert ei.value.field == "pool.warm_images"
+    assert PoolSpec(name="p", warm_images=["localhost/x:1"]).warm_images == ("localhost/x:1",)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: PoolSpec(name="eval\n"),
+    lambda: SandboxSpec(image="x", env={"KEY\n": "v"}),
+    lambda: SandboxSpec(image="x:latest\n"),
+    lambda: SandboxSpec(image="localhost/x@sha256:" + "a" * 64 + "\n"),
+])
+def test_a_trailing_newline_is_refused(make):
+    """Defect 10: ``re.match`` with ``$`` accepted a trailing newline."""
+    with pytest.raises(SpecError):
+        make()
+
+
+def test_fleet_name_with_a_trailing_newline_is_refused(tmp_path):
+    from flowmesh_sdk import Fleet
+    with pytest.raises(SpecError) as ei:
+        Fleet("crash\n", home=tmp_path)
+    assert ei.value.field == "fleet.name"
+
+
+@pytest.mark.parametrize("kwargs, field, allowed", [
+    ({"cpus": 0.001}, "sandbox.cpus", "[0.01, 1024]"),
+    ({"cpus": 0.009}, "sandbox.cpus", "[0.01, 1024]"),
+    ({"memory_gb": 0.004}, "sandbox.memory_gb", "at least 6 MiB"),
+    ({"env": ["K=v"]}, "sandbox.env", "mapping"),
+    ({"env": "K=v"}, "sandbox.env", "mapping"),
+    ({"workdir": "/work\x00/x"}, "sandbox.workdir", "no NUL"),
+    ({"workdir": "work"}, "sandbox.workdir", "absolute"),
+    ({"workdir": None}, "sandbox.workdir", "absolute"),
+])
+def test_sandbox_ranges_match_what_the_runtime_accepts(kwargs, field, allowed):
+    """Defect 11: values the runtime refuses are refused at construction, by field."""
+    with pytest.raises(SpecError) as ei:
+        SandboxSpec(image="x", **kwargs)
+    assert ei.value.field == field
+    assert allowed in str(ei.value)
+
+
+def test_the_smallest_allowed_sandbox_is_accepted():
+    spec = SandboxSpec(image="x", cpus=0.01, memory_gb=6 / 1024)
+    assert spec.memory_mib == 6
+
+
+def test_instance_gpu_name_must_be_a_name():
+    with pytest.raises(SpecError) as ei:
+        InstanceSpec(gpus=1, gpu_name=7)
+    assert ei.value.field == "instance.gpu_name"
