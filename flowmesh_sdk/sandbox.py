@@ -1,19 +1,32 @@
 """A sandbox: one container, spoken to over a held-open shell channel.
 
 ``podman exec`` costs ~200 ms per call; a round trip over a shell that is already
-running inside the container costs well under a millisecond plus the command itself.
-So each sandbox holds one ``exec -i CTR /bin/sh`` open and frames commands over it:
+running inside the container costs a few milliseconds.  So each sandbox holds one
+``exec -i CTR /bin/sh`` open and frames commands over it.  The agent (``_AGENT``) is a
+loop of POSIX sh that reads one header line with the ``read`` builtin (which reads its
+input a byte at a time, so nothing past the line is consumed), then the payloads
+with ``dd``:
 
-* the host sends ``__fm_run ID TIMEOUT CAP CWD 'SCRIPT'`` (the script single-quoted,
-  so any byte but NUL passes);
-* the agent function runs the script in a new session (``setsid``) with stdout and
-  stderr to separate files, under a watchdog that kills the whole process group at the
-  deadline and leaves a marker, then answers ``__FM__ ID RC TIMEDOUT OUTBYTES ERRBYTES``
-  followed by at most CAP bytes of each stream.
+* the host sends ``__fm_run ID TIMEOUT CAP SCRIPT_LEN STDIN_LEN`` and a newline, then exactly
+  SCRIPT_LEN bytes of script and STDIN_LEN bytes of standard input.  No payload ever
+  travels in an argv string, so any size works (argv strings stop at 128 KiB);
+* the agent stores the payloads in files of its own (in 1 MiB ``dd`` chunks, so a full
+  disk costs that command, never the framing: what could not be stored is drained),
+  creates a fresh pair of output files for this command only and holds them open
+  (``/proc/self/fd``), so a background job of an earlier command, or a command that
+  deletes the agent's files, can reach neither this command's output nor the
+  protocol;
+* it runs the script in a new session (``setsid``) under a watchdog which at the
+  deadline SIGKILLs the session's process group and then every process whose session
+  (or parent chain) leads back to the command, found through ``/proc``: this works
+  under dash, busybox ash and bash alike;
+* it answers ``__FM__ ID RC TIMEDOUT OUTBYTES ERRBYTES`` followed by at most CAP bytes
+  of each stream (``RC`` 125 with a message on stderr when the agent itself could not
+  run the command, e.g. the disk is full).
 
-Only POSIX sh, ``setsid`` (optional), ``sleep``, ``wc``, ``cat``, ``head`` and ``rm`` are
-needed in the image, so busybox and Debian images both work.  A command costs five forks
-in the container (watchdog, its sleep, the command, ``wc``, ``cat``).
+Only POSIX sh, ``setsid`` (optional: without it a timeout kills the command's process
+tree by parent links), ``dd``, ``sleep``, ``wc``, ``head``, ``mkdir`` and ``rm`` are
+needed in the image, so busybox and Debian images both work.
 """
 
 from __future__ import annotations
@@ -26,6 +39,7 @@ import posixpath
 import re
 import tarfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from . import clock
 from .errors import SandboxClosedError, SandboxFileError, SandboxTimeout, SpecError
@@ -34,48 +48,141 @@ from .remote.runtime import ContainerRuntime
 from .specs import ExecResult, SandboxSpec, check_number, frozen_env
 
 DEFAULT_OUTPUT_CAP = 1 << 20          # bytes kept per stream per command
-FILE_CAP = 256 << 20                  # read_file limit
-_INLINE_WRITE_MAX = 1 << 20           # larger (or binary with NUL) writes use a one-off exec
+FILE_CAP = 256 << 20                  # read_file limit, and write_file's
+COMMAND_CAP = 64 << 20                # the largest command text exec takes
 _HOST_GRACE_S = 15.0                  # agent must answer within timeout + grace
+_FILE_TIMEOUT_S = 300.0
+AGENT_FAILED = 125                    # exit code when the agent could not run a command
 
 _AGENT = r"""
-__fm_d="${TMPDIR:-/tmp}/.flowmesh-$$"; mkdir -p "$__fm_d" || exit 97
 __fm_ss=; command -v setsid >/dev/null 2>&1 && __fm_ss=setsid
-__o="$__fm_d/out"; __e="$__fm_d/err"; __t="$__fm_d/timedout"; __pf="$__fm_d/pid"
-__fm_run() {
-  ( trap 'kill $__s 2>/dev/null; exit 0' TERM
-    sleep "$2" & __s=$!; wait $__s
-    : > "$__t"; read __q < "$__pf"; kill -KILL -- -$__q 2>/dev/null || kill -KILL $__q 2>/dev/null ) &
-  __w=$!
-  ( cd "$4" || exit 126; exec $__fm_ss /bin/sh -c "$5" ) >"$__o" 2>"$__e" </dev/null &
-  __p=$!; echo $__p > "$__pf"
-  wait $__p; __rc=$?
-  kill $__w 2>/dev/null; wait $__w 2>/dev/null
-  __to=0; [ -e "$__t" ] && { __to=1; rm -f "$__t"; }
-  set -- "$1" "$3" $(wc -c "$__o" "$__e")
-  printf '__FM__ %s %s %s %s %s\n' "$1" "$__rc" "$__to" "$3" "$5"
-  if [ "$3" -le "$2" ] && [ "$5" -le "$2" ]; then cat "$__o" "$__e"
-  else head -c "$2" "$__o"; head -c "$2" "$__e"; fi
+__fm_d0="${TMPDIR:-/tmp}/.flowmesh-$$"; __fm_d="$__fm_d0"
+__fm_mk() {
+  [ -d "$__fm_d" ] && return 0
+  for __fm_d in "$__fm_d0" "/tmp/.flowmesh-$$" "/dev/shm/.flowmesh-$$" "/.flowmesh-$$"; do
+    mkdir -p "$__fm_d" 2>/dev/null && return 0
+  done; return 1
 }
-echo __FM_READY__
+__fm_get() {
+  __n=$1; __ok=0
+  { command exec 8>"$2"; } 2>/dev/null || __ok=1
+  while [ "$__n" -gt 0 ]; do
+    __k=$__n; [ "$__k" -gt 1048576 ] && __k=1048576
+    if [ $__ok = 0 ]; then
+      dd bs="$__k" count=1 iflag=fullblock 2>/dev/null >&8 || __ok=1
+    else
+      dd bs="$__k" count=1 iflag=fullblock 2>/dev/null >/dev/null
+    fi
+    __n=$((__n - __k))
+  done
+  exec 8>&-
+  return $__ok
+}
+__fm_kill() {
+  __t=" $1 "; __r=0; kill -9 "$1" 2>/dev/null
+  while [ $__r -lt 30 ]; do
+    __r=$((__r + 1)); __hit=0
+    [ -n "$__fm_ss" ] && kill -9 -"$1" 2>/dev/null
+    for __f in /proc/[0-9]*/stat; do
+      { read -r __l < "$__f"; } 2>/dev/null || continue
+      __p=${__f#/proc/}; __p=${__p%/stat}; __l=${__l##*) }
+      set -- "$1" $__l
+      [ "$2" = Z ] && continue
+      if { [ -n "$__fm_ss" ] && [ "$5" = "$1" ]; } || case "$__t" in *" $3 "*) true;; *) false;; esac
+      then kill -9 "$__p" 2>/dev/null; __t="$__t$__p "; __hit=1; fi
+    done
+    [ $__hit = 0 ] && [ $__r -gt 1 ] && break
+  done
+}
+__fm_fail() {
+  printf '__FM__ %s %s 0 0 %s
+%s' "$__id" 125 "${#1}" "$1"
+}
+__fm_one() {
+  __fm_mk
+  __s="$__fm_d/$__id.sh"; __i="$__fm_d/$__id.in"; __o="$__fm_d/$__id.out"; __e="$__fm_d/$__id.err"
+  __bad=
+  __fm_get "$__sl" "$__s" || __bad="flowmesh: cannot store the command in $__fm_d (disk full or not writable)"
+  if [ "$__il" -gt 0 ]; then
+    __fm_get "$__il" "$__i" || __bad="flowmesh: cannot store the input in $__fm_d (disk full or not writable)"
+  else __i=/dev/null; fi
+  if [ -z "$__bad" ]; then
+    { command exec 3>"$__o" 4>"$__e" 5<"$__o" 6<"$__e"; } 2>/dev/null \
+      || __bad="flowmesh: cannot create output files in $__fm_d"
+  fi
+  if [ -n "$__bad" ]; then
+    exec 3>&- 4>&- 5<&- 6<&-; __fm_fail "$__bad"; rm -f "$__s" "$__i" "$__o" "$__e"; return
+  fi
+  $__fm_ss /bin/sh "$__s" <"$__i" >&3 2>&4 3>&- 4>&- 5<&- 6<&- &
+  __c=$!
+  exec 3>&- 4>&-
+  ( trap 'kill $__z 2>/dev/null; exit 0' TERM
+    sleep "$__to" & __z=$!; wait $__z
+    trap '' TERM; __fm_kill "$__c"; exit 3 ) 5<&- 6<&- &
+  __w=$!
+  wait $__c; __rc=$?
+  kill $__w 2>/dev/null; wait $__w; __tw=$?
+  [ "$__tw" = 3 ] && __tw=1 || __tw=0
+  set -- $(wc -c /proc/self/fd/5 /proc/self/fd/6 2>/dev/null)
+  __os=${1:-0}; __es=${3:-0}; __no=$__os; __ne=$__es
+  [ "$__no" -gt "$__cap" ] && __no=$__cap
+  [ "$__ne" -gt "$__cap" ] && __ne=$__cap
+  printf '__FM__ %s %s %s %s %s
+' "$__id" "$__rc" "$__tw" "$__os" "$__es"
+  [ "$__no" -gt 0 ] && head -c "$__no" /proc/self/fd/5
+  [ "$__ne" -gt 0 ] && head -c "$__ne" /proc/self/fd/6
+  exec 5<&- 6<&-
+  rm -f "$__s" "$__o" "$__e" "$__fm_d/$__id.in"
+}
+__fm_loop() {
+  echo __FM_READY__
+  while IFS=' ' read -r __k __id __to __cap __sl __il; do
+    case "$__k $__id $__cap $__sl $__il" in
+      "__fm_run "*[!0-9\ ]*) continue;;
+      "__fm_run "*) __fm_one;;
+    esac
+  done
+}
+__fm_loop
 """
 
 _HEADER = re.compile(rb"^__FM__ (\d+) (-?\d+) ([01]) (\d+) (\d+)\n$")
 
 
-def sh_quote(s: str) -> str:
-    return sh_quote_bytes(s.encode()).decode()
+@dataclass(frozen=True, slots=True)
+class BinaryExecResult(ExecResult):
+    """An :class:`ExecResult` that also carries the exact bytes each stream wrote (up to
+    the output cap, without the truncation marker): what ``exec(..., binary=True)``
+    returns.  ``stdout``/``stderr`` stay the decoded text, so code written for
+    ``ExecResult`` works unchanged."""
+
+    stdout_raw: bytes = b""
+    stderr_raw: bytes = b""
 
 
-def sh_quote_bytes(b: bytes) -> bytes:
+def sh_quote(s: str, field: str = "command") -> str:
+    return sh_quote_bytes(s.encode(), field).decode()
+
+
+def sh_quote_bytes(b: bytes, field: str = "command") -> bytes:
     """Single-quote for POSIX sh; every byte but NUL passes through unchanged."""
     if b"\x00" in b:
-        raise SpecError("command", "must not contain NUL bytes")
+        raise SpecError(field, "must not contain NUL bytes")
     return b"'" + b.replace(b"'", b"'\\''") + b"'"
 
 
 def _env_prefix(env: Mapping[str, str]) -> str:
-    return "".join(f"export {k}={sh_quote(v)}\n" for k, v in env.items())
+    return "".join(f"export {k}={sh_quote(v, 'env')}; " for k, v in env.items())
+
+
+def _check_path(field: str, path: object, *, absolute: bool = False) -> str:
+    if not isinstance(path, str) or not path:
+        raise SpecError(field, f"must be a non-empty path string, got {path!r}")
+    if "\x00" in path:
+        raise SpecError(field, f"must not contain NUL bytes, got {path!r}")
+    if absolute and not path.startswith("/"):
+        raise SpecError(field, f"must be an absolute path (start with /), got {path!r}")
+    return path
 
 
 class Sandbox:
@@ -123,7 +230,8 @@ class Sandbox:
         return self._closed
 
     async def close(self) -> None:
-        """Destroy the container (idempotent)."""
+        """Destroy the container (idempotent).  Background jobs still running in it end
+        with it (SIGKILL, with the container)."""
         if self._closed:
             return
         self._closed = True
@@ -140,20 +248,37 @@ class Sandbox:
     # ---- commands --------------------------------------------------------------
     async def exec(self, cmd: str, *, timeout_s: float | None = None,
                    env: Mapping[str, str] | None = None, cwd: str | None = None,
-                   output_cap: int = DEFAULT_OUTPUT_CAP) -> ExecResult:
-        """Run a shell command.  A command past its timeout is killed with its whole
-        process tree and returns ``timed_out=True``; the sandbox stays usable."""
+                   output_cap: int = DEFAULT_OUTPUT_CAP, binary: bool = False) -> ExecResult:
+        """Run a shell command (``/bin/sh``) in a fresh session.
+
+        A command past its timeout is killed with its whole process tree and returns
+        ``timed_out=True``; the sandbox stays usable.  ``binary=True`` returns a
+        :class:`BinaryExecResult` whose ``stdout_raw``/``stderr_raw`` hold the exact
+        bytes.  See docs/api.md ("Sandbox.exec semantics") for what persists."""
+        if not isinstance(cmd, str):
+            raise SpecError("command", f"must be a string, got {type(cmd).__name__}")
         timeout = self.spec.timeout_s if timeout_s is None else timeout_s
         check_number("timeout_s", timeout, lo=0, hi=7 * 86400, lo_open=True)
         check_number("output_cap", output_cap, lo=0, integer=True)
-        script = (_env_prefix(self.spec.env) + _env_prefix(frozen_env("env", env)) + cmd).encode()
-        code, to, out, err, osz, esz, dur = await self._call(
-            script, timeout, output_cap, cwd or self.spec.workdir)
-        return ExecResult(exit_code=code, stdout=_decode(out, osz), stderr=_decode(err, esz),
-                          duration_s=dur, timed_out=to, stdout_truncated=osz > len(out),
-                          stderr_truncated=esz > len(err), stdout_bytes=osz, stderr_bytes=esz)
+        workdir = _check_path("cwd" if cwd is not None else "sandbox.workdir",
+                              self.spec.workdir if cwd is None else cwd, absolute=True)
+        raw_cmd = cmd.encode()
+        if b"\x00" in raw_cmd:
+            raise SpecError("command", "must not contain NUL bytes")
+        if len(raw_cmd) > COMMAND_CAP:
+            raise SpecError("command", f"is {len(raw_cmd)} bytes, over the {COMMAND_CAP}-byte limit")
+        script = (f"cd {sh_quote(workdir, 'cwd')} || exit 126; ".encode()
+                  + _env_prefix(self.spec.env).encode()
+                  + _env_prefix(frozen_env("env", env)).encode() + raw_cmd + b"\n")
+        code, to, out, err, osz, esz, dur = await self._call(script, b"", timeout, output_cap)
+        fields = dict(exit_code=code, stdout=_decode(out, osz), stderr=_decode(err, esz),
+                      duration_s=dur, timed_out=to, stdout_truncated=osz > len(out),
+                      stderr_truncated=esz > len(err), stdout_bytes=osz, stderr_bytes=esz)
+        if binary:
+            return BinaryExecResult(**fields, stdout_raw=out, stderr_raw=err)
+        return ExecResult(**fields)
 
-    async def _call(self, script: bytes, timeout: float, cap: int, cwd: str
+    async def _call(self, script: bytes, stdin: bytes, timeout: float, cap: int
                     ) -> tuple[int, bool, bytes, bytes, int, int, float]:
         if self._closed:
             raise SandboxClosedError(f"{self.name} is closed")
@@ -163,10 +288,13 @@ class Sandbox:
             assert chan is not None
             ident = next(self._ids)
             t0 = clock.monotonic()
-            line = (f"__fm_run {ident} {timeout:.3f} {cap} {sh_quote(cwd)} ".encode()
-                    + sh_quote_bytes(script) + b"\n")
+            head = f"__fm_run {ident} {timeout:.3f} {cap} {len(script)} {len(stdin)}\n".encode()
             try:
-                await chan.write(line)
+                if len(stdin) < (1 << 16):
+                    await chan.write(head + script + stdin)
+                else:   # no copy of a large payload
+                    await chan.write(head + script)
+                    await chan.write(stdin)
                 deadline = t0 + timeout + _HOST_GRACE_S
                 while True:
                     raw = await _read_line(chan, deadline)
@@ -177,8 +305,8 @@ class Sandbox:
                         break
                 rc, to, osz, esz = (int(m.group(2)), m.group(3) == b"1",
                                     int(m.group(4)), int(m.group(5)))
-                out = await chan.readexactly(min(osz, cap))
-                err = await chan.readexactly(min(esz, cap))
+                out = await _read_exactly(chan, min(osz, cap), deadline)
+                err = await _read_exactly(chan, min(esz, cap), deadline)
             except asyncio.TimeoutError as exc:
                 self._chan = None
                 await chan.close()
@@ -202,8 +330,10 @@ class Sandbox:
 
     # ---- files -----------------------------------------------------------------
     async def read_file(self, path: str, *, max_bytes: int = FILE_CAP) -> bytes:
-        code, _, out, err, osz, _, _ = await self._call(f"cat -- {sh_quote(path)}".encode(), 300.0,
-                                                        max_bytes, "/")
+        _check_path("path", path)
+        check_number("max_bytes", max_bytes, lo=0, integer=True)
+        code, _, out, err, osz, _, _ = await self._call(
+            f"cat -- {sh_quote(path, 'path')}\n".encode(), b"", _FILE_TIMEOUT_S, max_bytes)
         if code != 0:
             raise SandboxFileError(f"{self.name}: cannot read {path}: "
                                    f"{err.decode('utf-8', 'replace').strip()}")
@@ -212,19 +342,20 @@ class Sandbox:
         return out
 
     async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
+        """Write ``data`` (up to ``FILE_CAP`` bytes; any bytes, NUL included) to ``path``,
+        creating parent directories.  The data travels over the channel as the standard
+        input of ``cat``, never in an argument."""
+        _check_path("path", path)
+        if mode is not None:
+            check_number("mode", mode, lo=0, hi=0o7777, integer=True)
         raw = data.encode() if isinstance(data, str) else bytes(data)
-        parent = posixpath.dirname(path) or "/"
-        chmod = f" && chmod {mode:o} -- {sh_quote(path)}" if mode is not None else ""
-        if b"\x00" not in raw and len(raw) <= _INLINE_WRITE_MAX:
-            script = (f"mkdir -p -- {sh_quote(parent)} && printf '%s' ".encode() + sh_quote_bytes(raw)
-                      + f" > {sh_quote(path)}{chmod}".encode())
-            code, _, _, err, _, _, _ = await self._call(script, 300.0, 65536, "/")
-        else:
-            res = await self.runtime.exec_once(
-                self.container_id,
-                ["sh", "-c", f'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"{chmod}', "sh", path],
-                input=raw)
-            code, err = res.exit_code, res.stderr
+        if len(raw) > FILE_CAP:
+            raise SpecError("data", f"is {len(raw)} bytes, over the {FILE_CAP}-byte write limit")
+        q = sh_quote(path, "path")
+        parent = sh_quote(posixpath.dirname(path) or "/", "path")
+        chmod = f" && chmod {mode:o} -- {q}" if mode is not None else ""
+        script = f"cd / || exit 126; mkdir -p -- {parent} && cat > {q}{chmod}\n".encode()
+        code, _, _, err, _, _, _ = await self._call(script, raw, _FILE_TIMEOUT_S, 65536)
         if code != 0:
             raise SandboxFileError(f"{self.name}: cannot write {path}: "
                                    f"{err.decode('utf-8', 'replace').strip()}")
@@ -233,6 +364,7 @@ class Sandbox:
         """Copy a local directory tree into the sandbox at ``remote_dir``."""
         if not os.path.isdir(local_dir):
             raise SpecError("local_dir", f"{local_dir!r} is not a directory")
+        _check_path("remote_dir", remote_dir)
         blob = await asyncio.to_thread(_tar_dir, local_dir)
         res = await self.runtime.exec_once(
             self.container_id,
@@ -242,6 +374,7 @@ class Sandbox:
 
     async def download(self, remote_path: str, local_dir: str) -> None:
         """Copy a file or directory from the sandbox into ``local_dir``."""
+        _check_path("remote_path", remote_path)
         parent, base = posixpath.split(remote_path.rstrip("/")) if remote_path != "/" else ("/", ".")
         res = await self.runtime.exec_once(
             self.container_id, ["tar", "-c", "-f", "-", "-C", parent or "/", base])
@@ -255,6 +388,16 @@ def _decode(data: bytes, total: int) -> str:
     if total > len(data):
         text += f"\n[flowmesh: output truncated: {total} bytes written, first {len(data)} kept]\n"
     return text
+
+
+async def _read_exactly(chan: Channel, n: int, deadline: float) -> bytes:
+    if n == 0:
+        return b""
+    remaining = deadline - clock.monotonic()
+    if remaining <= 0:
+        raise asyncio.TimeoutError
+    async with asyncio.timeout(remaining):
+        return await chan.readexactly(n)
 
 
 async def _read_line(chan: Channel, deadline: float) -> bytes:

@@ -31,12 +31,9 @@ from flowmesh_sdk.remote.runner import Channel, CommandResult, Runner, StreamCha
 from .network import Link, transfer
 
 WORK = re.compile(rb"sim-work\s+([0-9]+(?:\.[0-9]+)?)(?:\s+(-?[0-9]+))?")
-_RUN = re.compile(rb"^__fm_run (\d+) ([0-9.]+) (\d+) ('(?:[^']|'\\'')*') (.*)\n$", re.S)
+# the agent's framing (flowmesh_sdk.sandbox): a header line, then SCRIPT_LEN + STDIN_LEN bytes
+_RUN = re.compile(rb"^__fm_run (\d+) ([0-9.]+) (\d+) (\d+) (\d+)\n")
 _PROBE_FACTS = "0000003fffffffff\n1048576\nv2\n/usr/bin/runc\n"   # CapEff, ulimit -Hn, cgroups, runc
-
-
-def _unquote(q: bytes) -> bytes:
-    return q[1:-1].replace(b"'\\''", b"'")
 
 
 def _ok(argv: Sequence[str], out: str = "", rc: int = 0, err: str = "") -> CommandResult:
@@ -230,6 +227,7 @@ class _AgentShell(_SimChannel):
     def __init__(self, machine: SimMachine) -> None:
         super().__init__(machine)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._buf = b""
 
     async def write(self, data: bytes) -> None:
         self.machine._check()
@@ -238,11 +236,22 @@ class _AgentShell(_SimChannel):
         if b"echo __FM_READY__" in data:
             self._out.feed_data(b"__FM_READY__\n")
             return
-        m = _RUN.match(data)
-        if m is None:
-            return
-        t = asyncio.ensure_future(self._answer(int(m.group(1)), float(m.group(2)),
-                                               int(m.group(3)), _unquote(m.group(5))))
+        self._buf += data
+        while True:
+            m = _RUN.match(self._buf)
+            if m is None:
+                if b"\n" in self._buf and not self._buf.startswith(b"__fm_run "):
+                    self._buf = b""               # not a frame: dropped, as the agent would
+                return
+            end = m.end() + int(m.group(4)) + int(m.group(5))
+            if len(self._buf) < end:
+                return                            # the rest of the payload is still coming
+            script = self._buf[m.end():m.end() + int(m.group(4))]
+            self._buf = self._buf[end:]
+            self._start(int(m.group(1)), float(m.group(2)), int(m.group(3)), script)
+
+    def _start(self, ident: int, timeout: float, cap: int, script: bytes) -> None:
+        t = asyncio.ensure_future(self._answer(ident, timeout, cap, script))
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
