@@ -7,12 +7,15 @@ loop of POSIX sh that reads one header line with the ``read`` builtin (which rea
 input a byte at a time, so nothing past the line is consumed), then the payloads
 with ``dd``:
 
-* the host sends ``__fm_run ID TIMEOUT CAP SCRIPT_LEN STDIN_LEN`` and a newline, then exactly
-  SCRIPT_LEN bytes of script and STDIN_LEN bytes of standard input.  No payload ever
+* the host sends ``__fm_run ID TIMEOUT CAP SCRIPT_LEN STDIN_LEN SCRIPT_LINES`` and a
+  newline, then exactly SCRIPT_LEN bytes of script and STDIN_LEN bytes of standard input.
+  A short script (SCRIPT_LINES > 0) is read line by line with ``read -r`` (no fork); a
+  long one is copied with ``dd``.  No payload ever
   travels in an argv string, so any size works (argv strings stop at 128 KiB);
 * the agent stores the payloads in files of its own (in 1 MiB ``dd`` chunks, so a full
   disk costs that command, never the framing: what could not be stored is drained),
-  creates a fresh pair of output files for this command only and holds them open
+  creates a fresh pair of output files for this command only (a command's files are
+  removed in batches of 32, off the round trip) and holds them open
   (``/proc/self/fd``), so a background job of an earlier command, or a command that
   deletes the agent's files, can reach neither this command's output nor the
   protocol;
@@ -52,10 +55,11 @@ FILE_CAP = 256 << 20                  # read_file limit, and write_file's
 COMMAND_CAP = 64 << 20                # the largest command text exec takes
 _HOST_GRACE_S = 15.0                  # agent must answer within timeout + grace
 _FILE_TIMEOUT_S = 300.0
+_LINE_SCRIPT_MAX = 4096               # scripts up to this size are sent as lines
 AGENT_FAILED = 125                    # exit code when the agent could not run a command
 
 _AGENT = r"""
-__fm_ss=; command -v setsid >/dev/null 2>&1 && __fm_ss=setsid
+__fm_ss=; __fm_n=0; command -v setsid >/dev/null 2>&1 && __fm_ss=setsid
 __fm_d0="${TMPDIR:-/tmp}/.flowmesh-$$"; __fm_d="$__fm_d0"
 __fm_mk() {
   [ -d "$__fm_d" ] && return 0
@@ -74,6 +78,17 @@ __fm_get() {
       dd bs="$__k" count=1 iflag=fullblock 2>/dev/null >/dev/null
     fi
     __n=$((__n - __k))
+  done
+  exec 8>&-
+  return $__ok
+}
+__fm_lines() {
+  __n=$1; __ok=0
+  { command exec 8>"$2"; } 2>/dev/null || __ok=1
+  while [ "$__n" -gt 0 ]; do
+    IFS= read -r __l
+    [ $__ok = 0 ] && { printf '%s\n' "$__l" >&8 || __ok=1; } 2>/dev/null
+    __n=$((__n - 1))
   done
   exec 8>&-
   return $__ok
@@ -100,9 +115,11 @@ __fm_fail() {
 }
 __fm_one() {
   __fm_mk
+  __fm_n=$((__fm_n + 1))
+  [ $__fm_n -ge 32 ] && { __fm_n=0; rm -f -- "$__fm_d"/*; }
   __s="$__fm_d/$__id.sh"; __i="$__fm_d/$__id.in"; __o="$__fm_d/$__id.out"; __e="$__fm_d/$__id.err"
   __bad=
-  __fm_get "$__sl" "$__s" || __bad="flowmesh: cannot store the command in $__fm_d (disk full or not writable)"
+  if [ "$__sn" -gt 0 ]; then __fm_lines "$__sn" "$__s"; else __fm_get "$__sl" "$__s"; fi || __bad="flowmesh: cannot store the command in $__fm_d (disk full or not writable)"
   if [ "$__il" -gt 0 ]; then
     __fm_get "$__il" "$__i" || __bad="flowmesh: cannot store the input in $__fm_d (disk full or not writable)"
   else __i=/dev/null; fi
@@ -111,7 +128,7 @@ __fm_one() {
       || __bad="flowmesh: cannot create output files in $__fm_d"
   fi
   if [ -n "$__bad" ]; then
-    exec 3>&- 4>&- 5<&- 6<&-; __fm_fail "$__bad"; rm -f "$__s" "$__i" "$__o" "$__e"; return
+    exec 3>&- 4>&- 5<&- 6<&-; __fm_fail "$__bad"; rm -f -- "$__fm_d"/* 2>/dev/null; return
   fi
   $__fm_ss /bin/sh "$__s" <"$__i" >&3 2>&4 3>&- 4>&- 5<&- 6<&- &
   __c=$!
@@ -132,12 +149,11 @@ __fm_one() {
   [ "$__no" -gt 0 ] && head -c "$__no" /proc/self/fd/5
   [ "$__ne" -gt 0 ] && head -c "$__ne" /proc/self/fd/6
   exec 5<&- 6<&-
-  rm -f "$__s" "$__o" "$__e" "$__fm_d/$__id.in"
 }
 __fm_loop() {
   echo __FM_READY__
-  while IFS=' ' read -r __k __id __to __cap __sl __il; do
-    case "$__k $__id $__cap $__sl $__il" in
+  while IFS=' ' read -r __k __id __to __cap __sl __il __sn; do
+    case "$__k $__id $__cap $__sl $__il $__sn" in
       "__fm_run "*[!0-9\ ]*) continue;;
       "__fm_run "*) __fm_one;;
     esac
@@ -288,7 +304,11 @@ class Sandbox:
             assert chan is not None
             ident = next(self._ids)
             t0 = clock.monotonic()
-            head = f"__fm_run {ident} {timeout:.3f} {cap} {len(script)} {len(stdin)}\n".encode()
+            # A short script (text, newline-terminated) goes as lines the agent reads with
+            # the `read` builtin (no fork); a long one as bytes it copies with dd.
+            short = len(script) <= _LINE_SCRIPT_MAX and script.endswith(b"\n")
+            lines = script.count(b"\n") if short else 0
+            head = f"__fm_run {ident} {timeout:.3f} {cap} {len(script)} {len(stdin)} {lines}\n".encode()
             try:
                 if len(stdin) < (1 << 16):
                     await chan.write(head + script + stdin)

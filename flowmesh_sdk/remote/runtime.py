@@ -8,19 +8,39 @@ remove, list by label, look up and pull images.  Host quirks are detected, not a
   runtime's default rlimits would be refused.
 
 Both can be forced through :class:`RuntimeConfig`.
+
+Sandboxes run hostile code, so :meth:`ContainerRuntime.create` hardens every container
+(docs/security.md says what each flag buys and what the host needs):
+
+* ``--cap-drop=all`` plus the few capabilities root in a sandbox needs
+  (``SANDBOX_CAPABILITIES``) and ``--security-opt no-new-privileges``;
+* a user-namespace mapping where the host allows one: ``--userns=auto`` when
+  ``/etc/subuid`` has a ``containers`` range (each container its own range), else an
+  explicit ``--uidmap 0:100000:65536 --gidmap 0:100000:65536`` when the runner is root and
+  the kernel allows user namespaces; otherwise none (root inside is then root on the host,
+  still without the dropped capabilities);
+* a disk limit: ``--storage-opt size=`` when the storage is overlay on xfs (project
+  quota), and always ``--ulimit fsize=`` (no file a sandbox writes, its output included,
+  can pass the limit);
+* with ``network=True``: routes of type ``unreachable`` for the cloud metadata addresses
+  added inside the container's network namespace from the host (``nsenter -n ip route``)
+  before the container is handed out; the sandbox has no CAP_NET_ADMIN to remove them.
+  A host without ``nsenter`` and ``ip`` gets an error, not an open metadata server.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Mapping, Sequence
+import logging
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ..errors import (AuthError, ContainerRuntimeError, ImageNotFoundError, RegistryUnavailableError,
-                      RuntimeMissingError, ThrottledError)
-from ..specs import SandboxSpec
+                      RuntimeMissingError, SpecError, ThrottledError)
+from ..specs import SandboxSpec, check_number
 from .runner import Channel, CommandResult, Runner
 
 INSTALL_HINT = ("install podman: `apt-get install -y podman runc` (Debian/Ubuntu) or "
@@ -29,6 +49,17 @@ INSTALL_HINT = ("install podman: `apt-get install -y podman runc` (Debian/Ubuntu
 # PID 1 of every sandbox container: sleeps, and exits at once on SIGTERM.
 _IDLE_PID1 = 'trap "exit 0" TERM INT; while :; do sleep 86400 & wait $!; done'
 _CAP_SYS_RESOURCE = 24
+_USERNS_MAP = re.compile(r"[0-9]+:[0-9]+:[0-9]+")
+log = logging.getLogger(__name__)
+
+#: what root in a sandbox keeps: own and chmod files it did not create (tar, pip, git
+#: checkouts of other uids), override file modes, kill its own processes of any uid,
+#: and switch uid/gid (su, apt's _apt sandbox).  Everything else (raw sockets, mknod,
+#: chroot, setcap/setpcap, binding ports < 1024, audit, ...) is dropped.
+SANDBOX_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
+#: cloud metadata services: link-local (AWS, GCE, Azure, most others), Alibaba's, AWS's IPv6
+METADATA_NETWORKS = ("169.254.0.0/16", "100.100.100.200/32", "fd00:ec2::254/128")
+DEFAULT_USERNS_MAP = "0:100000:65536"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +69,18 @@ class RuntimeConfig:
     ``binary``: ``auto`` (podman, else docker), ``podman`` or ``docker``.
     ``oci_runtime``: ``auto``, ``default`` (pass nothing) or a name such as ``runc``.
     ``ulimits``: None detects; a tuple such as ``("nofile=4096:4096",)`` forces.
+
+    Sandbox hardening (applied by :meth:`ContainerRuntime.create` only, not to GPU workers):
+
+    ``capabilities``: what a sandbox keeps after ``--cap-drop=all``; None leaves the
+    runtime's default set (not recommended).
+    ``no_new_privileges``: ``--security-opt no-new-privileges`` (setuid binaries do not elevate).
+    ``userns``: ``auto`` detects (``--userns=auto`` with a ``containers`` subuid range,
+    else the explicit map ``0:100000:65536`` when the runner is root); ``podman-auto``
+    forces ``--userns=auto``; ``host`` maps nothing; ``"0:HOSTID:COUNT"`` forces that map.
+    ``disk_limit_mb``: per-sandbox disk limit (None: none).
+    ``block_metadata``: make ``metadata_networks`` unreachable inside sandboxes that have
+    network; ``False`` only where no metadata service exists.
     """
 
     binary: str = "auto"
@@ -45,14 +88,46 @@ class RuntimeConfig:
     ulimits: tuple[str, ...] | None = None
     extra_run_args: tuple[str, ...] = ()
     command_timeout_s: float = 120.0
+    capabilities: tuple[str, ...] | None = SANDBOX_CAPABILITIES
+    no_new_privileges: bool = True
+    userns: str = "auto"
+    disk_limit_mb: int | None = 10240
+    block_metadata: bool = True
+    metadata_networks: tuple[str, ...] = METADATA_NETWORKS
+
+    def __post_init__(self) -> None:
+        for name in ("ulimits", "extra_run_args", "capabilities", "metadata_networks"):
+            val = getattr(self, name)
+            if isinstance(val, str):
+                raise SpecError(f"runtime.{name}", f"must be a tuple of strings, got the string {val!r}")
+            if val is not None:
+                object.__setattr__(self, name, tuple(val))
+        for cap in self.capabilities or ():
+            if not re.fullmatch(r"(CAP_)?[A-Z_]+", cap):
+                raise SpecError("runtime.capabilities", f"not a capability name: {cap!r}")
+        if self.userns not in ("auto", "podman-auto", "host") and not _USERNS_MAP.fullmatch(self.userns):
+            raise SpecError("runtime.userns", "must be auto, podman-auto, host or CONTAINER:HOST:COUNT, "
+                                              f"got {self.userns!r}")
+        if self.disk_limit_mb is not None:
+            check_number("runtime.disk_limit_mb", self.disk_limit_mb, lo=1, hi=1 << 30, integer=True)
 
 
 @dataclass(frozen=True, slots=True)
 class RuntimeInfo:
+    """What the probe found.  ``run_flags`` make any container start on this host (GPU
+    workers use them too); ``sandbox_flags`` are the hardening added to sandboxes only;
+    ``userns`` names the mapping in use (``auto``, ``0:100000:65536``, or ``none``);
+    ``disk_quota`` says whether the storage enforces ``--storage-opt size``;
+    ``netns_tools`` whether ``nsenter`` and ``ip`` are there to block metadata addresses."""
+
     binary: str
     version: str
     cgroups: str
     run_flags: tuple[str, ...]
+    sandbox_flags: tuple[str, ...] = ()
+    userns: str = "none"
+    disk_quota: bool = False
+    netns_tools: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +164,12 @@ class ContainerRuntime:
         facts = await self._sh(
             "grep CapEff /proc/self/status | awk '{print $2}'; ulimit -Hn; "
             "[ -e /sys/fs/cgroup/cgroup.controllers ] && echo v2 || echo v1; "
-            "command -v runc || true")
+            "command -v runc || echo; id -u; cat /proc/sys/user/max_user_namespaces 2>/dev/null || echo 0; "
+            "grep -c '^containers:' /etc/subuid 2>/dev/null || true; "
+            "command -v nsenter >/dev/null && command -v ip >/dev/null && echo netns || echo")
         lines = facts.text().split("\n")
-        cap_hex, hard_nofile, cgroups = (lines + ["", "", ""])[:3]
-        has_runc = len(lines) > 3 and lines[3].strip() != ""
+        cap_hex, hard_nofile, cgroups, runc, uid, max_userns, subuid, netns = (lines + [""] * 8)[:8]
+        has_runc = runc.strip() != ""
         flags: list[str] = []
         if cfg.oci_runtime == "auto":
             if cgroups == "v1" and has_runc and binary == "podman":
@@ -113,7 +190,43 @@ class ContainerRuntime:
                     n = min(n, int(hard_nofile.strip()))
                 flags += ["--ulimit", f"nofile={n}:{n}", "--ulimit", "nproc=4096:4096"]
         flags += list(cfg.extra_run_args)
-        self._info = RuntimeInfo(binary, ver.text().strip(), cgroups, tuple(flags))
+        sandbox: list[str] = []
+        if cfg.capabilities is not None:
+            sandbox.append("--cap-drop=all")
+            if cfg.capabilities:
+                sandbox.append("--cap-add=" + ",".join(cfg.capabilities))
+        if cfg.no_new_privileges:
+            sandbox += ["--security-opt", "no-new-privileges"]
+        userns = "none"
+        if cfg.userns == "podman-auto" or (cfg.userns == "auto" and binary == "podman"
+                                           and uid.strip() == "0" and subuid.strip() not in ("", "0")):
+            sandbox.append("--userns=auto")
+            userns = "auto"
+        elif cfg.userns == "auto" and binary == "podman" and uid.strip() == "0" \
+                and max_userns.strip().isdigit() and int(max_userns) > 0:
+            userns = DEFAULT_USERNS_MAP
+        elif _USERNS_MAP.fullmatch(cfg.userns):
+            userns = cfg.userns
+        if userns not in ("none", "auto"):
+            sandbox += ["--uidmap", userns, "--gidmap", userns]
+        if userns != "none":
+            # podman 4.3 bind-mounts a user-namespaced container's /dev/shm from the host
+            # (userdata/shm); a container started later keeps a copy of that mount in its
+            # mount namespace and `rm` of the first fails with EBUSY.  A tmpfs that runc
+            # mounts inside the container (same size and flags as podman's) has no host side.
+            sandbox += ["--ipc", "none", "--tmpfs", "/dev/shm:rw,nosuid,nodev,noexec,size=65536k"]
+        quota = False
+        if cfg.disk_limit_mb is not None:
+            if binary == "podman":
+                st = await self._run([binary, "info", "--format",
+                                      '{{.Store.GraphDriverName}} {{index .Store.GraphStatus "Backing Filesystem"}}'],
+                                     check=False)
+                quota = st.ok and st.text().split()[:2] == ["overlay", "xfs"]
+            if quota:
+                sandbox += ["--storage-opt", f"size={cfg.disk_limit_mb}m"]
+            sandbox += ["--ulimit", f"fsize={cfg.disk_limit_mb << 20}"]
+        self._info = RuntimeInfo(binary, ver.text().strip(), cgroups, tuple(flags), tuple(sandbox),
+                                 userns, quota, netns.strip() == "netns")
         return self._info
 
     # ---- images ----------------------------------------------------------------
@@ -160,7 +273,15 @@ class ContainerRuntime:
         """Start a sandbox container that idles until commands arrive; returns its id.
         ``image`` (a pinned reference or image id) overrides ``spec.image``."""
         info = await self.probe()
-        argv = [info.binary, "run", "-d", "--name", name, *info.run_flags,
+        if "\x00" in spec.workdir:
+            raise SpecError("sandbox.workdir", f"must not contain NUL bytes, got {spec.workdir!r}")
+        block = spec.network and self.config.block_metadata and bool(self.config.metadata_networks)
+        if block and not info.netns_tools:
+            raise ContainerRuntimeError(
+                f"a sandbox with network=True needs `nsenter` and `ip` on {self.runner.label} (and root) "
+                "to make the cloud metadata address unreachable from it; install util-linux and iproute2, "
+                "or set RuntimeConfig(block_metadata=False) where no metadata service exists")
+        argv = [info.binary, "run", "-d", "--name", name, *info.run_flags, *info.sandbox_flags,
                 "--cpus", f"{spec.cpus:g}", "--memory", f"{spec.memory_mib}m",
                 "--memory-swap", f"{spec.memory_mib}m", "--pids-limit", str(spec.pids),
                 "--workdir", spec.workdir]
@@ -175,7 +296,32 @@ class ContainerRuntime:
             if "image not known" in err or "manifest unknown" in err or "pull access denied" in err:
                 raise ImageNotFoundError(spec.image, res.describe())
             raise ContainerRuntimeError(f"could not start a container on {self.runner.label}: {res.describe()}")
-        return res.text().strip().splitlines()[-1]
+        cid = res.text().strip().splitlines()[-1]
+        if block:
+            try:
+                await self._block_networks(cid)
+            except BaseException:
+                await self.remove([cid])
+                raise
+        return cid
+
+    async def _block_networks(self, container: str) -> None:
+        """Make the metadata addresses unreachable inside the container's network namespace
+        (from the host: the sandbox itself holds no CAP_NET_ADMIN to undo it)."""
+        info = await self.probe()
+        v4 = [n for n in self.config.metadata_networks if ":" not in n]
+        v6 = [n for n in self.config.metadata_networks if ":" in n]
+        script = ('pid=$("$1" inspect --format "{{.State.Pid}}" "$2") && [ "${pid:-0}" -gt 0 ] || '
+                  '{ echo "no pid for $2" >&2; exit 1; }; shift 2; '
+                  + "".join(f'nsenter -t "$pid" -n ip route add unreachable {shlex.quote(n)} || exit 1; '
+                            for n in v4)
+                  # IPv6 may be off in the namespace: then there is no v6 route to block
+                  + "".join(f'nsenter -t "$pid" -n ip -6 route add unreachable {shlex.quote(n)} '
+                            '2>/dev/null || true; ' for n in v6))
+        res = await self._run(["sh", "-c", script, "sh", info.binary, container], check=False)
+        if not res.ok:
+            raise ContainerRuntimeError(f"could not block the metadata addresses in {container} on "
+                                        f"{self.runner.label}: {res.describe()}")
 
     async def open_shell(self, container: str) -> Channel:
         info = await self.probe()

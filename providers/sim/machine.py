@@ -32,8 +32,9 @@ from .network import Link, transfer
 
 WORK = re.compile(rb"sim-work\s+([0-9]+(?:\.[0-9]+)?)(?:\s+(-?[0-9]+))?")
 # the agent's framing (flowmesh_sdk.sandbox): a header line, then SCRIPT_LEN + STDIN_LEN bytes
-_RUN = re.compile(rb"^__fm_run (\d+) ([0-9.]+) (\d+) (\d+) (\d+)\n")
-_PROBE_FACTS = "0000003fffffffff\n1048576\nv2\n/usr/bin/runc\n"   # CapEff, ulimit -Hn, cgroups, runc
+_RUN = re.compile(rb"^__fm_run (\d+) ([0-9.]+) (\d+) (\d+) (\d+)(?: \d+)?\n")
+# CapEff, ulimit -Hn, cgroups, runc, uid, max user namespaces, subuid `containers` lines, nsenter+ip
+_PROBE_FACTS = "0000003fffffffff\n1048576\nv2\n/usr/bin/runc\n0\n63000\n0\nnetns\n"
 
 
 def _ok(argv: Sequence[str], out: str = "", rc: int = 0, err: str = "") -> CommandResult:
