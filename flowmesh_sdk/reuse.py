@@ -188,6 +188,10 @@ class ResultReuse:
                  lineage_limit: int = 100_000) -> None:
         if isinstance(lineage_limit, bool) or not isinstance(lineage_limit, int) or lineage_limit < 1:
             raise SpecError("reuse.lineage_limit", f"must be an integer >= 1, got {lineage_limit!r}")
+        if not isinstance(cas, ContentStore):
+            raise SpecError("reuse.cas", f"must be a ContentStore (e.g. LocalDirStore), got {type(cas).__name__}")
+        if policy is not None and not isinstance(policy, ReusePolicy):
+            raise SpecError("reuse.policy", f"must be a ReusePolicy, got {type(policy).__name__}")
         self.cas = cas
         self.resolver = resolver
         self.bus = bus
@@ -229,6 +233,12 @@ class ResultReuse:
         in ``TaskResult.error`` as with ``pool.run_task``; ``reuse`` and ``provenance`` say
         how the answer was obtained.  ``request_id`` (default: a fresh one) names this
         request in the lineage."""
+        if not isinstance(task, Task):
+            raise SpecError("task", f"must be a Task, got {type(task).__name__}")
+        if not callable(getattr(pool, "run_task", None)):
+            raise SpecError("pool", f"must be a pool (something with run_task), got {type(pool).__name__}")
+        _check_flag("cache_failures", cache_failures)
+        _check_request_id(request_id)
         pool_name = str(getattr(pool, "name", "?"))
         request_id = request_id or uuid.uuid4().hex[:16]
         if not (task.deterministic or task.seed is not None):
@@ -299,6 +309,24 @@ class ResultReuse:
         ``params`` and ``seed`` plus the digest of each input.  ``fn`` may be sync (run in a
         worker thread) or async, and must return bytes.  ``H_exec`` (the micro-batching key
         of an inference endpoint) leaves out the inputs and the seed."""
+        if not isinstance(name, str) or not name:
+            raise SpecError("name", f"must be a non-empty string, got {name!r}")
+        if not callable(fn):
+            raise SpecError("fn", f"must be a function of the inputs returning bytes, got {type(fn).__name__}")
+        if params is not None and not isinstance(params, Mapping):
+            raise SpecError("params", f"must be a mapping, got {type(params).__name__}")
+        if inputs is not None and not isinstance(inputs, Mapping):
+            raise SpecError("inputs", f"must be a {{name: bytes}} mapping, got {type(inputs).__name__}")
+        for k, v in (inputs or {}).items():
+            if not isinstance(v, (bytes, bytearray, memoryview)):
+                raise SpecError(f"inputs[{k!r}]", f"must be bytes, got {type(v).__name__}")
+        if not isinstance(tenant, str) or not tenant:
+            raise SpecError("tenant", f"must be a non-empty tenant name, got {tenant!r}")
+        if not isinstance(deterministic, bool):
+            raise SpecError("deterministic", f"must be true or false, got {deterministic!r}")
+        if workflow is not None and not isinstance(workflow, str):
+            raise SpecError("workflow", f"must be a string or None, got {workflow!r}")
+        _check_request_id(request_id)
         params = dict(params or {})
         inputs = {k: bytes(v) for k, v in (inputs or {}).items()}
         ident = call_identity(kind, image_or_model, params, inputs, resource_class, seed)
@@ -402,8 +430,16 @@ class ResultReuse:
             idx = _decode_dict(name, body)
             if idx.get("h_task") != key:
                 raise CasCorruptError(name, f"names {idx.get('h_task')!r}, not {key}")
-            rec = _decode_dict(str(idx["result"]), await self.cas.get(str(idx["result"])))
-            return _Answer(rec, _provenance(idx, published=True))
+            result = idx.get("result")
+            if not isinstance(result, str):
+                raise CasCorruptError(name, "names no result object")
+            rec = _decode_dict(result, await self.cas.get(result))
+            _check_record(result, rec)
+            try:
+                prov = _provenance(idx, published=True)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CasCorruptError(name, f"not a result index: {exc!r} missing or malformed") from exc
+            return _Answer(rec, prov)
         except CasNotFoundError as exc:
             await self._corrupt(name, CasCorruptError(name, f"its result object is missing: {exc}"))
         except CasCorruptError as exc:
@@ -500,6 +536,35 @@ class ResultReuse:
 
 
 # ---- records -------------------------------------------------------------------------------
+
+def _check_flag(field_name: str, value: object) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise SpecError(field_name, f"must be true, false or None, got {value!r}")
+
+
+def _check_request_id(value: object) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise SpecError("request_id", f"must be a non-empty string or None, got {value!r}")
+
+
+_EXEC_FIELDS = {"exit_code": int, "stdout": str, "stderr": str, "timed_out": bool, "stdout_truncated": bool,
+                "stderr_truncated": bool, "stdout_bytes": int, "stderr_bytes": int}
+
+
+def _check_record(name: str, rec: Mapping[str, Any]) -> None:
+    """CasCorruptError unless ``rec`` is a whole result record (a record that verifies by
+    its digest but lacks a field was written by something else: never served)."""
+    kind = rec.get("kind")
+    if kind == "exec":
+        for key, typ in _EXEC_FIELDS.items():
+            if not isinstance(rec.get(key), typ) or (typ is int and isinstance(rec.get(key), bool)):
+                raise CasCorruptError(name, f"result record field {key!r} is missing or not {typ.__name__}")
+    elif kind == "call":
+        if not isinstance(rec.get("output"), (bytes, bytearray)):
+            raise CasCorruptError(name, "result record has no bytes output")
+    else:
+        raise CasCorruptError(name, f"unknown result record kind {kind!r}")
+
 
 def _index_name(key: str) -> str:
     algo, _, hexpart = key.partition(":")

@@ -15,11 +15,12 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from ..catalog.loader import Catalog
 from ..catalog.records import CatalogRow
+from ..errors import SpecError
 from .cost import BID_MARGIN, OUTBID_PER_HOUR, bid_price, effective_price, hazard_per_hour, interruption_factor
 from .demand import MODES, Demand, ModelSpec, TenantAffinity
 from .estimate import (CHEAPEST, Estimate, Infeasible, PhaseEstimate, centralized, estimate, estimate_plan,
                        launch_times, phase_estimate)
-from .gates import GATES, GateResult, NoFeasibleOffer
+from .gates import GATES, GateResult, NoFeasibleOffer, check_rows
 from .planner import Plan, PlanLine, pack, plan
 from .policy import PRESETS, Policy
 from .scoring import Score, Scored, score
@@ -31,8 +32,20 @@ class Bidder:
 
     def __init__(self, catalog: Catalog | Iterable[CatalogRow], policy: Policy | None = None,
                  affinities: Iterable[TenantAffinity] = ()) -> None:
+        if not isinstance(catalog, Catalog) and (isinstance(catalog, (str, bytes))
+                                                 or not hasattr(catalog, "__iter__")):
+            raise SpecError("catalog", f"must be a Catalog or catalog rows, got {type(catalog).__name__}")
         self.rows: tuple[CatalogRow, ...] = tuple(catalog.rows if isinstance(catalog, Catalog) else catalog)
+        check_rows(self.rows)
+        if policy is not None and not isinstance(policy, Policy):
+            raise SpecError("policy", f"must be a Policy (e.g. Policy.preset('cost')), got {policy!r}")
         self.policy = policy or PRESETS["balanced"]
+        if isinstance(affinities, (str, bytes)) or not hasattr(affinities, "__iter__"):
+            raise SpecError("affinities", f"must be TenantAffinity records, got {type(affinities).__name__}")
+        affinities = tuple(affinities)
+        for i, a in enumerate(affinities):
+            if not isinstance(a, TenantAffinity):
+                raise SpecError(f"affinities[{i}]", f"must be a TenantAffinity, got {type(a).__name__}")
         self.affinities: dict[str, TenantAffinity] = {a.tenant: a for a in affinities}
 
     def score(self, demand: Demand, caps: Mapping[str, int] | None = None) -> Scored:

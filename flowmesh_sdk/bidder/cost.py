@@ -31,6 +31,7 @@ import math
 
 from ..catalog.profiles import profile
 from ..catalog.records import CatalogRow
+from ..errors import SpecError
 
 BID_MARGIN = 0.10
 OUTBID_PER_HOUR = 0.05
@@ -74,7 +75,8 @@ def effective_price(row: CatalogRow, market: str, task_hours: float) -> tuple[fl
     For a Vast.ai bid the price paid is the bid, not the minimum bid."""
     listed = row.price(market)
     if listed is None:
-        raise ValueError(f"{row.key} has no {market} price")
+        raise SpecError("market", f"{row.key} has no {market!r} price (it is sold "
+                                  f"{'on-demand' if row.on_demand_per_hour is not None else 'spot only'})")
     bid = bid_price(row) if market == "spot" else None
     paid = bid if bid is not None else listed
     return listed, paid * interruption_factor(hazard_per_hour(row, market), task_hours), bid

@@ -17,6 +17,38 @@ MODES = ("ephemeral", "persistent")
 MARKET_CHOICES = (*MARKETS, "any")
 
 
+def name_tuple(field_name: str, value: object) -> tuple[str, ...]:
+    """``value`` as a tuple of non-empty strings; a bare string is refused (it would be
+    split into one-character names)."""
+    if isinstance(value, (str, bytes)):
+        raise SpecError(field_name, f"must be a tuple of names, got the string {value!r}; "
+                                    f"write ({value!r},)")
+    try:
+        items = tuple(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise SpecError(field_name, f"must be a tuple of names, got {type(value).__name__}") from None
+    for i, item in enumerate(items):
+        if not isinstance(item, str) or not item.strip():
+            raise SpecError(f"{field_name}[{i}]", f"must be a non-empty string, got {item!r}")
+    return items
+
+
+def check_demand(value: object) -> None:
+    """SpecError unless ``value`` is a :class:`Demand` (a bidder entry point was given
+    something else)."""
+    if not isinstance(value, Demand):
+        raise SpecError("demand", f"must be a Demand, got {type(value).__name__}")
+
+
+def check_caps(caps: object) -> None:
+    if caps is None:
+        return
+    if not hasattr(caps, "items"):
+        raise SpecError("caps", f"must be a mapping of catalog row key -> instances, got {type(caps).__name__}")
+    for key, n in caps.items():  # type: ignore[attr-defined]
+        check_number(f"caps[{key!r}]", n, lo=0, integer=True)
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
     """A model a GPU worker serves: VRAM needed = weights + KV cache.
@@ -59,8 +91,9 @@ class TenantAffinity:
     def __post_init__(self) -> None:
         if not isinstance(self.tenant, str) or not self.tenant:
             raise SpecError("affinity.tenant", "must be a non-empty tenant name")
-        object.__setattr__(self, "providers", tuple(canonical_provider(p) for p in self.providers))
-        object.__setattr__(self, "regions", tuple(self.regions))
+        object.__setattr__(self, "providers", tuple(canonical_provider(p)
+                                                    for p in name_tuple("affinity.providers", self.providers)))
+        object.__setattr__(self, "regions", name_tuple("affinity.regions", self.regions))
 
     def allows(self, provider: str, region: str) -> bool:
         return ((not self.providers or provider in self.providers)
@@ -124,8 +157,9 @@ class Demand:
             raise SpecError("demand.arch", f"must be one of {', '.join(ARCHES)} or None (any); got {self.arch!r}")
         if self.max_price is not None:
             check_number("demand.max_price", self.max_price, lo=0, hi=1e6, lo_open=True)
-        object.__setattr__(self, "providers", tuple(canonical_provider(p) for p in self.providers))
-        object.__setattr__(self, "regions", tuple(self.regions))
+        object.__setattr__(self, "providers", tuple(canonical_provider(p)
+                                                    for p in name_tuple("demand.providers", self.providers)))
+        object.__setattr__(self, "regions", name_tuple("demand.regions", self.regions))
         if not isinstance(self.tenant, str) or not self.tenant:
             raise SpecError("demand.tenant", "must be a non-empty tenant name")
         if self.market not in MARKET_CHOICES:
@@ -134,7 +168,7 @@ class Demand:
             raise SpecError("demand.mode", f"must be one of {', '.join(MODES)}; got {self.mode!r}")
         check_number("demand.minutes", self.minutes, lo=0, hi=30 * 24 * 60, lo_open=True)
         check_number("demand.image_gb", self.image_gb, lo=0, hi=10_000)
-        object.__setattr__(self, "resident", tuple(self.resident))
+        object.__setattr__(self, "resident", name_tuple("demand.resident", self.resident))
         if not isinstance(self.gpu_hosts, bool):
             raise SpecError("demand.gpu_hosts", f"must be true or false, got {self.gpu_hosts!r}")
         if self.max_per_instance is not None:
@@ -179,4 +213,5 @@ class Demand:
         return np.maximum(fit, 0).astype(np.int64)
 
 
-__all__ = ["Demand", "MARKET_CHOICES", "MODES", "ModelSpec", "TenantAffinity"]
+__all__ = ["Demand", "MARKET_CHOICES", "MODES", "ModelSpec", "TenantAffinity", "check_caps", "check_demand",
+           "name_tuple"]

@@ -34,7 +34,9 @@ from dataclasses import dataclass, replace
 from ..catalog.profiles import Bucket, ProviderProfile, profile
 from ..catalog.records import CatalogRow
 from .cost import hazard_per_hour, interruption_factor
-from .demand import Demand, TenantAffinity
+from ..errors import SpecError
+from ..specs import check_number
+from .demand import Demand, TenantAffinity, check_demand
 from .gates import NoFeasibleOffer
 from .planner import Plan, plan
 from .policy import Policy
@@ -47,6 +49,7 @@ CHEAPEST = Policy(w_t=0.0, w_c=1.0, w_l=0.0)
 def launch_times(instances: int, buckets: Sequence[Bucket], max_batch: int) -> list[float]:
     """Seconds after t=0 at which each of ``instances`` launches is accepted, when they
     are asked for in calls of ``max_batch`` as fast as the buckets allow (all full at 0)."""
+    check_number("max_batch", max_batch, lo=1, integer=True)
     if instances <= 0:
         return []
     tokens = [b.capacity for b in buckets]
@@ -178,6 +181,9 @@ def estimate(rows: Sequence[CatalogRow], demand: Demand, *, policy: Policy = CHE
              ) -> tuple[list[Estimate], list[Infeasible]]:
     """The cheapest feasible plan per provider/region (cheapest total first), and the
     provider/regions where nothing was feasible, with the gates that said why."""
+    check_demand(demand)
+    if not isinstance(policy, Policy):
+        raise SpecError("policy", f"must be a Policy, got {policy!r}")
     groups: dict[tuple[str, str], list[CatalogRow]] = {}
     for row in rows:
         if demand.providers and row.provider not in demand.providers:
@@ -206,6 +212,8 @@ def centralized(rows: Sequence[CatalogRow], demand: Demand, instance_type: str, 
     """MegaFlow's centralized baseline: ``instance_type`` machines holding
     ``tasks_per_instance`` tasks each (however many cores that leaves a task), warm
     (persistent) -- the cheapest priced row of that type."""
+    check_demand(demand)
+    check_number("tasks_per_instance", tasks_per_instance, lo=1, integer=True)
     mine = [r for r in rows if r.instance_type == instance_type]
     if not mine:
         raise NoFeasibleOffer(f"centralized {instance_type}", 0, ())

@@ -30,8 +30,8 @@ import numpy as np
 
 from ..catalog.gpus import gpu_spec
 from ..catalog.records import CatalogRow, gpu_key
-from ..errors import FlowMeshError
-from .demand import Demand, TenantAffinity
+from ..errors import FlowMeshError, SpecError
+from .demand import Demand, TenantAffinity, check_demand
 
 GATES = ("price", "cpus", "memory", "gpus", "gpu_host", "gpu_model", "vram", "gpu_spec", "arch", "max_price",
          "provider", "region", "affinity", "capacity")
@@ -101,10 +101,26 @@ def requirements(demand: Demand, affinity: TenantAffinity | None) -> dict[str, s
     }
 
 
+def check_rows(rows: object) -> None:
+    """SpecError unless ``rows`` is a sequence of :class:`CatalogRow` (a catalog's rows)."""
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
+        raise SpecError("rows", f"must be a sequence of catalog rows (Catalog.rows), got {type(rows).__name__}")
+    for i, row in enumerate(rows):
+        if not isinstance(row, CatalogRow):
+            raise SpecError(f"rows[{i}]", f"must be a CatalogRow, got {type(row).__name__}")
+
+
 def check(rows: Sequence[CatalogRow], demand: Demand,
           affinities: Mapping[str, TenantAffinity] | None = None) -> Feasible:
     """Run every gate over every (row, market) of ``rows``."""
+    check_demand(demand)
+    check_rows(rows)
+    if affinities is not None and not isinstance(affinities, Mapping):
+        raise SpecError("affinities", f"must be a mapping of tenant -> TenantAffinity, got "
+                                      f"{type(affinities).__name__}")
     affinity = (affinities or {}).get(demand.tenant)
+    if affinity is not None and not isinstance(affinity, TenantAffinity):
+        raise SpecError(f"affinities[{demand.tenant!r}]", f"must be a TenantAffinity, got {affinity!r}")
     removed = dict.fromkeys(GATES, 0)
     examples: dict[str, list[str]] = {g: [] for g in GATES}
     out_rows: list[CatalogRow] = []

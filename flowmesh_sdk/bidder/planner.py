@@ -97,14 +97,14 @@ class Plan:
 def pack(n: int, k: np.ndarray, a: np.ndarray, b: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Instances ``x`` and sandboxes ``y`` per offer for the integer program above.
 
-    ``cap[j] < 0`` means not limited.  Raises ``ValueError`` when the caps hold fewer
-    than ``n`` sandboxes."""
+    ``cap[j] < 0`` means not limited.  Raises :class:`NoFeasibleOffer` when the caps hold
+    fewer than ``n`` sandboxes."""
     m = len(k)
     k = k.astype(np.int64)
     need = -(-n // k)                                   # ceil(n / k): more is never useful
     capx = np.where(cap < 0, need, np.minimum(cap, need)).astype(np.int64)
     if int((capx * k).sum()) < n:
-        raise ValueError(f"the offers' caps hold {int((capx * k).sum())} sandboxes, fewer than {n}")
+        raise _unplaceable(n, m, f"the offers' caps hold {int((capx * k).sum())} sandboxes, fewer than {n}")
     x = np.zeros(m, dtype=np.int64)
     r = a - b / k
     order = np.lexsort((b / k, -r))
@@ -220,8 +220,12 @@ def _solve_tail(rem: int, cand: list[int], k: np.ndarray, a: np.ndarray, b: np.n
         if found is None or best[d] + value > found[0]:
             found = (float(best[d]) + value, x, (j, s))
     if found is None:
-        raise ValueError("no combination of the offers places the remaining sandboxes")
+        raise _unplaceable(rem, len(k), "no combination of the offers places the remaining sandboxes")
     return found[1], found[2]
+
+
+def _unplaceable(n: int, offers: int, why: str) -> NoFeasibleOffer:
+    return NoFeasibleOffer(f"{n} sandboxes", offers, (GateResult("capacity", offers, why),))
 
 
 def objective(x: np.ndarray, y: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
@@ -244,8 +248,8 @@ def plan(rows: Sequence[CatalogRow], demand: Demand, policy: Policy,
     a, b = coefficients(scored)
     try:
         x, y = pack(demand.count, scored.slots, a, b, scored.cap)
-    except ValueError as exc:
-        gate = GateResult("capacity", len(scored), f"{exc} (availability caps)")
+    except NoFeasibleOffer as exc:
+        gate = GateResult("capacity", len(scored), f"{exc.gates[-1].requirement} (availability caps)")
         raise NoFeasibleOffer(describe(demand), scored.feasible.considered,
                               scored.gates + (gate,)) from exc
     used = np.nonzero(x)[0]

@@ -48,12 +48,14 @@ class Policy:
     def preset(cls, name: str) -> Policy:
         try:
             return PRESETS[name]
-        except KeyError:
+        except (KeyError, TypeError):
             raise SpecError("preset", f"must be one of {', '.join(PRESETS)}; got {name!r}") from None
 
     @classmethod
     def parse(cls, text: str) -> Policy:
         """A preset name, or ``w_t,w_c,w_l`` (e.g. ``1,0.5,0``)."""
+        if not isinstance(text, str):
+            raise SpecError("weights", f"must be a preset name or 'w_t,w_c,w_l', got {text!r}")
         text = text.strip()
         if text in PRESETS:
             return PRESETS[text]

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..catalog.records import CatalogRow
-from ..specs import Offer
+from ..errors import SpecError
+from ..specs import Offer, check_number
 from ..catalog.profiles import profile
 from .cost import BID_MARGIN, OUTBID_PER_HOUR
-from .demand import Demand, TenantAffinity
+from .demand import Demand, TenantAffinity, check_caps
 from .gates import Feasible, GateResult, NoFeasibleOffer, check, describe
 from .policy import Policy
 from .throughput import CONTAINER_START_S, PULL_MBPS_CAP, PULL_MBPS_PER_8_VCPU, tokens_per_second
@@ -62,7 +63,7 @@ class Score:
         """The :class:`Offer` to launch (a Vast.ai bid is launched at the bid price)."""
         base = self.row.offer(self.market)
         if base is None:  # only for fractional-vCPU shapes, which no sandbox fits
-            raise ValueError(f"{self.row.key} cannot be launched as an Offer (fractional vCPUs)")
+            raise SpecError("offer", f"{self.row.key} cannot be launched as an Offer (fractional vCPUs)")
         if self.bid_per_hour is not None:
             from dataclasses import replace
             base = replace(base, price_per_hour=self.bid_per_hour)
@@ -110,6 +111,8 @@ class Scored:
 
     def ranking(self, limit: int | None = None) -> list[Score]:
         """Best first (ties: cheaper slot, then name, so the order is reproducible)."""
+        if limit is not None:
+            check_number("limit", limit, lo=0, integer=True)
         per_slot = self.cost / self.slots
         order = np.lexsort((np.arange(len(self)), per_slot, -self.utility))
         if limit is not None:
@@ -124,6 +127,9 @@ def score(rows: Sequence[CatalogRow], demand: Demand, policy: Policy,
 
     ``caps`` limits how many instances of a row (by :attr:`CatalogRow.key`) may be used,
     on top of the row's own ``available``."""
+    if not isinstance(policy, Policy):
+        raise SpecError("policy", f"must be a Policy (e.g. Policy.preset('cost')), got {policy!r}")
+    check_caps(caps)
     feasible = check(rows, demand, affinities)
     n = len(feasible.rows)
     if n == 0:

@@ -14,7 +14,7 @@ import collections
 from dataclasses import dataclass
 
 from .. import clock
-from ..errors import QuotaError, ThrottledError
+from ..errors import QuotaError, SpecError, ThrottledError
 from ..specs import check_number
 
 
@@ -41,7 +41,14 @@ class TokenBucket:
         self._refill()
         return self._tokens
 
+    def _check_tokens(self, tokens: float) -> None:
+        check_number(f"rate_limit[{self.key}].tokens", tokens, lo=0)
+        if tokens > self.burst:
+            raise SpecError(f"rate_limit[{self.key}].tokens",
+                            f"{tokens:g} tokens exceed the burst {self.burst:g}: they could never be taken")
+
     def try_acquire(self, tokens: float = 1.0) -> bool:
+        self._check_tokens(tokens)
         self._refill()
         if self._tokens >= tokens:
             self._tokens -= tokens
@@ -51,8 +58,7 @@ class TokenBucket:
     async def acquire(self, tokens: float = 1.0, *, timeout_s: float | None = None) -> float:
         """Take ``tokens``; returns the seconds waited.  Raises ThrottledError at once when the
         next token is due after ``timeout_s``."""
-        if tokens > self.burst:
-            raise ValueError(f"rate_limit[{self.key}]: {tokens} tokens exceed burst {self.burst}")
+        self._check_tokens(tokens)
         t0 = clock.monotonic()
         async with self._lock:
             self._refill()
@@ -121,17 +127,29 @@ class QuotaLimits:
     max_in_flight: int | None = None   # admitted (queued or running) at once
     max_total: int | None = None       # ever admitted in this quota's lifetime
 
+    def __post_init__(self) -> None:
+        for name in ("max_in_flight", "max_total"):
+            value = getattr(self, name)
+            if value is not None:
+                check_number(f"quota.{name}", value, lo=0, integer=True)
+
 
 class Quota:
     """Per-tenant admission: rejects at once when a tenant is over its limits."""
 
     def __init__(self, default: QuotaLimits | None = None) -> None:
+        if default is not None and not isinstance(default, QuotaLimits):
+            raise SpecError("quota.default", f"must be a QuotaLimits, got {type(default).__name__}")
         self.default = default or QuotaLimits()
         self._limits: dict[str, QuotaLimits] = {}
         self._in_flight: collections.Counter[str] = collections.Counter()
         self._total: collections.Counter[str] = collections.Counter()
 
     def set(self, tenant: str, limits: QuotaLimits) -> None:
+        if not isinstance(tenant, str) or not tenant:
+            raise SpecError("quota.tenant", f"must be a non-empty tenant name, got {tenant!r}")
+        if not isinstance(limits, QuotaLimits):
+            raise SpecError(f"quota[{tenant}]", f"must be a QuotaLimits, got {type(limits).__name__}")
         self._limits[tenant] = limits
 
     def limits(self, tenant: str) -> QuotaLimits:

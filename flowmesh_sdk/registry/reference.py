@@ -13,9 +13,15 @@ from ..backoff import is_loopback_host
 from ..errors import SpecError
 
 DOCKER_HUB = "docker.io"
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-_REPO = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
-_TAG = re.compile(r"^[\w][\w.-]{0,127}$")
+# every pattern is applied with fullmatch (``$`` would let a trailing newline through) and
+# ASCII-only (``\w`` and ``\d`` would otherwise take any Unicode letter or digit)
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}", re.ASCII)
+_REPO = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*",
+                   re.ASCII)
+_TAG = re.compile(r"[\w][\w.-]{0,127}", re.ASCII)
+_HOST_PART = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_REGISTRY = re.compile(rf"(?:{_HOST_PART}(?:\.{_HOST_PART})*|\[[0-9A-Fa-f:.]+\])(?::(?P<port>[0-9]{{1,5}}))?",
+                       re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,27 +33,34 @@ class ImageRef:
 
     @classmethod
     def parse(cls, text: str) -> ImageRef:
-        if not isinstance(text, str) or not text or any(c.isspace() for c in text):
-            raise SpecError("image", f"must be an image reference, got {text!r}")
+        if not isinstance(text, str) or not text or any(c.isspace() or not c.isprintable() for c in text):
+            raise SpecError("image", f"must be an image reference "
+                                     f"([registry[:port]/]repository[:tag][@sha256:<64 hex>], no "
+                                     f"spaces or control characters), got {text!r}")
         rest, digest = text, None
         if "@" in rest:
             rest, digest = rest.split("@", 1)
-            if not _DIGEST.match(digest):
+            if not _DIGEST.fullmatch(digest):
                 raise SpecError("image", f"{text!r}: digest must be sha256:<64 hex>")
         first, _, remainder = rest.partition("/")
         if remainder and ("." in first or ":" in first or first == "localhost"):
             registry, path = first, remainder
+            m = _REGISTRY.fullmatch(registry)
+            if not m or (m.group("port") is not None and not 1 <= int(m.group("port")) <= 65535):
+                raise SpecError("image", f"{text!r}: bad registry {registry!r} (a host name or "
+                                         "address, optionally :port 1-65535)")
         else:
             registry, path = DOCKER_HUB, rest
         tag = None
         last = path.rsplit("/", 1)[-1]
         if ":" in last:
             path, tag = path.rsplit(":", 1)
-            if not _TAG.match(tag):
-                raise SpecError("image", f"{text!r}: bad tag {tag!r}")
+            if not _TAG.fullmatch(tag):
+                raise SpecError("image", f"{text!r}: bad tag {tag!r} (1-128 of A-Z a-z 0-9 _ . -, "
+                                         "not starting with . or -)")
         if registry == DOCKER_HUB and "/" not in path:
             path = f"library/{path}"
-        if not _REPO.match(path):
+        if not _REPO.fullmatch(path):
             raise SpecError("image", f"{text!r}: bad repository name {path!r} "
                                      "(lowercase letters, digits and separators . _ - /)")
         if tag is None and digest is None:
@@ -65,7 +78,7 @@ class ImageRef:
     def pinned(self) -> str:
         """``registry/repository@digest`` -- what a sandbox runs."""
         if not self.digest:
-            raise ValueError(f"{self} is not pinned to a digest")
+            raise SpecError("image", f"{self} is not pinned to a digest (resolve it first)")
         return f"{self.registry}/{self.repository}@{self.digest}"
 
     @property
