@@ -6,11 +6,16 @@ in a background thread.
         pool = fleet.pool(name="eval", mode="persistent", instance=InstanceSpec(cpus=2, memory_gb=4))
         with pool.sandbox(image="localhost/flowmesh/swe-base:bookworm") as sb:
             print(sb.exec("python3 -V").stdout)
+
+Ctrl-C (``KeyboardInterrupt``) while a call waits cancels the coroutine it runs on the
+facade's loop and waits for that coroutine's own cleanup (a sandbox closed, a slot
+released) before re-raising; leaving the ``with`` block then drains and closes the fleet.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
@@ -22,6 +27,8 @@ from .sandbox import DEFAULT_OUTPUT_CAP, FILE_CAP, Sandbox
 from .specs import ExecResult, PoolSpec, SandboxSpec, Task, TaskResult
 
 T = TypeVar("T")
+# how long a cancelled call may take to clean up after Ctrl-C before the interrupt goes on
+CANCEL_CLEANUP_S = 60.0
 
 
 class _Loop:
@@ -31,7 +38,45 @@ class _Loop:
         self.thread.start()
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        """Run ``coro`` on the loop and wait for it.  A ``KeyboardInterrupt`` (or any other
+        exception raised into this thread while it waits) cancels the coroutine, waits up to
+        :data:`CANCEL_CLEANUP_S` for it to unwind, and is then re-raised."""
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+        tasks: list[asyncio.Task[T]] = []
+
+        def copy(task: asyncio.Task[T]) -> None:
+            if task.cancelled():
+                done.cancel()
+            elif task.exception() is not None:
+                done.set_exception(task.exception())  # type: ignore[arg-type]
+            else:
+                done.set_result(task.result())
+
+        def start() -> None:
+            task = self.loop.create_task(coro)
+            tasks.append(task)
+            task.add_done_callback(copy)
+
+        def cancel() -> None:
+            for task in tasks:
+                task.cancel()
+            if not tasks:          # never started: close the coroutine so it does not leak
+                coro.close()
+                done.cancel()
+
+        self.loop.call_soon_threadsafe(start)
+        try:
+            return done.result()
+        except BaseException:
+            if done.done():
+                raise            # the coroutine's own error (or its own cancellation)
+            # interrupted while waiting (Ctrl-C): cancel the coroutine, let it clean up
+            self.loop.call_soon_threadsafe(cancel)
+            try:
+                done.exception(timeout=CANCEL_CLEANUP_S)
+            except (concurrent.futures.CancelledError, concurrent.futures.TimeoutError):
+                pass
+            raise
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
