@@ -8,16 +8,27 @@ orphan when its owner process is gone, or its instance is an orphan, or it has n
 owner on this host and its instance no longer exists.  A container whose owner is
 running is never taken without ``include_live``.  Termination is
 confirmed by ``describe`` before an instance counts as reclaimed.
+
+Only what this home owns is touched.  Instances come from the providers given (the local
+provider keeps its instances under ``FLOWMESH_HOME``); a container is a candidate only when
+its instance is one of those providers' instances or one this home's metadata store has
+recorded (``known_instances``), so the containers of another ``FLOWMESH_HOME`` on the same
+machine -- whose instances this home never launched -- are left alone, whoever their owner.
+``fleet`` narrows both to one fleet.  :func:`execute` records each confirmed termination
+in the metadata store it is given (``INSTANCE_TERMINATED``), so ``flowmesh status`` no
+longer lists what gc removed.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from .config import Owner
 from .control.backend import InProcessBackend
+from .control.events import Event, EventKind
+from .control.store import MetadataStore
 from .provider import (LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, TAG_FLEET, TAG_OWNER, TAG_POOL,
                        Provider, ProviderState)
 from .provisioning import Provisioner
@@ -59,13 +70,19 @@ def _owner_gone(owner_text: str) -> tuple[bool | None, str]:
 
 
 async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, *,
-               older_than_s: float | None = None, include_live: bool = False) -> GcPlan:
+               older_than_s: float | None = None, include_live: bool = False,
+               known_instances: Iterable[str] = (), fleet: str | None = None) -> GcPlan:
+    """What is left behind.  ``known_instances``: ids of instances this home launched
+    (its metadata store's records); with ``providers``' own listings they decide which
+    containers are this home's.  ``fleet``: only that fleet's instances and containers."""
     now = time.time()
     orphans: list[Orphan] = []
     live_ids: set[str] = set()
     for prov in providers:
         for inst in await prov.list_tagged({}):
             live_ids.add(inst.id)
+            if fleet is not None and inst.tags.get(TAG_FLEET, "") != fleet:
+                continue
             owner = inst.tags.get(TAG_OWNER, "")
             gone, why = _owner_gone(owner)
             age = max(0.0, now - inst.launched_at)
@@ -82,8 +99,13 @@ async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, 
     containers: list[ContainerInfo] = []
     if runtime is not None:
         orphan_ids = {o.instance_id for o in orphans}
+        ours = live_ids | set(known_instances)
         for c in await runtime.list(label_keys=[LABEL_FLEET]):
             inst = c.labels.get(LABEL_INSTANCE, "")
+            if inst not in ours:
+                continue        # another home's (or nobody's we know): not ours to take
+            if fleet is not None and c.labels.get(LABEL_FLEET, "") != fleet:
+                continue
             gone, _ = _owner_gone(c.labels.get(LABEL_OWNER, ""))
             if (include_live or gone is True or inst in orphan_ids
                     or (gone is None and inst not in live_ids)):
@@ -93,9 +115,11 @@ async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, 
 
 async def execute(gc_plan: GcPlan, providers: Sequence[Provider], runtime: ContainerRuntime | None,
                   *, progress: Callable[[str], None] | None = None,
-                  provisioner: Provisioner | None = None) -> GcResult:
+                  provisioner: Provisioner | None = None,
+                  store: MetadataStore | None = None) -> GcResult:
     """Terminate and remove what ``gc_plan`` lists; through ``provisioner`` (its rate limits
-    and retries) when given, else one with the in-process backend."""
+    and retries) when given, else one with the in-process backend.  Each termination
+    ``describe`` confirms is recorded in ``store`` (when given) before this returns."""
     calls = provisioner or Provisioner(InProcessBackend())
     by_provider = {p.name: p for p in providers}
     terminated: list[str] = []
@@ -111,6 +135,13 @@ async def execute(gc_plan: GcPlan, providers: Sequence[Provider], runtime: Conta
             (still if i in remaining else terminated).append(i)
             if progress:
                 progress(i)
+    if store is not None and terminated:
+        done = set(terminated)
+        for o in gc_plan.instances:
+            if o.instance_id in done:
+                store.record(Event(EventKind.INSTANCE_TERMINATED, fleet=o.fleet, pool=o.pool,
+                                   instance_id=o.instance_id, detail=f"terminated by gc: {o.reason}"))
+        await store.flush()
     removed: list[str] = []
     if runtime is not None and gc_plan.containers:
         ids = [c.id for c in gc_plan.containers]

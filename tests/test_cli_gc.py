@@ -14,8 +14,9 @@ CRASHER = textwrap.dedent("""
     import asyncio, sys
     from flowmesh_sdk import EventKind, Fleet, InstanceSpec, PoolSpec, Task
     IMG = sys.argv[1]
+    FLEET = sys.argv[2] if len(sys.argv) > 2 else "crash"
     async def main():
-        fleet = Fleet("crash")
+        fleet = Fleet(FLEET)
         pool = await fleet.pool(PoolSpec(name="doomed", instance=InstanceSpec(cpus=1, memory_gb=2),
                                          min_instances=1, warm_per_image=1, warm_images=(IMG,)))
         spec = pool.default_sandbox(IMG)  # the warm shape: no warm eviction in flight at the kill
@@ -37,11 +38,11 @@ def _flowmesh(*args, env=None):
                           text=True, env=env, timeout=300)
 
 
-def _start_coordinator(env, image, tmp_path) -> tuple[subprocess.Popen, str]:
+def _start_coordinator(env, image, tmp_path, fleet="crash") -> tuple[subprocess.Popen, str]:
     """Start CRASHER; returns the process (holding a sandbox) and its owner id."""
     script = tmp_path / "coordinator.py"
     script.write_text(CRASHER)
-    proc = subprocess.Popen([sys.executable, str(script), image], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(script), image, fleet], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()
     if not line.startswith("READY"):
@@ -68,18 +69,61 @@ def test_gc_reclaims_everything_after_kill_9(fm_home, busybox_image, tmp_path):
     assert "dry run" in dry.stdout and "owner process exited" in dry.stdout
     assert podman_names(f"flowmesh.owner={owner}") == left  # a dry run removes nothing
 
+    live_before = _live_instances(fm_home, "crash")
+    assert len(live_before) == 1          # the store still believes the crashed instance runs
+
     real = _flowmesh("gc", "--yes", env=env)
     assert real.returncode == 0, real.stdout + real.stderr
     assert "terminated 1 instance(s)" in real.stdout
     assert podman_names(f"flowmesh.owner={owner}") == []
     assert not list((fm_home / "local" / "instances").glob("*.json"))
     assert "nothing left behind" in _flowmesh("gc", env=env).stdout
+    # issue 12, defect 6: gc records what it terminated, so status stops listing it as live
+    assert _live_instances(fm_home, "crash") == []
+    status = _flowmesh("status", env=env)
+    assert not any(i in status.stdout for i in live_before), status.stdout
 
     # the result produced before the crash was not lost
     status = _flowmesh("status", env=env)
     assert "finished-before-crash" in status.stdout and "succeeded" in status.stdout
     pools = _flowmesh("pools", env=env)
     assert "doomed" in pools.stdout and "persistent" in pools.stdout
+
+
+def _live_instances(home, fleet: str) -> list[str]:
+    from flowmesh_sdk.control.store import MetadataStore
+    store = MetadataStore(home / "flowmesh.db")
+    try:
+        return [r.id for r in store.instances(live_only=True) if r.fleet == fleet]
+    finally:
+        store.close()
+
+
+def test_gc_touches_only_its_own_home_and_fleet(fm_home, busybox_image, tmp_path):
+    """Issue 12, defect 6: gc of one FLOWMESH_HOME used to remove the orphaned containers of
+    another home on the same machine (it selected containers host-wide by label)."""
+    other_home = tmp_path / "other-home"
+    other_home.mkdir()
+    env_b = dict(os.environ, FLOWMESH_HOME=str(other_home), COLUMNS="200")
+    env_a = dict(os.environ, FLOWMESH_HOME=str(fm_home), COLUMNS="200")
+    proc, owner = _start_coordinator(env_b, busybox_image, tmp_path, fleet="elsewhere")
+    _kill(proc)
+    left = podman_names(f"flowmesh.owner={owner}")
+    assert len(left) >= 2
+    try:
+        a = _flowmesh("gc", "--yes", env=env_a)            # home A never launched these
+        assert a.returncode == 0, a.stdout + a.stderr
+        assert "nothing left behind" in a.stdout
+        assert podman_names(f"flowmesh.owner={owner}") == left
+        b_other_fleet = _flowmesh("gc", "--yes", "--fleet", "not-this-one", env=env_b)
+        assert "nothing left behind" in b_other_fleet.stdout
+        assert podman_names(f"flowmesh.owner={owner}") == left
+    finally:
+        b = _flowmesh("gc", "--yes", "--fleet", "elsewhere", env=env_b)   # its own home takes them
+    assert b.returncode == 0, b.stdout + b.stderr
+    assert "terminated 1 instance(s)" in b.stdout
+    assert podman_names(f"flowmesh.owner={owner}") == []
+    assert _live_instances(other_home, "elsewhere") == []
 
 
 def test_gc_leaves_a_live_coordinators_work_alone(fm_home, busybox_image, tmp_path):

@@ -31,11 +31,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 console = Console()
 err = Console(stderr=True)
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)", re.ASCII)
 
 
 def parse_duration(text: str) -> float:
-    m = _DURATION.match(text.strip())
+    m = _DURATION.fullmatch(text.strip())
     if not m:
         raise typer.BadParameter(f"{text!r}: use a number with s, m, h or d (e.g. 30m, 2h)")
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
@@ -142,8 +142,11 @@ def gc(provider: list[str] = typer.Option(["local"], "--provider", "-p",
        older_than: Optional[str] = typer.Option(None, help="also take instances whose owner is "
                                                 "on another host and that are older than this (30m, 2h)"),
        all_: bool = typer.Option(False, "--all", help="take every SDK instance, even of live owners"),
+       fleet: Optional[str] = typer.Option(None, "--fleet", help="only this fleet's instances and "
+                                           "containers (default: every fleet of this FLOWMESH_HOME)"),
        yes: bool = typer.Option(False, "--yes", "-y", help="act; without it, only list (dry run)")) -> None:
-    """Find instances and containers the SDK left behind (by their tags) and remove them."""
+    """Find instances and containers this FLOWMESH_HOME left behind (by their tags and its
+    records) and remove them; removals are recorded in the metadata store."""
     known = available_providers()
     for name in provider:
         if name not in known:
@@ -151,13 +154,23 @@ def gc(provider: list[str] = typer.Option(["local"], "--provider", "-p",
                                      param_hint="--provider")
     age = parse_duration(older_than) if older_than else None
     try:
-        asyncio.run(_gc(provider, age, all_, yes))
+        asyncio.run(_gc(provider, age, all_, yes, fleet))
     except FlowMeshError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from exc
 
 
-async def _gc(names: list[str], age: float | None, all_: bool, yes: bool) -> None:
+async def _gc(names: list[str], age: float | None, all_: bool, yes: bool, fleet: str | None = None) -> None:
+    store = _store()
+    try:
+        await _gc_with(store, names, age, all_, yes, fleet)
+    finally:
+        await store.flush()
+        store.close()
+
+
+async def _gc_with(store: MetadataStore, names: list[str], age: float | None, all_: bool, yes: bool,
+                   fleet: str | None) -> None:
     providers = [load_provider(n) for n in names]
     runtime = ContainerRuntime(LocalRunner()) if "local" in names else None
     if runtime is not None:
@@ -166,7 +179,9 @@ async def _gc(names: list[str], age: float | None, all_: bool, yes: bool) -> Non
         except FlowMeshError as exc:
             err.print(f"[yellow]skipping containers:[/yellow] {exc}")
             runtime = None
-    the_plan = await gc_mod.plan(providers, runtime, older_than_s=age, include_live=all_)
+    known = {r.id for r in await asyncio.to_thread(store.instances)}   # what this home launched
+    the_plan = await gc_mod.plan(providers, runtime, older_than_s=age, include_live=all_,
+                                 known_instances=known, fleet=fleet)
     table = Table(title="left behind" + ("" if yes else " (dry run: --yes to remove)"))
     for col in ("kind", "provider", "id", "pool", "age", "why"):
         table.add_column(col)
@@ -187,7 +202,7 @@ async def _gc(names: list[str], age: float | None, all_: bool, yes: bool) -> Non
                   console=console) as prog:
         bar = prog.add_task("removing", total=total)
         res = await gc_mod.execute(the_plan, providers, runtime,
-                                   progress=lambda _i: prog.advance(bar))
+                                   progress=lambda _i: prog.advance(bar), store=store)
     console.print(f"terminated {len(res.terminated)} instance(s), removed "
                   f"{len(res.containers_removed)} container(s)")
     if res.still_present:
