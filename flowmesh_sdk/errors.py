@@ -151,3 +151,14 @@ __all__ = [
     "SpecError",
     "ThrottledError",
 ]
+
+
+class BudgetExceededError(FlowMeshError):
+    """A launch would take a pool (or fleet) past its budget: ``which`` is
+    ``budget_per_hour`` or ``budget_total``, with the spend that would result and the cap."""
+
+    def __init__(self, message: str, *, which: str, would_be: float, cap: float) -> None:
+        super().__init__(message)
+        self.which = which
+        self.would_be = would_be
+        self.cap = cap

@@ -32,8 +32,17 @@ from .provisioning import Failover, Provisioner, RetryPolicy
 from .remote.local import LocalRunner
 from .remote.runner import Runner
 from .remote.runtime import ContainerRuntime, RuntimeConfig
-from .specs import Offer, PoolMode, PoolSpec, check_name
+from .bidder.gates import NoFeasibleOffer
+from .catalog.loader import Catalog
+from .control.spend import SpendLedger, SpendSummary
+from .errors import FlowMeshError
+from .placement.infra import providers_named
+from .placement.ranking import Placement, PriceBook, priced_offers, query_spec, rank, registry_locality
+from .provider import available_providers
+from .specs import Offer, PoolMode, PoolSpec, check_name, check_number
+from .pools.auto import AutoPool
 from .pools.base import Pool, PoolContext
+from .pools.machines import ReconcileResult
 from .pools.bootstrap import BootstrapPolicy
 from .pools.ephemeral import EphemeralPool
 from .pools.persistent import PersistentPool
@@ -55,6 +64,12 @@ class ReconcileReport:
 class Fleet:
     """Pools of sandboxes on one or more providers, coordinated by this process.
 
+    ``catalog`` prices every offer (default: the shipped snapshot, or the newer cache that
+    ``flowmesh catalog refresh`` writes); ``budget_per_hour`` / ``budget_total`` bound the
+    whole fleet's spend as each pool's own budgets bound the pool's; a reconciler compares
+    each pool's instances with what the providers list every ``reconcile_interval_s``
+    (None: only when :meth:`reconcile_pools` is called).
+
     ``providers`` maps names to ready provider objects; any other name is loaded from
     the ``flowmesh_sdk.providers`` entry points with ``provider_options[name]``.
     ``quotas`` sets per-tenant limits (``"*"`` is the default for every tenant).
@@ -74,8 +89,24 @@ class Fleet:
                  pull_policy: PullPolicy | None = None,
                  retry_policy: RetryPolicy | None = None,
                  bootstrap: BootstrapPolicy | None = None,
-                 bootstrap_timeout_s: float = 600.0) -> None:
+                 bootstrap_timeout_s: float = 600.0,
+                 catalog: Catalog | None = None,
+                 budget_per_hour: float | None = None, budget_total: float | None = None,
+                 reconcile_interval_s: float | None = 60.0) -> None:
         check_name("fleet.name", name)
+        for field, value in (("fleet.budget_per_hour", budget_per_hour), ("fleet.budget_total", budget_total)):
+            if value is not None:
+                check_number(field, value, lo=0, lo_open=True)
+        if reconcile_interval_s is not None:
+            check_number("fleet.reconcile_interval_s", reconcile_interval_s, lo=0, lo_open=True)
+        if catalog is not None and not isinstance(catalog, Catalog):
+            raise SpecError("fleet.catalog", f"must be a Catalog, got {type(catalog).__name__}")
+        self._catalog = catalog
+        self.budget_per_hour = budget_per_hour
+        self.budget_total = budget_total
+        self.reconcile_interval_s = reconcile_interval_s
+        self._reconciler: asyncio.Future[None] | None = None
+        self.ledger = SpendLedger()
         self.name = name
         self.home = Path(home) if home else home_dir()
         self.home.mkdir(parents=True, exist_ok=True)
@@ -156,29 +187,30 @@ class Fleet:
         return rt
 
     async def pool(self, spec: PoolSpec | None = None, **kwargs: Any) -> Pool:
-        """Create (and start) a pool; ``kwargs`` are PoolSpec fields when no spec is given."""
+        """Create (and start) a pool; ``kwargs`` are PoolSpec fields when no spec is given.
+
+        The pool's offers are gathered from every provider of its search space
+        (``spec.infra``), priced from the catalog and ranked by the bidder
+        (:mod:`flowmesh_sdk.placement`); bad entries, providers that cannot serve the
+        pool and offers that fit nothing are a :class:`SpecError` before anything is
+        launched."""
         if spec is None:
             spec = PoolSpec(**kwargs)
         elif kwargs:
             raise SpecError("pool", "give a PoolSpec or keyword fields, not both")
         if spec.name in self.pools and not self.pools[spec.name].closed:
             raise SpecError("pool.name", f"a pool named {spec.name!r} already exists in this fleet")
-        provider = self.provider(spec.provider)
-        offers = [o for o in await provider.offers(spec.instance)
-                  if spec.region is None or o.region == spec.region]
-        if not offers:
-            why = getattr(provider, "explain_misfit", None)
-            where = f" in region {spec.region!r}" if spec.region else ""
-            raise SpecError("pool.instance", f"no offer of provider {spec.provider!r}{where} fits"
-                            + (f": {why(spec.instance)}" if why else ""))
-        offers.sort(key=lambda o: o.price_per_hour)  # cheapest first; the bidder will rank them
+        providers, placement = await self._placement(spec)
         ctx = PoolContext(fleet=self.name, owner=self.owner, bus=self.bus, images=self.images,
                           quota=self.quota, control=self.control, pulls=self.pulls,
                           provisioner=self.provisioner,
                           authfile_for=self.authfile_for, runtime_for=self.runtime_for,
-                          bootstrap_timeout_s=self.bootstrap_timeout_s, bootstrap=self.bootstrap)
-        cls = PersistentPool if spec.mode is PoolMode.PERSISTENT else EphemeralPool
-        pool = cls(ctx, spec, provider, offers)
+                          bootstrap_timeout_s=self.bootstrap_timeout_s, bootstrap=self.bootstrap,
+                          spend=self.ledger, fleet_budget_per_hour=self.budget_per_hour,
+                          fleet_budget_total=self.budget_total)
+        cls = {PoolMode.PERSISTENT: PersistentPool, PoolMode.EPHEMERAL: EphemeralPool,
+               PoolMode.AUTO: AutoPool}[spec.mode]
+        pool = cls(ctx, spec, providers, placement)
         self.pools[spec.name] = pool
         try:
             await pool.start()
@@ -186,7 +218,100 @@ class Fleet:
             await pool.drain(timeout_s=0)
             self.pools.pop(spec.name, None)
             raise
+        self._start_reconciler()
         return pool
+
+    async def _placement(self, spec: PoolSpec) -> tuple[dict[str, Provider], Placement]:
+        """The providers of ``spec``'s search space and its ranked offers."""
+        space = spec.search_space
+        names = providers_named(space, set(available_providers()) | set(self._providers))
+        if not names:
+            raise SpecError("pool.infra", f"{', '.join(spec.infra)} matches no installed provider; installed: "
+                                          f"{', '.join(sorted(set(available_providers()) | set(self._providers)))}")
+        providers = {n: self.provider(n) for n in names}
+        why_not: list[str] = []
+        if spec.mode is not PoolMode.EPHEMERAL:
+            for n in [n for n, p in providers.items() if not p.capabilities.nested_containers]:
+                why_not.append(f"{n}: its instances are containers themselves (nested_containers=False), so "
+                               f"they cannot hold a {spec.mode.value} pool's sandboxes; use it for GPU workers "
+                               "or an ephemeral pool (one sandbox per instance)")
+                del providers[n]
+        if spec.spot == "only":
+            for n in [n for n, p in providers.items() if not p.capabilities.spot]:
+                why_not.append(f"{n}: sells no spot instances, and pool.spot is 'only'")
+                del providers[n]
+        if not providers:
+            raise SpecError("pool.infra", "no provider of the search space can serve this pool: " + "; ".join(why_not))
+        qspec = query_spec(spec)
+        found = await asyncio.gather(*(p.offers(qspec) for p in providers.values()))
+        raw = dict(zip(providers, found))
+        for i, entry in enumerate(space):
+            if not any(entry.matches_provider(n) for n in providers):
+                continue   # explained by why_not
+            if not any(entry.matches(o.provider, o.region, o.zone) for n, offers in raw.items() for o in offers):
+                prov = providers.get(entry.provider)
+                why = getattr(prov, "explain_misfit", None) if prov else None
+                where = f" in region {entry.region!r}" if entry.region != "*" else ""
+                where += f" zone {entry.zone!r}" if entry.zone != "*" else ""
+                field = "pool.instance" if len(space) == 1 else f"pool.infra[{i}]"
+                raise SpecError(field, f"no offer of provider {entry.provider!r}{where} fits"
+                                       + (f": {why(qspec)}" if why and where == "" else "")
+                                       + ("" if len(space) == 1 else f" (entry {str(entry)!r} matches nothing)"))
+        need_prices = any(not p.capabilities.free for p in providers.values())
+        book = PriceBook(self.catalog.rows if need_prices else ())
+        priced, excluded = priced_offers(raw, free={n: p.capabilities.free for n, p in providers.items()},
+                                         spot_capable={n: p.capabilities.spot for n, p in providers.items()},
+                                         book=book, spot=spec.spot, space=space)
+        resident = tuple(dict.fromkeys(e for image in spec.warm_images for e in registry_locality(image)))
+        try:
+            ranked = rank(priced, spec, resident=resident)
+        except NoFeasibleOffer as exc:
+            raise SpecError("pool.instance", f"no offer fits this pool: {exc}") from exc
+        if not ranked:
+            raise SpecError("pool.instance", "no priced offer in the search space "
+                                             f"{', '.join(spec.infra)}: " + "; ".join(excluded[:10] + why_not))
+        for line in excluded + why_not:
+            log.info("pool %s: excluded %s", spec.name, line)
+        return providers, Placement(ranked, excluded + why_not)
+
+    @property
+    def catalog(self) -> Catalog:
+        """The price catalog every offer is priced from: the shipped snapshot or the newer
+        ``flowmesh catalog refresh`` cache, unless one was given."""
+        if self._catalog is None:
+            self._catalog = Catalog.load(warn=False)
+        return self._catalog
+
+    # ---- reconciling -----------------------------------------------------------------
+    def _start_reconciler(self) -> None:
+        if self._reconciler is None and self.reconcile_interval_s:
+            self._reconciler = asyncio.ensure_future(self._reconcile_loop())
+
+    async def _reconcile_loop(self) -> None:
+        """Every ``reconcile_interval_s``: each pool's instances against what their
+        providers list (batched describes under the rate limits)."""
+        assert self.reconcile_interval_s
+        while not self._closed:
+            await asyncio.sleep(self.reconcile_interval_s)
+            await self.reconcile_pools()
+
+    async def reconcile_pools(self) -> dict[str, ReconcileResult]:
+        """Reconcile every open pool now (what the background reconciler does on its
+        deadline): instances a provider no longer lists are given up and replaced up to
+        ``min_instances``; terminations that failed are retried."""
+        out: dict[str, ReconcileResult] = {}
+        for name, pool in list(self.pools.items()):
+            if pool.closed:
+                continue
+            try:
+                out[name] = await pool.reconcile()
+            except FlowMeshError as exc:
+                log.warning("pool %s: reconcile failed: %s", name, exc)
+        return out
+
+    def spend(self) -> SpendSummary:
+        """What the fleet's instances cost so far, and its burn rate now."""
+        return self.ledger.summary()
 
     # ---- result reuse (flowmesh_sdk.reuse) ------------------------------------------
     @property
@@ -242,6 +367,9 @@ class Fleet:
         if self._closed:
             return
         self._closed = True
+        if self._reconciler is not None:
+            self._reconciler.cancel()
+            await asyncio.gather(self._reconciler, return_exceptions=True)
         try:
             await asyncio.gather(*(p.drain(timeout_s) for p in self.pools.values()))
         finally:

@@ -19,7 +19,10 @@ class InstanceState(str, enum.Enum):
     RUNNING = "running"        # the machine runs; not yet bootstrapped
     READY = "ready"            # bootstrapped: runtime present, accepts sandboxes
     DRAINING = "draining"      # takes no new sandboxes; finishing the current ones
+    STOPPED = "stopped"        # the cloud reports it stopped: not running, not gone
     FAILED = "failed"          # unhealthy: never used again, to be terminated
+    TERMINATING = "terminating"    # terminate asked; retried until the provider no longer lists it
+    TERMINATION_FAILED = "termination_failed"   # gave up: still listed (gc and the reconciler retry)
     TERMINATED = "terminated"  # gone (confirmed by the provider)
 
 
@@ -38,11 +41,14 @@ class TaskState(str, enum.Enum):
 
 _I = InstanceState
 INSTANCE_TRANSITIONS: Mapping[InstanceState, frozenset[InstanceState]] = {
-    _I.REQUESTED: frozenset({_I.RUNNING, _I.FAILED, _I.TERMINATED}),
-    _I.RUNNING: frozenset({_I.READY, _I.FAILED, _I.DRAINING, _I.TERMINATED}),
-    _I.READY: frozenset({_I.DRAINING, _I.FAILED, _I.TERMINATED}),
-    _I.DRAINING: frozenset({_I.TERMINATED, _I.FAILED}),
-    _I.FAILED: frozenset({_I.TERMINATED}),
+    _I.REQUESTED: frozenset({_I.RUNNING, _I.FAILED, _I.TERMINATING, _I.TERMINATED}),
+    _I.RUNNING: frozenset({_I.READY, _I.FAILED, _I.DRAINING, _I.STOPPED, _I.TERMINATING, _I.TERMINATED}),
+    _I.READY: frozenset({_I.DRAINING, _I.FAILED, _I.STOPPED, _I.TERMINATING, _I.TERMINATED}),
+    _I.DRAINING: frozenset({_I.TERMINATING, _I.TERMINATED, _I.FAILED}),
+    _I.STOPPED: frozenset({_I.FAILED, _I.TERMINATING, _I.TERMINATED}),
+    _I.FAILED: frozenset({_I.TERMINATING, _I.TERMINATED}),
+    _I.TERMINATING: frozenset({_I.TERMINATED, _I.TERMINATION_FAILED}),
+    _I.TERMINATION_FAILED: frozenset({_I.TERMINATING, _I.TERMINATED}),
     _I.TERMINATED: frozenset(),
 }
 

@@ -15,12 +15,22 @@ A provider only talks to its cloud.  Six calls, all async and batched:
                         restarted coordinator find what a crash left behind.
 ``runner(instance)``    a :class:`~flowmesh_sdk.remote.runner.Runner` that runs commands on it.
 
-What callers may assume: instance ids are unique per provider and never reused; a
+What callers may assume: instance ids are the cloud's unique ids (never names a user could
+reuse), unique per provider and never reused, not even after termination; a
 launched instance is findable by its tags from the moment ``launch`` returns; errors are
 the SDK's (:class:`CapacityError`, :class:`QuotaError`, :class:`ThrottledError`,
 :class:`AuthError`, :class:`NotFoundError`) with the cloud's error chained as cause.
 Capabilities are declared in :attr:`Provider.capabilities`, never discovered by catching
-``NotImplementedError``.  Retries, rate limits and failover wrap this contract from
+``NotImplementedError``, and the core reads them: ``max_batch`` and ``rates`` plan launch
+calls, ``tags`` says how the SDK's tags are carried on the cloud (a provider encodes with
+it before a launch or a filter and decodes what it lists), ``nested_containers=False``
+refuses a persistent sandbox pool on instances that are themselves containers, ``free``
+prices the provider's offers at 0 (machines the user already has) instead of from the
+catalog, and ``spot`` lets a pool's spot preference use the provider.
+
+Prices: a cloud provider reports shapes, availability and capacity; ``Offer.price_per_hour``
+is ``None`` and the fleet prices each offer from the catalog (one source of prices), and
+an offer the catalog has no price for is excluded and said, never guessed.  Retries, rate limits and failover wrap this contract from
 outside; a driver does not retry on its own.
 
 Providers register under the entry-point group ``flowmesh_sdk.providers``; the core
@@ -40,6 +50,7 @@ from typing import Any, ClassVar
 from .errors import SpecError
 from .remote.runner import Runner
 from .specs import InstanceSpec, Offer
+from .tags import PlainTags, TagCodec
 
 ENTRY_POINT_GROUP = "flowmesh_sdk.providers"
 TAG_FLEET = "flowmesh:fleet"
@@ -75,6 +86,9 @@ class Capabilities:
     max_batch: int = 1            # most instances one launch call may ask for
     remote: bool = True           # False when instances are slices of this host
     rates: tuple[ApiRate, ...] = ()
+    tags: TagCodec = field(default_factory=PlainTags)   # how the SDK's tags travel on the cloud
+    nested_containers: bool = True   # False: instances are containers (Vast.ai) -- no sandboxes inside
+    free: bool = False            # the machines cost the SDK nothing (this host, the user's own)
 
 
 class ProviderState(str, enum.Enum):
@@ -83,6 +97,7 @@ class ProviderState(str, enum.Enum):
     PENDING = "pending"
     RUNNING = "running"
     STOPPING = "stopping"
+    STOPPED = "stopped"           # where a cloud reports it: not running, not gone, still billed for disk
     TERMINATED = "terminated"
 
 
@@ -114,6 +129,8 @@ class Instance:
     launched_at: float
     price_per_hour: float = 0.0
     address: str | None = None
+    port: int | None = None       # where the instance's sshd listens (None: 22, or not over SSH)
+    zone: str | None = None
 
 
 class Provider(abc.ABC):

@@ -8,7 +8,10 @@ from outside (drivers never retry on their own).
   provider); each failover is logged and published with the reason and the price delta,
   so a dearer fallback is visible.
 * ``QuotaError``: that (provider, region) is skipped for the rest of the run.
-* ``AuthError`` and ``SpecError``: stop at once.
+* ``AuthError``: that provider is skipped for the rest of the run (its error kept), and
+  the next provider's offers are tried; an ``AuthError`` is raised only when nothing is
+  left.
+* ``SpecError``: stop at once.
 * A token bucket per (provider, region, API), sized from the provider's declared
   ``Capabilities.rates``, keeps the fleet under the published limits in the first place.
 """
@@ -46,7 +49,7 @@ class Failover:
     """One offer given up on, and why."""
 
     offer: Offer
-    reason: str                   # "capacity", "quota", "quota (skipped)", "throttled"
+    reason: str                   # "capacity", "quota", "quota (skipped)", "throttled", "auth", "auth (skipped)"
     error: str
     price_delta: float            # next offer's $/h minus this one's (None-safe: 0 at the end)
 
@@ -68,6 +71,7 @@ class Provisioner:
         self.policy = policy or RetryPolicy()
         self.on_failover = on_failover
         self.skipped: set[tuple[str, str]] = set()   # (provider, region) out of quota
+        self.auth_failed: dict[str, AuthError] = {}   # provider -> its credential error, skipped for the run
 
     # ---- rate limits and retries -------------------------------------------------
     def _bucket(self, provider: Provider, region: str, rate: ApiRate) -> TokenBucket:
@@ -120,8 +124,11 @@ class Provisioner:
     # ---- launch with failover ------------------------------------------------------
     async def launch(self, providers: Mapping[str, Provider], offers: Sequence[Offer],
                      spec: InstanceSpec, count: int, tags: Mapping[str, str], *,
-                     request_prefix: str = "fm") -> LaunchOutcome:
-        """Launch ``count`` instances of the first offer that can, in preference order."""
+                     request_prefix: str = "fm",
+                     spec_for: Callable[[Offer], InstanceSpec] | None = None) -> LaunchOutcome:
+        """Launch ``count`` instances of the first offer that can, in preference order
+        (offers may belong to different providers: failover crosses clouds).
+        ``spec_for`` gives the instance size to ask each offer for (default ``spec``)."""
         if not offers:
             raise SpecError("offers", "no offer to launch")
         failovers: list[Failover] = []
@@ -129,20 +136,30 @@ class Provisioner:
         for i, offer in enumerate(offers):
             nxt = offers[i + 1] if i + 1 < len(offers) else None
             key = (offer.provider, offer.region)
+            if offer.provider in self.auth_failed:
+                self._failover(failovers, Failover(offer, "auth (skipped)", str(self.auth_failed[offer.provider]),
+                                                   _delta(offer, nxt)), nxt)
+                continue
             if key in self.skipped:
                 self._failover(failovers, Failover(offer, "quota (skipped)", "region out of quota "
                                                    "earlier in this run", _delta(offer, nxt)), nxt)
                 continue
             prov = providers[offer.provider]
             request_id = f"{request_prefix}-{uuid.uuid4().hex[:16]}"
-            req = LaunchRequest(offer=offer, spec=spec, count=min(count, prov.capabilities.max_batch),
+            req = LaunchRequest(offer=offer, spec=spec_for(offer) if spec_for else spec,
+                                count=min(count, prov.capabilities.max_batch),
                                 request_id=request_id, tags={**tags, TAG_REQUEST: request_id})
             try:
                 launched = await self.call(prov, offer.region, "launch", lambda: prov.launch(req),
                                            instances=req.count)
                 return LaunchOutcome(tuple(launched), offer, tuple(failovers))
-            except (AuthError, SpecError):
+            except SpecError:
                 raise
+            except AuthError as exc:
+                # that provider is skipped for the run, its error kept; others may still serve
+                self.auth_failed[offer.provider] = exc
+                errors.append(exc)
+                self._failover(failovers, Failover(offer, "auth", str(exc), _delta(offer, nxt)), nxt)
             except QuotaError as exc:
                 self.skipped.add(key)
                 errors.append(exc)
@@ -155,6 +172,14 @@ class Provisioner:
                 self._failover(failovers, Failover(offer, "throttled", str(exc), _delta(offer, nxt)), nxt)
         tried = "; ".join(f"{f.offer.provider}/{f.offer.region}/{f.offer.instance_type}"
                           f"{' spot' if f.offer.spot else ''}: {f.reason}" for f in failovers)
+        if errors and all(isinstance(e, AuthError) for e in errors):
+            if len(errors) == 1:
+                raise errors[0]
+            raise AuthError("no provider accepted its credentials: " + "; ".join(
+                f"{p}: {e}" for p, e in self.auth_failed.items()), code="AllAuthFailed") from errors[-1]
+        if not errors and self.auth_failed and all(o.provider in self.auth_failed for o in offers):
+            raise AuthError(f"every provider of these offers failed authentication earlier in this run; "
+                            f"tried {tried}", code="AllAuthFailed") from next(iter(self.auth_failed.values()))
         cls = QuotaError if errors and all(isinstance(e, QuotaError) for e in errors) or not errors \
             else CapacityError
         err = cls(f"no offer could launch {count} x {spec.cpus} cpus / {spec.memory_gb:g} GB; "
@@ -163,7 +188,7 @@ class Provisioner:
 
     def _failover(self, out: list[Failover], f: Failover, nxt: Offer | None) -> None:
         out.append(f)
-        where = (f"next: {nxt.provider}/{nxt.region}/{nxt.instance_type} at ${nxt.price_per_hour:.4f}/h "
+        where = (f"next: {nxt.provider}/{nxt.region}/{nxt.instance_type} at ${nxt.price_per_hour or 0:.4f}/h "
                  f"({f.price_delta:+.4f} $/h)") if nxt else "no offer left"
         log.warning("failover from %s/%s/%s (%s): %s; %s", f.offer.provider, f.offer.region,
                     f.offer.instance_type, f.reason, f.error, where)
@@ -172,4 +197,4 @@ class Provisioner:
 
 
 def _delta(offer: Offer, nxt: Offer | None) -> float:
-    return (nxt.price_per_hour - offer.price_per_hour) if nxt else 0.0
+    return ((nxt.price_per_hour or 0.0) - (offer.price_per_hour or 0.0)) if nxt else 0.0

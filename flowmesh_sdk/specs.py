@@ -144,18 +144,41 @@ class SandboxSpec:
 class PoolMode(str, enum.Enum):
     EPHEMERAL = "ephemeral"    # a fresh instance per task, terminated after it
     PERSISTENT = "persistent"  # warm instances, a fresh container per task
+    AUTO = "auto"              # both, chosen per task by its isolation (strict | shared)
+
+
+ISOLATIONS = ("strict", "shared")   # strict: a fresh instance; shared: a fresh container on a warm one
+SPOT_CHOICES = ("never", "prefer", "only")
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxSize:
+    """What one sandbox needs, for a pool whose instance shape the bidder chooses: any
+    offer that holds at least one such sandbox qualifies, and holds as many as fit."""
+
+    cpus: float = 1.0
+    memory_gb: float = 2.0
+    gpus: int = 0
+
+    def __post_init__(self) -> None:
+        check_number("pool.sandbox_size.cpus", self.cpus, lo=MIN_SANDBOX_CPUS, hi=1024)
+        check_number("pool.sandbox_size.memory_gb", self.memory_gb, lo=MIN_SANDBOX_MEMORY_GB, hi=32768)
+        check_number("pool.sandbox_size.gpus", self.gpus, lo=0, hi=16, integer=True)
 
 
 @dataclass(frozen=True, slots=True)
 class PoolSpec:
-    """A pool of instances of one size on one provider."""
+    """A pool of sandboxes: how it runs (``mode``), where it may run (``infra``, a search
+    space over providers, regions and zones), on what (a fixed ``instance`` size with
+    ``sandboxes_per_instance``, or a ``sandbox_size`` from which the bidder chooses the
+    shape and the slots per instance), and what it may spend.  See docs/api.md."""
 
     name: str
     mode: PoolMode = PoolMode.PERSISTENT
     provider: str = "local"
     instance: InstanceSpec = field(default_factory=InstanceSpec)
     min_instances: int = 0
-    max_instances: int = 1
+    max_instances: int | None = None   # None: 1, or (with concurrency) one instance per sandbox at most
     sandboxes_per_instance: int = 1
     idle_timeout_s: float = 300.0
     warm_per_image: int = 1
@@ -163,6 +186,16 @@ class PoolSpec:
     region: str | None = None
     image_cache_gb: float | None = None
     task_attempts: int = 3   # dispatches of a Task when its instance is lost under it
+    # ---- where, on what, at what price (flowmesh_sdk.placement) ----
+    infra: tuple[str, ...] = ()          # 'provider[/region[/zone]]' entries; (): (provider[/region],)
+    policy: object = "balanced"          # a bidder Policy, or a preset: latency, cost, balanced
+    max_price: float | None = None       # $/h per instance (listed price)
+    spot: str = "never"                  # never | prefer (on-demand fallback) | only
+    budget_per_hour: float | None = None  # $/h the pool may burn at once
+    budget_total: float | None = None     # $ the pool may spend in all
+    sandbox_size: SandboxSize | None = None   # the bidder picks the instance shape and slots
+    concurrency: int | None = None       # most sandboxes at once (default: max_instances x slots)
+    isolation: str | None = None         # mode auto: the default isolation of a task
 
     def __post_init__(self) -> None:
         check_name("pool.name", self.name)
@@ -170,12 +203,18 @@ class PoolSpec:
         try:
             object.__setattr__(self, "mode", PoolMode(self.mode))
         except ValueError:
-            raise SpecError("pool.mode", f"must be one of ephemeral, persistent; got {self.mode!r}") from None
+            raise SpecError("pool.mode", "must be one of ephemeral, persistent, auto; "
+                                         f"got {self.mode!r}") from None
         if not isinstance(self.provider, str) or not self.provider:
             raise SpecError("pool.provider", f"must be a provider name, got {self.provider!r}")
+        self._check_placement()
         if not isinstance(self.instance, InstanceSpec):
             raise SpecError("pool.instance", "must be an InstanceSpec")
         check_number("pool.min_instances", self.min_instances, lo=0, hi=100_000, integer=True)
+        if self.concurrency is not None:
+            check_number("pool.concurrency", self.concurrency, lo=1, hi=10_000_000, integer=True)
+        if self.max_instances is None:
+            object.__setattr__(self, "max_instances", min(100_000, self.concurrency or 1))
         check_number("pool.max_instances", self.max_instances, lo=1, hi=100_000, integer=True)
         if self.min_instances > self.max_instances:
             raise SpecError("pool.min_instances",
@@ -206,6 +245,60 @@ class PoolSpec:
         if self.mode is PoolMode.EPHEMERAL and self.min_instances:
             raise SpecError("pool.min_instances", "must be 0 for an ephemeral pool (no warm instances)")
 
+    def _check_placement(self) -> None:
+        from .placement.infra import InfraEntry, parse_infra
+
+        entries = parse_infra("pool.infra", self.infra)
+        if entries and (self.provider != "local" or self.region is not None):
+            raise SpecError("pool.infra", "give the search space in infra, or one provider (and region), "
+                                          "not both")
+        if not entries:
+            entries = (InfraEntry.parse("pool.provider", self.provider if self.region is None
+                                        else f"{self.provider}/{self.region}"),)
+        object.__setattr__(self, "infra", tuple(str(e) for e in entries))
+        from .bidder.policy import PRESETS, Policy
+
+        if isinstance(self.policy, str):
+            if self.policy not in PRESETS:
+                raise SpecError("pool.policy", f"must be a Policy or one of {', '.join(PRESETS)}; "
+                                               f"got {self.policy!r}")
+            object.__setattr__(self, "policy", PRESETS[self.policy])
+        elif not isinstance(self.policy, Policy):
+            raise SpecError("pool.policy", f"must be a Policy or one of {', '.join(PRESETS)}; "
+                                           f"got {type(self.policy).__name__}")
+        check_choice("pool.spot", self.spot, SPOT_CHOICES)
+        for name in ("max_price", "budget_per_hour", "budget_total"):
+            value = getattr(self, name)
+            if value is not None:
+                check_number(f"pool.{name}", value, lo=0, lo_open=True)
+        if self.sandbox_size is not None and not isinstance(self.sandbox_size, SandboxSize):
+            raise SpecError("pool.sandbox_size", "must be a SandboxSize(cpus=..., memory_gb=...), got "
+                                                 f"{type(self.sandbox_size).__name__}")
+        if self.isolation is not None:
+            check_choice("pool.isolation", self.isolation, ISOLATIONS)
+            if self.mode is not PoolMode.AUTO:
+                raise SpecError("pool.isolation", "is the default of a mode='auto' pool; this pool's mode is "
+                                                  f"{self.mode.value}")
+
+    @property
+    def search_space(self) -> tuple:   # tuple[InfraEntry, ...]
+        from .placement.infra import parse_infra
+
+        return parse_infra("pool.infra", self.infra)
+
+    @property
+    def slots_fixed(self) -> bool:
+        """True when every instance holds ``sandboxes_per_instance`` (no ``sandbox_size``)."""
+        return self.sandbox_size is None
+
+    @property
+    def default_isolation(self) -> str:
+        if self.mode is PoolMode.EPHEMERAL:
+            return "strict"
+        if self.mode is PoolMode.PERSISTENT:
+            return "shared"
+        return self.isolation or "strict"
+
     @property
     def image_cache_bytes(self) -> int:
         """The disk an instance may fill with images: ``image_cache_gb``, else 80% of disk."""
@@ -213,7 +306,15 @@ class PoolSpec:
         return int(gb * 1024 ** 3)
 
     def check_fits(self, sandbox: SandboxSpec) -> None:
-        """Raise SpecError when a sandbox cannot fit this pool's instances."""
+        """Raise SpecError when a sandbox cannot fit this pool's instances (or its slots,
+        when the bidder chooses the instances from ``sandbox_size``)."""
+        size = self.sandbox_size
+        if size is not None:
+            if sandbox.cpus > size.cpus + 1e-9 or sandbox.memory_gb > size.memory_gb + 1e-9:
+                raise SpecError("sandbox.cpus" if sandbox.cpus > size.cpus + 1e-9 else "sandbox.memory_gb",
+                                f"{sandbox.cpus:g} cpus / {sandbox.memory_gb:g} GB exceeds the pool's sandbox "
+                                f"size ({size.cpus:g} cpus / {size.memory_gb:g} GB)")
+            return
         inst = self.instance
         if sandbox.cpus > inst.cpus:
             raise SpecError("sandbox.cpus", f"{sandbox.cpus:g} exceeds the pool's instance size "
@@ -258,7 +359,10 @@ class Offer:
     instance_type: str
     cpus: int
     memory_gb: float
-    price_per_hour: float
+    # $/h of one instance.  A cloud provider reports shapes only (None): the fleet prices
+    # them from the catalog, the one source of prices.  A provider whose machines cost the
+    # SDK nothing (``Capabilities.free``: this host, the user's own machines) says 0.0.
+    price_per_hour: float | None = None
     gpus: int = 0
     gpu_name: str | None = None
     zone: str | None = None
@@ -269,6 +373,25 @@ class Offer:
     gpu_memory_gb: float | None = None
     source: str = ""
     fetched_at: str | None = None
+    # A marketplace machine (Vast.ai): its offer id to rent and the host's reliability in
+    # (0, 1]; ``available``: how many of this offer can be had now (None: not limited).
+    offer_id: str | None = None
+    reliability: float | None = None
+    available: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.price_per_hour is not None:
+            check_number("offer.price_per_hour", self.price_per_hour, lo=0)
+        if self.reliability is not None:
+            check_number("offer.reliability", self.reliability, lo=0, hi=1, lo_open=True)
+        if self.available is not None:
+            check_number("offer.available", self.available, lo=0, integer=True)
+
+    @property
+    def key(self) -> str:
+        """``provider/region[/zone]/type[ spot]``: how decisions and events name an offer."""
+        where = f"{self.region}/{self.zone}" if self.zone else self.region
+        return f"{self.provider}/{where}/{self.instance_type}{' spot' if self.spot else ''}"
 
     def fits(self, spec: InstanceSpec) -> bool:
         return (self.cpus >= spec.cpus and self.memory_gb + 1e-9 >= spec.memory_gb
@@ -291,6 +414,9 @@ class Task:
     # answered from the content-addressed store; anything else always runs
     deterministic: bool = False
     seed: int | None = None
+    # a mode="auto" pool: strict (a fresh instance) or shared (a fresh container on a warm
+    # instance); None: the pool's default.  Not part of the task's identity.
+    isolation: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or not self.name.isprintable():
@@ -305,6 +431,8 @@ class Task:
             raise SpecError("task.deterministic", f"must be true or false, got {self.deterministic!r}")
         if self.seed is not None:
             check_number("task.seed", self.seed, lo=0, hi=2 ** 63 - 1, integer=True)
+        if self.isolation is not None:
+            check_choice("task.isolation", self.isolation, ISOLATIONS)
         if not isinstance(self.command, str) or not self.command.strip():
             raise SpecError("task.command", "must be a non-empty shell command")
         if "\x00" in self.command:

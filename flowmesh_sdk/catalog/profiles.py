@@ -35,6 +35,12 @@ Published limits used (read 2026-11-30):
   call (the CLI's ``create instance`` takes one offer id), at most 1 call/s with a burst
   of 10.  This is an assumption, not a published figure.
 
+Billing minimum: EC2 bills Linux on-demand and spot instances per second with a 60-second
+minimum ("Amazon EC2 On-Demand Pricing", https://aws.amazon.com/ec2/pricing/on-demand/);
+Compute Engine bills per second after the first minute ("VM instance pricing",
+https://cloud.google.com/compute/vm-instance-pricing).  For Azure, Alibaba and Vast.ai the
+same 60 s is assumed (:attr:`ProviderProfile.billing_min_s`; override per profile).
+
 Spot interruptions: AWS's Spot Instance Advisor reports the "frequency of interruption"
 (share of instances reclaimed in the trailing month) in buckets <5%, 5-10%, 10-15%,
 15-20% and >20% (https://aws.amazon.com/ec2/spot/instance-advisor/); Azure's portal shows
@@ -79,6 +85,7 @@ class ProviderProfile:
     spot_monthly_interruption: float = DEFAULT_SPOT_MONTHLY_INTERRUPTION
     rates_source: str = ""
     boot_source: str = BOOT_ASSUMPTION
+    billing_min_s: float = 60.0   # shortest billed period of one instance
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:

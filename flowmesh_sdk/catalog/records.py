@@ -203,7 +203,8 @@ class CatalogRow:
                      cpus=int(self.cpus), memory_gb=float(self.memory_gb), price_per_hour=price,
                      gpus=self.gpus, gpu_name=self.gpu_name if self.gpus else None, zone=self.zone,
                      spot=market == "spot", arch=self.arch, gpu_memory_gb=self.gpu_memory_gb,
-                     source=self.source, fetched_at=self.fetched_at)
+                     source=self.source, fetched_at=self.fetched_at, reliability=self.reliability,
+                     available=self.available)
 
     def offers(self) -> list[Offer]:
         """One :class:`Offer` per priced market (on-demand first)."""
@@ -217,7 +218,8 @@ class CatalogRow:
                    on_demand_per_hour=None if offer.spot else offer.price_per_hour,
                    spot_per_hour=offer.price_per_hour if offer.spot else None,
                    gpus=offer.gpus, gpu_name=offer.gpu_name, gpu_memory_gb=offer.gpu_memory_gb,
-                   zone=offer.zone, arch=offer.arch, source=offer.source, fetched_at=offer.fetched_at)
+                   zone=offer.zone, arch=offer.arch, source=offer.source, fetched_at=offer.fetched_at,
+                   reliability=offer.reliability, available=offer.available)
 
 
 __all__ = ["ALIASES", "CatalogRow", "MARKETS", "PROVIDERS", "as_date", "canonical_provider",

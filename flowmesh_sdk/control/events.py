@@ -24,11 +24,18 @@ class EventKind(str, enum.Enum):
     POOL_SCALED = "pool.scaled"
     POOL_DRAINED = "pool.drained"
     LAUNCH_FAILOVER = "launch.failover"
+    # placement (flowmesh_sdk.placement): ``detail`` is JSON -- decided: count, winner and
+    # runner-up with T, C, G_loc, U, price; refused: the budget, its cap and the spend
+    LAUNCH_DECIDED = "launch.decided"
+    LAUNCH_REFUSED = "launch.refused"
     INSTANCE_REQUESTED = "instance.requested"
     INSTANCE_RUNNING = "instance.running"
     INSTANCE_READY = "instance.ready"
     INSTANCE_DRAINING = "instance.draining"
     INSTANCE_FAILED = "instance.failed"
+    INSTANCE_STOPPED = "instance.stopped"
+    INSTANCE_TERMINATING = "instance.terminating"
+    INSTANCE_TERMINATION_FAILED = "instance.termination_failed"
     INSTANCE_TERMINATED = "instance.terminated"
     IMAGE_PULLED = "image.pulled"
     IMAGE_PULL_RETRY = "image.pull_retry"
@@ -43,6 +50,7 @@ class EventKind(str, enum.Enum):
     TASK_REJECTED = "task.rejected"
     TASK_CANCELLED = "task.cancelled"
     TASK_REDISPATCHED = "task.redispatched"
+    TASK_ROUTED = "task.routed"     # mode auto: which path (strict | shared) and why
     # result reuse (flowmesh_sdk.reuse); ``detail`` is JSON: h_task, tenant, workflow, result,
     # computed_by, saved_s
     REUSE_HIT = "reuse.hit"

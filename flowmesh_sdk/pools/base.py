@@ -1,6 +1,8 @@
 """What both pool kinds share: admission, the journey of a task (with re-dispatch when its
 instance is lost), creating sandboxes, phase timings and events.  Launching,
-bootstrapping and terminating instances is :mod:`.machines`.
+bootstrapping, terminating and reconciling instances is the pool's
+:class:`~.machines.Machines` component; where they go is its
+:class:`~flowmesh_sdk.placement.ranking.Placement`.
 
 Admission runs the three tiers in order: the tenant's quota (rejects at once), then
 the pool's semaphore (in-flight <= capacity, FIFO queue), then placement.  An image is
@@ -16,18 +18,19 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
 from .. import clock
 from ..control.backend import ControlBackend
 from ..control.events import Event, EventBus, EventKind
 from ..control.limits import Quota, Semaphore
+from ..control.spend import SpendLedger, SpendSummary
 from ..errors import FlowMeshError, ImageNotFoundError, InstanceLost, PoolClosedError, SpecError
 from ..images import ImageInfo, ImageResolver, PullBudget
 from ..lifecycle import InstanceState, Lifecycle, TaskState, task_lifecycle
-from ..provider import (LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, LABEL_POOL, LABEL_TASK, Offer,
-                        Provider)
+from ..placement.ranking import Placement
+from ..provider import LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, LABEL_POOL, LABEL_TASK, Offer, Provider
 from ..provisioning import Provisioner
 from ..remote.runner import Runner
 from ..remote.runtime import ContainerRuntime
@@ -36,7 +39,7 @@ from ..specs import ExecResult, PhaseTimings, PoolSpec, SandboxSpec, Task, TaskR
 from .bootstrap import BootstrapPolicy, Bootstrapper, RegistryLogins
 from .images import InstanceImages
 from .instance import ManagedInstance
-from .machines import Machines
+from .machines import Machines, ReconcileResult
 
 log = logging.getLogger("flowmesh.pools")
 
@@ -59,6 +62,9 @@ class PoolContext:
     runtime_for: Callable[[Runner], ContainerRuntime]
     bootstrap_timeout_s: float = 600.0
     bootstrap: BootstrapPolicy = field(default_factory=BootstrapPolicy)
+    spend: SpendLedger = field(default_factory=SpendLedger)
+    fleet_budget_per_hour: float | None = None
+    fleet_budget_total: float | None = None
 
 
 @dataclass(slots=True)
@@ -108,19 +114,22 @@ class PoolStats:
     free_slots: int
     warm: int
     warming: int
+    spent: float = 0.0                 # $ so far (launch to confirmed termination)
+    burn_per_hour: float = 0.0         # $/h of the instances live now
+    by_provider: tuple[tuple[str, SpendSummary], ...] = ()
 
 
-class Pool(Machines, abc.ABC):
-    """A pool of instances of one size on one provider.  See the two kinds."""
+class Pool(abc.ABC):
+    """A pool of sandboxes on the instances its :class:`Machines` keeps, placed across
+    the providers of its search space.  See the two kinds (and :class:`AutoPool`)."""
 
-    def __init__(self, ctx: PoolContext, spec: PoolSpec, provider: Provider,
-                 offers: Sequence[Offer]) -> None:
+    def __init__(self, ctx: PoolContext, spec: PoolSpec, providers: Mapping[str, Provider],
+                 placement: Placement) -> None:
         self.ctx = ctx
         self.spec = spec
         self.name = spec.name
-        self.provider = provider
-        self.offers = tuple(offers)   # in preference order: failover walks down the list
-        self.instances: dict[str, ManagedInstance] = {}
+        self.providers = dict(providers)
+        self.placement = placement
         self._closing = False
         self._closed = False
         self._in_flight = 0
@@ -129,16 +138,31 @@ class Pool(Machines, abc.ABC):
         self._sem: Semaphore = ctx.control.semaphore(f"fleet:{ctx.fleet}:pool:{spec.name}",
                                                      self._capacity())
         self._bg: set[asyncio.Task[object]] = set()
-        self._terminating: set[str] = set()
         self._daemons: set[asyncio.Task[object]] = set()   # long-lived: cancelled at drain
         self.logins = RegistryLogins(ctx.authfile_for)
         self.image_cache = InstanceImages(ctx.pulls, spec.image_cache_bytes,
                                           authfile_on=self.logins.authfile, publish=self._publish)
         self.bootstrapper = Bootstrapper(ctx.bootstrap, self.logins, self.image_cache)
+        self.machines = Machines(ctx, spec, spec.name, self.providers, placement, self.bootstrapper,
+                                 publish=self._publish, spawn=self._spawn, on_failed=self._on_instance_failed)
         self._publish(EventKind.POOL_CREATED, detail=json.dumps(_spec_json(spec), sort_keys=True))
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.name!r}, provider={self.provider.name})"
+        return f"{type(self).__name__}({self.name!r}, providers={sorted(self.providers)})"
+
+    @property
+    def instances(self) -> dict[str, ManagedInstance]:
+        return self.machines.instances
+
+    @property
+    def offers(self) -> tuple[Offer, ...]:
+        """The ranked offers, in the order failover walks them."""
+        return tuple(self.placement.offers())
+
+    @property
+    def provider(self) -> Provider:
+        """The provider of the best-ranked offer (a pool may span several: :attr:`providers`)."""
+        return self.providers[self.placement.candidates[0].offer.provider]
 
     # ---- to be provided by each kind -------------------------------------------
     @abc.abstractmethod
@@ -209,21 +233,37 @@ class Pool(Machines, abc.ABC):
 
     async def map(self, tasks: Iterable[Task], *,
                   on_result: Callable[[TaskResult], None] | None = None) -> list[TaskResult]:
-        """Run every task (at most the pool's capacity at once); results in input order."""
-        items = list(tasks)
-        results: list[TaskResult | None] = [None] * len(items)
+        """Run every task (at most the pool's capacity at once); results in input order.
+        See :func:`run_tasks` for what happens when something raises."""
+        return await run_tasks(self.run_task, tasks, on_result)
 
-        async def one(i: int, task: Task) -> None:
-            results[i] = res = await self.run_task(task)
-            if on_result is not None:
-                on_result(res)
+    def _on_instance_failed(self) -> None:
+        """Hook: an instance was given up (wake waiters so they see the capacity change)."""
 
-        await asyncio.gather(*(one(i, t) for i, t in enumerate(items)))
-        return [r for r in results if r is not None]
+    async def reconcile(self) -> ReconcileResult:
+        """This pool's instances against what their providers list (see
+        :meth:`Machines.reconcile`), then :meth:`_after_reconcile` (a persistent pool
+        launches replacements up to ``min_instances``)."""
+        if self._closing:
+            return ReconcileResult()
+        result = await self.machines.reconcile()
+        if result.gone or result.stopped:
+            self._after_reconcile(result)
+        return result
+
+    def _after_reconcile(self, result: ReconcileResult) -> None:
+        """Hook: instances were found gone or stopped."""
+
+    def spend(self) -> SpendSummary:
+        """What this pool's instances cost so far, and its burn rate now."""
+        return self.ctx.spend.summary(pool=self.name)
 
     def stats(self) -> PoolStats:
         insts = list(self.instances.values())
+        spend = self.spend()
         return PoolStats(
+            spent=spend.spent, burn_per_hour=spend.burn_per_hour,
+            by_provider=tuple(self.ctx.spend.by_provider(self.name).items()),
             name=self.name, mode=self.spec.mode.value, instances=len(insts),
             ready=sum(i.state is InstanceState.READY for i in insts),
             launching=sum(i.state in (InstanceState.REQUESTED, InstanceState.RUNNING) for i in insts),
@@ -237,6 +277,7 @@ class Pool(Machines, abc.ABC):
         if self._closed:
             return
         self._closing = True
+        self.machines.closing = True
         self._on_closing()
         if timeout_s is None:
             await self._idle.wait()
@@ -254,7 +295,7 @@ class Pool(Machines, abc.ABC):
             for t in late:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        await self._terminate(list(self.instances.values()))
+        await self.machines.terminate(list(self.instances.values()))
         self._closed = True
         self._publish(EventKind.POOL_DRAINED)
 
@@ -325,7 +366,7 @@ class Pool(Machines, abc.ABC):
         except BaseException as exc:
             run.cancelled = isinstance(exc, asyncio.CancelledError)
             lost = (not run.cancelled and isinstance(exc, FlowMeshError) and inst is not None
-                    and await self._lost(inst, exc))
+                    and await self.machines.lost(inst, exc))
             redispatch = lost and run.attempts_left > 0
             if not redispatch:
                 run.error = run.error or ("cancelled" if run.cancelled else f"{type(exc).__name__}: {exc}")
@@ -450,6 +491,38 @@ class Pool(Machines, abc.ABC):
 
     def _publish(self, kind: EventKind, **kw: object) -> None:
         self.ctx.bus.publish(Event(kind=kind, fleet=self.ctx.fleet, pool=self.name, **kw))  # type: ignore[arg-type]
+
+
+async def run_tasks(run_task: Callable[[Task], Awaitable[TaskResult]], tasks: Iterable[Task],
+                    on_result: Callable[[TaskResult], None] | None = None) -> list[TaskResult]:
+    """Every task through ``run_task``, concurrently; results in input order.
+
+    A failed task is a result (its ``error`` says why), never an exception.  The batch is
+    checked first: an item that is not a :class:`Task` is a :class:`SpecError` naming its
+    index, and nothing runs.  The tasks run as one ``TaskGroup``: if ``on_result`` raises
+    (or anything unexpected does), every other task is cancelled -- its sandbox destroyed,
+    its slot given back -- and that first exception is raised."""
+    items = list(tasks)
+    for i, t in enumerate(items):
+        if not isinstance(t, Task):
+            raise SpecError(f"tasks[{i}]", f"must be a Task, got {type(t).__name__}")
+    results: list[TaskResult | None] = [None] * len(items)
+
+    async def one(i: int, task: Task) -> None:
+        results[i] = res = await run_task(task)
+        if on_result is not None:
+            on_result(res)
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for i, t in enumerate(items):
+                tg.create_task(one(i, t))
+    except BaseExceptionGroup as group:
+        first = group.exceptions[0]
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first
+    return [r for r in results if r is not None]
 
 
 def _spec_json(spec: PoolSpec) -> dict[str, object]:

@@ -28,7 +28,7 @@ class EphemeralPool(Pool):
         self._end_flush: asyncio.Task[None] | None = None
 
     def _capacity(self) -> int:
-        return self.spec.max_instances
+        return self.spec.concurrency or self.spec.max_instances
 
     async def _place(self, spec: SandboxSpec, info: ImageInfo, run: TaskRun) -> ManagedInstance | None:
         return None  # the instance is made for this task in _provision
@@ -40,7 +40,7 @@ class EphemeralPool(Pool):
         try:
             return await self._new_sandbox(mi, spec, info, run.id)
         except BaseException:
-            await self._terminate([mi])
+            await self.machines.terminate([mi])
             raise
 
     async def _instance(self) -> ManagedInstance:
@@ -64,10 +64,10 @@ class EphemeralPool(Pool):
                 if not fut.done():         # not cancelled meanwhile
                     fut.set_result(mi)
                     return
-            self._spawn(self._terminate([mi]))   # nobody left to take it
+            self._spawn(self.machines.terminate([mi]))   # nobody left to take it
 
         try:
-            await self._launch(len(batch), on_ready=hand_out)
+            await self.machines.launch(len(batch), on_ready=hand_out)
         except BaseException as exc:
             for fut in batch:
                 if not fut.done():
@@ -100,7 +100,7 @@ class EphemeralPool(Pool):
         await asyncio.sleep(COALESCE_S)
         batch, self._ending, self._end_flush = self._ending, [], None
         try:
-            await self._terminate([mi for mi, _ in batch])
+            await self.machines.terminate([mi for mi, _ in batch])
         except BaseException as exc:
             for _, fut in batch:
                 if not fut.done():

@@ -9,10 +9,10 @@ from .. import clock
 from ..images import ImageInfo
 from ..identity import is_digest, label_digest, sandbox_h_exec
 from ..lifecycle import InstanceState, Lifecycle, instance_lifecycle
-from ..provider import Instance
+from ..provider import Instance, Provider
 from ..remote.runtime import ContainerRuntime
 from ..sandbox import Sandbox
-from ..specs import BootstrapReport, SandboxSpec
+from ..specs import BootstrapReport, Offer, SandboxSpec
 
 WarmKey = str   # the container's H_exec (flowmesh_sdk.identity.sandbox_h_exec)
 
@@ -35,8 +35,11 @@ class CachedImage:
 
 
 class ManagedInstance:
-    def __init__(self, instance: Instance, runtime: ContainerRuntime, slots: int) -> None:
+    def __init__(self, instance: Instance, runtime: ContainerRuntime, slots: int, *,
+                 provider: Provider, offer: Offer | None = None) -> None:
         self.instance = instance
+        self.provider = provider      # the one that launched it (a pool may span several)
+        self.offer = offer            # what it was launched as (priced)
         self.id = instance.id
         self.runtime = runtime
         self.slots = slots

@@ -1,26 +1,35 @@
-"""The instance side of a pool: launching in rate-planned calls, waiting until the
-provider reports each instance running, bootstrapping it (:mod:`.bootstrap`), handing it
-out the moment it is READY, giving up on instances that fail or are lost (reported
-unhealthy to the provider, terminated, replaced once), and terminating in batches.
+"""The instance side of a pool, as a component the pool owns and calls: launching in
+rate-planned calls down the bidder's ranking (across providers), waiting until each
+instance runs, bootstrapping it (:mod:`.bootstrap`), handing it out the moment it is
+READY, giving up on instances that fail or are lost (reported unhealthy to their
+provider, terminated, replaced once), terminating in batches (retried until the provider
+no longer lists them), accruing what they cost, and reconciling what the providers list
+with what the pool believes.
 
-:class:`Machines` is a mixin of :class:`~flowmesh_sdk.pools.base.Pool`; it uses the
-pool's context, provider, offers, instance table, event publishing and background tasks.
+It knows the pool only through what it is given: the pool's context and spec, its
+providers and :class:`~flowmesh_sdk.placement.ranking.Placement`, a bootstrapper, and
+three callbacks (publish an event, spawn background work, an instance was given up).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from .. import clock
+from ..backoff import backoff_delay
 from ..control.events import EventKind
-from ..errors import (ContainerRuntimeError, FlowMeshError, InstanceLost, ProviderUnavailableError,
-                      SandboxClosedError, SandboxTimeout)
+from ..errors import (BudgetExceededError, ContainerRuntimeError, FlowMeshError, InstanceLost,
+                      ProviderUnavailableError, SandboxClosedError, SandboxTimeout)
 from ..lifecycle import InstanceState
-from ..provider import TAG_FLEET, TAG_OWNER, TAG_POOL, Offer, Provider, ProviderState
-from ..specs import PoolSpec
+from ..placement.ranking import Candidate, Placement
+from ..provider import TAG_FLEET, TAG_OWNER, TAG_POOL, Instance, Provider, ProviderState
+from ..specs import InstanceSpec, Offer, PoolSpec
 from .bootstrap import Bootstrapper
 from .instance import ManagedInstance
 
@@ -33,43 +42,109 @@ log = logging.getLogger("flowmesh.pools")
 # container runtime that stopped answering, a sandbox channel that died)
 _MAYBE_LOST = (InstanceLost, ProviderUnavailableError, SandboxClosedError, SandboxTimeout,
                ContainerRuntimeError)
+TERMINATE_ATTEMPTS = 5          # terminate + confirming describe, until the provider no longer lists it
+_GONE = (ProviderState.TERMINATED,)
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileResult:
+    """One reconciliation: instances found gone (preempted, removed behind the pool's
+    back) or stopped, and terminations retried."""
+
+    gone: tuple[str, ...] = ()
+    stopped: tuple[str, ...] = ()
+    retried: tuple[str, ...] = ()
 
 
 class Machines:
-    ctx: PoolContext
-    spec: PoolSpec
-    name: str
-    provider: Provider
-    offers: tuple[Offer, ...]
-    instances: dict[str, ManagedInstance]
-    bootstrapper: Bootstrapper
-    _closing: bool
-    _terminating: set[str]
+    """The instances of one pool (see the module docstring)."""
 
-    if TYPE_CHECKING:   # provided by Pool
-        def _publish(self, kind: EventKind, **kw: object) -> None: ...
-        def _spawn(self, coro, *, daemon: bool = False) -> asyncio.Task[object]: ...  # type: ignore[no-untyped-def]
+    def __init__(self, ctx: PoolContext, spec: PoolSpec, pool: str, providers: Mapping[str, Provider],
+                 placement: Placement, bootstrapper: Bootstrapper, *,
+                 publish: Callable[..., None], spawn: Callable[..., asyncio.Task[Any]],
+                 on_failed: Callable[[], None] = lambda: None) -> None:
+        self.ctx = ctx
+        self.spec = spec
+        self.pool = pool
+        self.providers = dict(providers)
+        self.placement = placement
+        self.bootstrapper = bootstrapper
+        self._publish = publish
+        self._spawn = spawn
+        self._on_failed = on_failed
+        self.instances: dict[str, ManagedInstance] = {}
+        self.closing = False
+        self._terminating: set[str] = set()
+        self._pending_per_hour = 0.0    # launches decided, not yet recorded in the ledger
+        self.budget_pools: tuple[str, ...] = (pool,)   # whose spend the pool's budgets cover
 
-    async def _launch(self, count: int, *, replace: bool = True,
-                      on_ready: Callable[[ManagedInstance], None] | None = None) -> list[ManagedInstance]:
-        """Launch ``count`` instances in the calls :meth:`Provisioner.launch_sizes` plans (they
-        go out together; the rate limits space them), failing over down the offers.  Each
-        instance is bootstrapped as soon as the provider says it runs and handed to
-        ``on_ready`` the moment it is READY, so the first instances serve while the last
-        still boot.  Instances that fail bootstrap are terminated and, with ``replace``,
-        launched again once.  Returns the READY ones; raises only when none came up."""
-        sizes = self.ctx.provisioner.launch_sizes(self.provider, self.offers[0].region, count)
-        results = await asyncio.gather(*(self._launch_call(n, on_ready) for n in sizes),
+    # ---- launching ----------------------------------------------------------------
+    @property
+    def best(self) -> Candidate:
+        return self.placement.candidates[0]
+
+    def slots_hint(self) -> int:
+        """Slots of an instance of the best offer (what scaling plans with)."""
+        return self.best.slots
+
+    def _affordable(self, count: int) -> tuple[list[Candidate], int]:
+        """The candidates a launch of up to ``count`` may use under the budgets, and how many
+        the best of them allows; :class:`BudgetExceededError` when none allows one."""
+        ledger = self.ctx.spend
+        usable: list[Candidate] = []
+        fit = 0
+        first_error: BudgetExceededError | None = None
+        for c in self.placement.candidates:
+            price = c.offer.price_per_hour or 0.0
+            try:
+                n = ledger.admit(count, price, c.offer.provider, pool=self.pool, counted=self.budget_pools,
+                                 budget_per_hour=self.spec.budget_per_hour, budget_total=self.spec.budget_total,
+                                 pending_per_hour=self._pending_per_hour)
+                n = ledger.admit(n, price, c.offer.provider, pool=self.ctx.fleet, scope="fleet",
+                                 budget_per_hour=self.ctx.fleet_budget_per_hour,
+                                 budget_total=self.ctx.fleet_budget_total, pending_per_hour=self._pending_per_hour)
+            except BudgetExceededError as exc:
+                first_error = first_error or exc
+                continue
+            if not usable:
+                fit = n
+            usable.append(c)
+        if not usable:
+            assert first_error is not None
+            self._publish(EventKind.LAUNCH_REFUSED, detail=json.dumps(
+                {"which": first_error.which, "would_be": round(first_error.would_be, 6),
+                 "cap": first_error.cap, "reason": str(first_error)}, sort_keys=True))
+            raise first_error
+        return usable, max(1, fit)
+
+    async def launch(self, count: int, *, replace: bool = True,
+                     on_ready: Callable[[ManagedInstance], None] | None = None) -> list[ManagedInstance]:
+        """Launch up to ``count`` instances in the calls :meth:`Provisioner.launch_sizes` plans
+        (they go out together; the rate limits space them), failing over down the ranked
+        offers.  Fewer are launched when the budgets allow fewer.  Each instance is
+        bootstrapped as soon as its provider says it runs and handed to ``on_ready`` the
+        moment it is READY.  Instances that fail bootstrap are terminated and, with
+        ``replace``, launched again once.  Returns the READY ones; raises only when none
+        came up."""
+        usable, fit = self._affordable(count)
+        count = min(count, fit)
+        best = usable[0].offer
+        provider = self.providers[best.provider]
+        sizes = self.ctx.provisioner.launch_sizes(provider, best.region, count)
+        decision = self.placement.decide(self.pool, count, self.spec.policy, usable)  # type: ignore[arg-type]
+        self._publish(EventKind.LAUNCH_DECIDED, detail=decision.to_json())
+        log.info("pool %s: %s", self.pool, decision.explain())
+        results = await asyncio.gather(*(self._launch_call(n, usable, on_ready) for n in sizes),
                                        return_exceptions=True)
         ready = [mi for r in results if not isinstance(r, BaseException) for mi in r[0]]
         errors = [e for r in results for e in ([r] if isinstance(r, BaseException) else r[1])]
         failed_boot = sum(len(r[1]) for r in results if not isinstance(r, BaseException))
-        if failed_boot and replace and not self._closing:
+        if failed_boot and replace and not self.closing:
             try:
-                ready += await self._launch(failed_boot, replace=False, on_ready=on_ready)
+                ready += await self.launch(failed_boot, replace=False, on_ready=on_ready)
             except FlowMeshError as exc:
                 log.warning("pool %s: replacing %d instance(s) that failed bootstrap: %s",
-                            self.name, failed_boot, exc)
+                            self.pool, failed_boot, exc)
         if errors and not ready:
             raise errors[0]
         for e in errors:
@@ -77,27 +152,41 @@ class Machines:
                 raise e
         return ready
 
-    async def _launch_call(self, count: int, on_ready: Callable[[ManagedInstance], None] | None
+    async def _launch_call(self, count: int, usable: Sequence[Candidate],
+                           on_ready: Callable[[ManagedInstance], None] | None
                            ) -> tuple[list[ManagedInstance], list[BaseException]]:
         """One launch call and the bring-up of what it returned: (ready, bootstrap errors)."""
-        tags = {TAG_FLEET: self.ctx.fleet, TAG_POOL: self.name, TAG_OWNER: self.ctx.owner}
-        outcome = await self.ctx.provisioner.launch({self.provider.name: self.provider}, self.offers,
-                                                    self.spec.instance, count, tags,
-                                                    request_prefix=self.name)
-        launched = list(outcome.instances)
+        tags = {TAG_FLEET: self.ctx.fleet, TAG_POOL: self.pool, TAG_OWNER: self.ctx.owner}
+        offers = [c.offer for c in usable]
+        price = usable[0].offer.price_per_hour or 0.0
+        self._pending_per_hour += price * count
         try:
-            runners = [self.provider.runner(inst) for inst in launched]
+            outcome = await self.ctx.provisioner.launch(self.providers, offers, self._launch_spec(usable[0]),
+                                                        count, tags, request_prefix=self.pool,
+                                                        spec_for=lambda o: self._launch_spec_of(o, usable))
+        finally:
+            self._pending_per_hour -= price * count
+        provider = self.providers[outcome.offer.provider]
+        slots = next(c.slots for c in usable if c.offer == outcome.offer)
+        launched = list(outcome.instances)
+        for inst in launched:
+            self.ctx.spend.start(inst.id, pool=self.pool, provider=provider.name,
+                                 price_per_hour=outcome.offer.price_per_hour or 0.0)
+        try:
+            runners = [provider.runner(inst) for inst in launched]
         except BaseException:
             # no way to reach them: give them back now rather than leave them to gc
-            ids = [i.id for i in launched]
-            await self.ctx.provisioner.call(self.provider, outcome.offer.region, "terminate",
-                                            lambda: self.provider.terminate(ids), instances=len(ids))
+            await self._terminate_ids(provider, outcome.offer.region, [i.id for i in launched])
             raise
         managed = []
         for inst, runner in zip(launched, runners):
-            mi = ManagedInstance(inst, self.ctx.runtime_for(runner), self._slots_per_instance())
+            mi = ManagedInstance(inst, self.ctx.runtime_for(runner), slots, provider=provider,
+                                 offer=outcome.offer)
             self.instances[mi.id] = mi
-            self._publish(EventKind.INSTANCE_REQUESTED, instance_id=mi.id, detail=inst.instance_type)
+            self._publish(EventKind.INSTANCE_REQUESTED, instance_id=mi.id, detail=json.dumps(
+                {"provider": provider.name, "region": inst.region, "zone": inst.zone, "type": inst.instance_type,
+                 "spot": outcome.offer.spot, "price_per_hour": outcome.offer.price_per_hour or 0.0,
+                 "slots": slots}, sort_keys=True))
             managed.append(mi)
         running = {mi.id: asyncio.get_running_loop().create_future() for mi in managed}
 
@@ -105,14 +194,14 @@ class Machines:
             try:
                 await running[mi.id]
             except BaseException:
-                await self._terminate([mi])
+                await self.terminate([mi])
                 raise
             await self._bootstrap(mi)
             if on_ready is not None:
                 on_ready(mi)
             return mi
 
-        poller = asyncio.ensure_future(self._await_running(managed, running))
+        poller = asyncio.ensure_future(self._await_running(provider, managed, running))
         try:
             results = await asyncio.gather(*(bring_up(mi) for mi in managed), return_exceptions=True)
         finally:
@@ -123,10 +212,19 @@ class Machines:
         return ([r for r in results if not isinstance(r, BaseException)],
                 [r for r in results if isinstance(r, BaseException)])
 
-    def _slots_per_instance(self) -> int:
-        return 1
+    def _launch_spec(self, cand: Candidate) -> InstanceSpec:
+        return self._launch_spec_of(cand.offer, [cand])
 
-    async def _await_running(self, insts: list[ManagedInstance],
+    def _launch_spec_of(self, offer: Offer, usable: Sequence[Candidate]) -> InstanceSpec:
+        """The instance size to ask a provider for: the pool's fixed size, or (when the bidder
+        chooses the shape) the offer's own."""
+        if self.spec.sandbox_size is None:
+            return self.spec.instance
+        inst = self.spec.instance
+        return InstanceSpec(cpus=offer.cpus, memory_gb=offer.memory_gb, gpus=offer.gpus,
+                            gpu_name=offer.gpu_name if offer.gpus else None, disk_gb=inst.disk_gb, arch=offer.arch)
+
+    async def _await_running(self, provider: Provider, insts: list[ManagedInstance],
                              running: dict[str, asyncio.Future[None]]) -> None:
         """Resolve each instance's future as the provider reports it running: one batched
         describe per round for those still pending, backing off from 0.5 s to 5 s, up to
@@ -156,8 +254,8 @@ class Machines:
             delay = min(5.0, delay * 2)
             try:
                 seen = {i.id: i for i in await self.ctx.provisioner.call(
-                    self.provider, pending[0].instance.region, "describe",
-                    lambda: self.provider.describe([mi.id for mi in pending]))}
+                    provider, pending[0].instance.region, "describe",
+                    lambda: provider.describe([mi.id for mi in pending]))}
             except FlowMeshError as exc:
                 for mi in pending:
                     running[mi.id].set_exception(exc)
@@ -186,11 +284,12 @@ class Machines:
                 exc = SandboxTimeout(f"instance {mi.id} bootstrap exceeded "
                                      f"{self.ctx.bootstrap_timeout_s:g} s")
             log.warning("instance %s failed bootstrap: %s", mi.id, exc)
-            self._give_up(mi, f"{type(exc).__name__}: {exc}", terminate=False)
-            await self._terminate([mi])
+            self.give_up(mi, f"{type(exc).__name__}: {exc}", terminate=False)
+            await self.terminate([mi])
             raise exc
 
-    async def _lost(self, mi: ManagedInstance, exc: FlowMeshError) -> bool:
+    # ---- losing instances --------------------------------------------------------------
+    async def lost(self, mi: ManagedInstance, exc: FlowMeshError) -> bool:
         """After an error under a task: is ``mi`` gone?  It is when a trivial command no
         longer runs there; then it is given up (failed, reported, terminated)."""
         if mi.state is InstanceState.FAILED:
@@ -203,56 +302,136 @@ class Machines:
                 return False
         except (FlowMeshError, OSError, asyncio.TimeoutError):
             pass
-        self._give_up(mi, f"lost: {type(exc).__name__}: {exc}")
+        self.give_up(mi, f"lost: {type(exc).__name__}: {exc}")
         return True
 
-    def _give_up(self, mi: ManagedInstance, detail: str, *, terminate: bool = True) -> None:
-        """Mark ``mi`` failed, tell the provider its machine is unhealthy, and (unless the
+    def give_up(self, mi: ManagedInstance, detail: str, *, terminate: bool = True) -> None:
+        """Mark ``mi`` failed, tell its provider the machine is unhealthy, and (unless the
         caller does it) terminate it in the background."""
         if mi.lifecycle.can(InstanceState.FAILED):
             mi.lifecycle.to(InstanceState.FAILED)
         self._publish(EventKind.INSTANCE_FAILED, instance_id=mi.id, detail=detail)
-        self.provider.mark_unhealthy([mi.instance], detail)
+        mi.provider.mark_unhealthy([mi.instance], detail)
         if terminate:
-            self._spawn(self._terminate([mi]))
-        self._on_instance_failed()
+            self._spawn(self.terminate([mi]))
+        self._on_failed()
 
-    def _on_instance_failed(self) -> None:
-        """Hook: wake waiters so they see the capacity change."""
-
-    async def _terminate(self, insts: list[ManagedInstance]) -> None:
-        """Destroy warm sandboxes, terminate the instances in one call, drop them (each
-        once, however many callers ask)."""
+    # ---- terminating -----------------------------------------------------------------
+    async def terminate(self, insts: list[ManagedInstance]) -> None:
+        """Destroy warm sandboxes, terminate the instances (one call per provider and
+        region), retried until their provider no longer lists them, then drop them --
+        each once, however many callers ask.  An instance still listed after
+        ``TERMINATE_ATTEMPTS`` rounds is TERMINATION_FAILED (kept, still accruing cost, and
+        retried by the reconciler)."""
         insts = [mi for mi in insts if mi.id not in self._terminating]
         if not insts:
             return
         self._terminating.update(mi.id for mi in insts)
         try:
-            await self._terminate_now(insts)
+            for mi in insts:
+                if mi.lifecycle.can(InstanceState.DRAINING) and mi.state is not InstanceState.FAILED:
+                    mi.lifecycle.to(InstanceState.DRAINING)
+                    self._publish(EventKind.INSTANCE_DRAINING, instance_id=mi.id)
+            warm = [sb for mi in insts for sb in mi.all_warm()]
+            await asyncio.gather(*(sb.close() for sb in warm), return_exceptions=True)
+            groups: dict[tuple[str, str], list[ManagedInstance]] = defaultdict(list)
+            for mi in insts:
+                groups[(mi.provider.name, mi.instance.region)].append(mi)
+            outcomes = await asyncio.gather(*(self._terminate_group(g) for g in groups.values()),
+                                            return_exceptions=True)
+            errors = [o for o in outcomes if isinstance(o, BaseException)]
+            if errors:
+                raise errors[0]
         finally:
             self._terminating.difference_update(mi.id for mi in insts)
 
-    async def _terminate_now(self, insts: list[ManagedInstance]) -> None:
-        for mi in insts:
-            if mi.lifecycle.can(InstanceState.DRAINING):
-                mi.lifecycle.to(InstanceState.DRAINING)
-                self._publish(EventKind.INSTANCE_DRAINING, instance_id=mi.id)
-        warm = [sb for mi in insts for sb in mi.all_warm()]
-        await asyncio.gather(*(sb.close() for sb in warm), return_exceptions=True)
-        ids = [mi.id for mi in insts]
+    async def _terminate_group(self, insts: list[ManagedInstance]) -> None:
+        provider = insts[0].provider
         region = insts[0].instance.region
-        await self.ctx.provisioner.call(self.provider, region, "terminate",
-                                        lambda: self.provider.terminate(ids), instances=len(ids))
-        # confirmed by describe before the records go: absent or terminated
-        still = [i.id for i in await self.ctx.provisioner.call(
-            self.provider, region, "describe", lambda: self.provider.describe(ids))
-            if i.state is not ProviderState.TERMINATED and i.state is not ProviderState.STOPPING]
-        if still:
-            log.warning("pool %s: %s not yet terminated after the call; gc will find them if they "
-                        "linger", self.name, still)
         for mi in insts:
-            if mi.lifecycle.can(InstanceState.TERMINATED):
-                mi.lifecycle.to(InstanceState.TERMINATED)
-            self.instances.pop(mi.id, None)
-            self._publish(EventKind.INSTANCE_TERMINATED, instance_id=mi.id)
+            if mi.lifecycle.can(InstanceState.TERMINATING):
+                mi.lifecycle.to(InstanceState.TERMINATING)
+                self._publish(EventKind.INSTANCE_TERMINATING, instance_id=mi.id)
+        still = await self._terminate_ids(provider, region, [mi.id for mi in insts])
+        for mi in insts:
+            if mi.id in still:
+                if mi.lifecycle.can(InstanceState.TERMINATION_FAILED):
+                    mi.lifecycle.to(InstanceState.TERMINATION_FAILED)
+                self._publish(EventKind.INSTANCE_TERMINATION_FAILED, instance_id=mi.id,
+                              detail=f"still listed by {provider.name} after {TERMINATE_ATTEMPTS} terminate calls")
+                continue
+            self._gone(mi, "")
 
+    async def _terminate_ids(self, provider: Provider, region: str, ids: list[str]) -> set[str]:
+        """Terminate ``ids`` and confirm by describe, retried (backing off) while any is
+        still listed; returns those still listed at the end."""
+        left = list(ids)
+        for attempt in range(TERMINATE_ATTEMPTS):
+            batch = list(left)
+            await self.ctx.provisioner.call(provider, region, "terminate", lambda: provider.terminate(batch),
+                                            instances=len(batch))
+            seen = await self.ctx.provisioner.call(provider, region, "describe", lambda: provider.describe(batch))
+            left = [i.id for i in seen if i.state not in _GONE]
+            if not left:
+                return set()
+            if attempt + 1 < TERMINATE_ATTEMPTS:
+                log.info("pool %s: %s still listed after terminate (attempt %d); retrying",
+                         self.pool, left, attempt + 1)
+                await asyncio.sleep(backoff_delay(attempt + 1, 0.5, 10.0))
+        log.warning("pool %s: %s still listed after %d terminate calls: TERMINATION_FAILED (the reconciler "
+                    "and gc retry)", self.pool, left, TERMINATE_ATTEMPTS)
+        return set(left)
+
+    def _gone(self, mi: ManagedInstance, detail: str) -> None:
+        if mi.lifecycle.can(InstanceState.TERMINATED):
+            mi.lifecycle.to(InstanceState.TERMINATED)
+        self.instances.pop(mi.id, None)
+        self.ctx.spend.end(mi.id)
+        self._publish(EventKind.INSTANCE_TERMINATED, instance_id=mi.id, detail=detail)
+
+    # ---- reconciling -------------------------------------------------------------------
+    async def reconcile(self) -> ReconcileResult:
+        """Ask each provider (one batched describe per provider and region, within its rate
+        limits) about every instance this pool holds.  One it no longer lists, or lists
+        terminated (a spot preemption, a deletion behind the pool's back), is given up and
+        dropped; a stopped one is STOPPED and given up; a TERMINATION_FAILED one is
+        terminated again."""
+        groups: dict[tuple[str, str], list[ManagedInstance]] = defaultdict(list)
+        for mi in list(self.instances.values()):
+            if mi.state in (InstanceState.READY, InstanceState.RUNNING, InstanceState.TERMINATION_FAILED,
+                            InstanceState.STOPPED) and mi.id not in self._terminating:
+                groups[(mi.provider.name, mi.instance.region)].append(mi)
+        gone: list[str] = []
+        stopped: list[str] = []
+        retried: list[str] = []
+        for (_, region), insts in groups.items():
+            provider = insts[0].provider
+            ids = [mi.id for mi in insts]
+            try:
+                seen: dict[str, Instance] = {i.id: i for i in await self.ctx.provisioner.call(
+                    provider, region, "describe", lambda: provider.describe(ids))}
+            except FlowMeshError as exc:
+                log.warning("pool %s: reconcile describe on %s/%s failed: %s", self.pool, provider.name,
+                            region, exc)
+                continue
+            for mi in insts:
+                now = seen.get(mi.id)
+                if mi.state is InstanceState.TERMINATION_FAILED:
+                    if now is None or now.state in _GONE:
+                        self._gone(mi, "reconciled: no longer listed")
+                    else:
+                        retried.append(mi.id)
+                    continue
+                if now is None or now.state in _GONE:
+                    gone.append(mi.id)
+                    self.give_up(mi, "reconciled: its provider no longer lists it (preempted or removed)",
+                                 terminate=False)
+                    self._gone(mi, "reconciled: no longer listed by its provider")
+                elif now.state is ProviderState.STOPPED and mi.state is not InstanceState.STOPPED:
+                    stopped.append(mi.id)
+                    mi.lifecycle.to(InstanceState.STOPPED)
+                    self._publish(EventKind.INSTANCE_STOPPED, instance_id=mi.id, detail="reported stopped")
+                    self.give_up(mi, "stopped by its provider")
+        if retried:
+            self._spawn(self.terminate([self.instances[i] for i in retried if i in self.instances]))
+        return ReconcileResult(tuple(gone), tuple(stopped), tuple(retried))

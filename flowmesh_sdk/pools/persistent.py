@@ -52,10 +52,7 @@ class PersistentPool(Pool):
         self._reap_at: float | None = None   # when the sleeping reaper wakes by itself
 
     def _capacity(self) -> int:
-        return self.spec.max_instances * self.spec.sandboxes_per_instance
-
-    def _slots_per_instance(self) -> int:
-        return self.spec.sandboxes_per_instance
+        return self.spec.concurrency or self.spec.max_instances * self.placement.candidates[0].slots
 
     async def start(self) -> PersistentPool:
         """Launch ``min_instances`` (waiting until they are READY) and start the reaper."""
@@ -145,7 +142,7 @@ class PersistentPool(Pool):
         # Even while draining: tasks admitted before the drain still need their slots.
         if clock.monotonic() < self._blocked_until:
             return
-        slots = self.spec.sandboxes_per_instance
+        slots = self.machines.slots_hint()
         free = sum(i.free for i in self._room.values() if i.state is InstanceState.READY)
         short = self._want - free - self._pending * slots
         n = min(math.ceil(short / slots), self.spec.max_instances - self._live()) if short > 0 else 0
@@ -166,7 +163,7 @@ class PersistentPool(Pool):
             self._spawn(self._wake_placers(mi.free))
 
         try:
-            return await self._launch(n, on_ready=ready)
+            return await self.machines.launch(n, on_ready=ready)
         finally:
             self._pending -= left[0]
 
@@ -263,7 +260,7 @@ class PersistentPool(Pool):
                     mi.lifecycle.to(InstanceState.DRAINING)
                     self._publish(EventKind.INSTANCE_DRAINING, instance_id=mi.id, detail="idle")
             if reap:
-                await self._terminate(reap)
+                await self.machines.terminate(reap)
                 continue
             waiting = [i.last_used + idle_s - now for i in idle] if excess > 0 else []
             # wake no more often than every REAP_GRANULARITY of idle_s: instances going idle
@@ -281,6 +278,24 @@ class PersistentPool(Pool):
 
     def _on_instance_failed(self) -> None:
         self._spawn(self._wake_placers())
+
+    def _after_reconcile(self, result: object) -> None:
+        """Keep ``min_instances``: what the reconciler found gone is launched again."""
+        need = self.spec.min_instances - self._live()
+        if need > 0 and not self._closing:
+            self._pending += need
+            self._publish(EventKind.POOL_SCALED, detail=f"+{need} to keep min_instances "
+                                                         f"({self.spec.min_instances}) after reconcile")
+            self._spawn(self._replace(need))
+
+    async def _replace(self, n: int) -> None:
+        try:
+            await self._launch_counted(n)
+        except Exception as exc:  # noqa: BLE001 - reported; the next reconcile tries again
+            log.warning("pool %s: replacing %d instance(s) after reconcile failed: %s", self.name, n, exc)
+        finally:
+            async with self._cond:
+                self._cond.notify_all()
 
     async def _wake_placers(self, n: int | None = None) -> None:
         """Wake ``n`` waiting tasks (all when None: a change every waiter must see)."""

@@ -25,7 +25,7 @@ from .slices import SlicedProvider
 class LocalProvider(SlicedProvider):
     name = "local"
     region = "local"
-    capabilities = Capabilities(spot=False, gpus=False, stop_start=False, max_batch=64, remote=False)
+    capabilities = Capabilities(spot=False, gpus=False, stop_start=False, max_batch=64, remote=False, free=True)
 
     def __init__(self, *, cpus: int | None = None, memory_gb: float | None = None,
                  state_dir: str | Path | None = None,

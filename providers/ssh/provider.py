@@ -35,7 +35,7 @@ REGION = "byo"
 class SshProvider(SlicedProvider):
     name = "ssh"
     region = REGION
-    capabilities = Capabilities(spot=False, gpus=False, stop_start=False, max_batch=256, remote=True)
+    capabilities = Capabilities(spot=False, gpus=False, stop_start=False, max_batch=256, remote=True, free=True)
 
     def __init__(self, hosts: Sequence[SshHost] | None = None, *, inventory: str | Path | None = None,
                  state_dir: str | Path | None = None, runtime_config: RuntimeConfig | None = None,

@@ -1,0 +1,8 @@
+"""Where a pool runs: its search space (:mod:`.infra`) and the bidder-ranked, catalog-priced
+offers its instances are launched from (:mod:`.ranking`)."""
+
+from .infra import InfraEntry, parse_infra, providers_named
+from .ranking import Candidate, Decision, Placement, PriceBook, priced_offers, query_spec, rank, registry_locality
+
+__all__ = ["Candidate", "Decision", "InfraEntry", "Placement", "PriceBook", "parse_infra", "priced_offers",
+           "providers_named", "query_spec", "rank", "registry_locality"]
