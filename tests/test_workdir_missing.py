@@ -2,11 +2,8 @@
 (podman: 'workdir ... does not exist', exit 126 from ``podman run -d``).  The container
 podman created for it must not stay behind until the pool drains.
 
-Verified 2026-12 on HEAD: the failure comes from ``runtime.create`` (``podman run -d``),
-before ``Sandbox.start``; ``Pool._new_sandbox`` removes the container only when
-``Sandbox.start`` fails, so a ``Created`` container is left.  The fix belongs to the
-runtime / pool sandbox-creation owners; until it lands this test is an expected failure
-(strict: it turns red the day the container is removed, so the marker goes with the fix)."""
+The failure comes from ``runtime.create`` (``podman run -d``), before ``Sandbox.start``;
+``Pool._new_sandbox`` removes the container by name when the create fails."""
 
 import pytest
 
@@ -16,8 +13,6 @@ from flowmesh_sdk.errors import ContainerRuntimeError
 from conftest import podman_names
 
 
-@pytest.mark.xfail(strict=True, reason="the container of a failed `podman run -d` is not removed "
-                                       "(runtime.create / pools._new_sandbox); see module docstring")
 async def test_a_missing_workdir_leaves_no_container_behind(fleet, busybox_image):
     pool = await fleet.pool(name="wd", instance=InstanceSpec(cpus=1, memory_gb=1))
     spec = SandboxSpec(image=busybox_image, cpus=1, memory_gb=0.5, workdir="/does/not/exist")

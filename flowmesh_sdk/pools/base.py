@@ -26,7 +26,7 @@ from ..control.backend import ControlBackend
 from ..control.events import Event, EventBus, EventKind
 from ..control.limits import Quota, Semaphore
 from ..control.spend import SpendLedger, SpendSummary
-from ..errors import FlowMeshError, ImageNotFoundError, InstanceLost, PoolClosedError, SpecError
+from ..errors import ContainerRuntimeError, FlowMeshError, ImageNotFoundError, InstanceLost, PoolClosedError, SpecError
 from ..images import ImageInfo, ImageResolver, PullBudget
 from ..lifecycle import InstanceState, Lifecycle, TaskState, task_lifecycle
 from ..placement.ranking import Placement
@@ -446,12 +446,18 @@ class Pool(abc.ABC):
         try:
             await self.image_cache.ensure(mi, info)
             try:
-                cid = await mi.runtime.create(name, spec, labels, image=info.run_ref)
-            except ImageNotFoundError:
-                # removed behind our back (a store shared with other pools): pull it again, once
-                mi.images.pop(info.digest, None)
-                await self.image_cache.ensure(mi, info)
-                cid = await mi.runtime.create(name, spec, labels, image=info.run_ref)
+                try:
+                    cid = await mi.runtime.create(name, spec, labels, image=info.run_ref)
+                except ImageNotFoundError:
+                    # removed behind our back (a store shared with other pools): pull it again, once
+                    mi.images.pop(info.digest, None)
+                    await self.image_cache.ensure(mi, info)
+                    cid = await mi.runtime.create(name, spec, labels, image=info.run_ref)
+            except ContainerRuntimeError:
+                # a container that failed to start (a workdir the image lacks) may still exist
+                with contextlib.suppress(FlowMeshError):
+                    await mi.runtime.remove([name])
+                raise
             self.image_cache.acquire(mi, info.digest)
         finally:
             mi.wanted[info.digest] -= 1

@@ -3,20 +3,26 @@
 Tasks that ask for an instance within ``COALESCE_S`` of each other share ONE launch call
 for all of them (one ``RunInstances`` for a burst of N tasks, not N; calls of at most the
 provider's ``max_batch``), and each gets its own instance from the batch the moment that
-instance is READY.  Instances of tasks that end together are terminated in one call too.
+instance is READY.  A burst wider than the capacity (or the budget) launches what fits;
+the rest wait for this pool's instances to end.  Instances of tasks that end together are
+terminated in one call too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 
-from ..errors import CapacityError
+from ..control.events import EventKind
+from ..errors import BudgetExceededError, CapacityError, FlowMeshError
+from ..lifecycle import InstanceState
 from ..images import ImageInfo
 from ..sandbox import Sandbox
 from ..specs import SandboxSpec
 from .base import COALESCE_S, Pool, TaskRun
 from .instance import ManagedInstance
 
+_ENDED = (InstanceState.FAILED, InstanceState.TERMINATING, InstanceState.TERMINATED)
 
 
 class EphemeralPool(Pool):
@@ -51,34 +57,63 @@ class EphemeralPool(Pool):
         return await fut
 
     async def _launch_batch(self) -> None:
+        """Launch instances for the tasks waiting now: what fits (a batch the cloud refuses
+        for capacity is halved until one launches), handed out as each is READY.  Tasks
+        left without an instance wait for one of this pool's instances to end and are
+        tried again then; only when the pool has none live is the capacity error theirs."""
         await asyncio.sleep(COALESCE_S)
-        batch, self._waiting, self._flush = self._waiting, [], None
-        batch = [f for f in batch if not f.done()]
+        batch, self._waiting, self._flush = [f for f in self._waiting if not f.done()], [], None
         if not batch:
             return
-        queue = iter(batch)
+        queue = collections.deque(batch)
 
         def hand_out(mi: ManagedInstance) -> None:
             """An instance is READY: it goes to the next task still waiting."""
-            for fut in queue:
+            while queue:
+                fut = queue.popleft()
                 if not fut.done():         # not cancelled meanwhile
                     fut.set_result(mi)
                     return
             self._spawn(self.machines.terminate([mi]))   # nobody left to take it
 
-        try:
-            await self.machines.launch(len(batch), on_ready=hand_out)
-        except BaseException as exc:
-            for fut in batch:
-                if not fut.done():
-                    fut.set_exception(exc)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
+        n = len(batch)
+        error: FlowMeshError | None = None
+        while True:
+            try:
+                await self.machines.launch(n, on_ready=hand_out)
+                break
+            except (CapacityError, BudgetExceededError) as exc:
+                error = exc
+                if n == 1 or isinstance(exc, BudgetExceededError):
+                    break
+                n = max(1, n // 2)   # launch what fits
+            except BaseException as exc:
+                for fut in queue:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                return
+        left = [f for f in queue if not f.done()]
+        if not left:
             return
-        for fut in batch:
-            if not fut.done():
-                fut.set_exception(CapacityError(f"pool {self.name!r}: {len(batch)} instances asked "
-                                                "in one launch, fewer came up", code="PartialLaunch"))
+        if self._live():
+            # capacity comes back (even while draining: these tasks were admitted before) as this pool's instances end: wait for it
+            self._waiting.extend(left)
+            self._publish(EventKind.POOL_SCALED, detail=f"{len(left)} task(s) wait for capacity "
+                                                         f"({self._live()} instance(s) live)")
+            return
+        exc = error or CapacityError(f"pool {self.name!r}: {len(batch)} instances asked, fewer came up",
+                                     code="PartialLaunch")
+        for fut in left:
+            fut.set_exception(exc)
+
+    def _live(self) -> int:
+        return sum(mi.state not in _ENDED for mi in self.instances.values())
+
+    def _retry_waiting(self) -> None:
+        if self._waiting and self._flush is None:
+            self._flush = asyncio.ensure_future(self._launch_batch())
 
     async def _teardown(self, sandbox: Sandbox | None, inst: ManagedInstance | None) -> None:
         try:
@@ -106,6 +141,8 @@ class EphemeralPool(Pool):
                 if not fut.done():
                     fut.set_exception(exc)
             raise
+        finally:
+            self._retry_waiting()   # their capacity is free again
         for _, fut in batch:
             if not fut.done():
                 fut.set_result(None)
