@@ -83,7 +83,7 @@ async def test_files_roundtrip_binary_and_text(make_sandbox, tmp_path):
     text = "quotes ' \" $HOME `x` \\ and unicode ✓\n".encode()
     await sb.write_file("/tmp/a/b/text.txt", text)
     assert await sb.read_file("/tmp/a/b/text.txt") == text
-    blob = bytes(range(256)) * 40  # NUL bytes take the one-off exec path
+    blob = bytes(range(256)) * 40  # NUL bytes travel over the channel like any other
     await sb.write_file("/tmp/blob.bin", blob, mode=0o600)
     assert await sb.read_file("/tmp/blob.bin") == blob
     assert (await sb.exec("stat -c %a /tmp/blob.bin")).stdout.strip() == "600"

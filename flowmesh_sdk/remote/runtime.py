@@ -292,6 +292,9 @@ class ContainerRuntime:
         argv += ["--entrypoint", "/bin/sh", image or spec.image, "-c", _IDLE_PID1]
         res = await self._run(argv, check=False)
         if not res.ok:
+            # `run -d` can fail after creating the container (a workdir the image lacks,
+            # an OCI runtime error): remove it by name rather than leave it until drain.
+            await self._run([info.binary, "rm", "-f", "-t", "0", "--ignore", name], check=False)
             err = res.stderr.decode("utf-8", "replace")
             if "image not known" in err or "manifest unknown" in err or "pull access denied" in err:
                 raise ImageNotFoundError(spec.image, res.describe())
