@@ -5,19 +5,19 @@ Importing this package imports no cloud SDK; providers load by name from the
 """
 
 from .control import EventKind, QuotaLimits
-from .errors import (AuthError, CapacityError, FlowMeshError, ImageNotFoundError, InstanceLost,
-                     NotFoundError, PoolClosedError, ProviderError, QuotaError, SandboxTimeout,
+from .errors import (AuthError, BudgetExceededError, CapacityError, FlowMeshError, ImageNotFoundError,
+                     InstanceLost, NotFoundError, PoolClosedError, ProviderError, QuotaError, SandboxTimeout,
                      SpecError, ThrottledError)
 from .fleet import Fleet
-from .pools import EphemeralPool, PersistentPool, Pool
+from .pools import AutoPool, EphemeralPool, PersistentPool, Pool
 from .pools.bootstrap import BootstrapPolicy
 from .sandbox import Sandbox
 from .specs import Provenance, ReuseKind
 from .reuse import ResultReuse, ReusePolicy
 from .workflows import Workflow
 from .workers import InferenceEndpoint, InferenceSpec, InferenceWorker, TrainingSpec, TrainingWorker
-from .specs import (ExecResult, InstanceSpec, Offer, PhaseTimings, PoolMode, PoolSpec, SandboxSpec,
-                    Task, TaskResult)
+from .specs import (ExecResult, InstanceSpec, Offer, PhaseTimings, PoolMode, PoolSpec, SandboxSize,
+                    SandboxSpec, Task, TaskResult)
 
 __version__ = "0.1.0"
 
@@ -25,9 +25,9 @@ __all__ = [
     "BootstrapPolicy",
     "Provenance", "ResultReuse", "ReuseKind", "ReusePolicy", "Workflow",
     "InferenceEndpoint", "InferenceSpec", "InferenceWorker", "TrainingSpec", "TrainingWorker",
-    "AuthError", "CapacityError", "EphemeralPool", "EventKind", "ExecResult", "Fleet", "FlowMeshError",
+    "AuthError", "AutoPool", "BudgetExceededError", "CapacityError", "EphemeralPool", "EventKind", "ExecResult", "Fleet", "FlowMeshError",
     "ImageNotFoundError", "InstanceLost", "InstanceSpec", "NotFoundError", "Offer", "PersistentPool",
     "PhaseTimings", "Pool", "PoolClosedError", "PoolMode", "PoolSpec", "ProviderError", "QuotaError",
-    "QuotaLimits", "Sandbox", "SandboxSpec", "SandboxTimeout", "SpecError", "Task", "TaskResult",
+    "QuotaLimits", "Sandbox", "SandboxSize", "SandboxSpec", "SandboxTimeout", "SpecError", "Task", "TaskResult",
     "ThrottledError",
 ]

@@ -148,7 +148,7 @@ class Fleet:
 
     def _failover(self, f: Failover, nxt: Offer | None) -> None:
         where = f"{nxt.provider}/{nxt.region}/{nxt.instance_type}" if nxt else "none left"
-        self.bus.publish(Event(EventKind.LAUNCH_FAILOVER, fleet=self.name,
+        self.bus.publish(Event(EventKind.LAUNCH_FAILOVER, fleet=self.name, pool=f.pool,
                                detail=f"{f.offer.provider}/{f.offer.region}/{f.offer.instance_type}"
                                       f"{' spot' if f.offer.spot else ''} {f.reason}: {f.error} -> "
                                       f"{where} ({f.price_delta:+.4f} $/h)"))

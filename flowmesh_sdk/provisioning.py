@@ -46,8 +46,9 @@ class RetryPolicy:
 
 @dataclass(frozen=True, slots=True)
 class Failover:
-    """One offer given up on, and why."""
+    """One offer given up on, and why (``pool``: the launch's request prefix, the pool's name)."""
 
+    pool: str
     offer: Offer
     reason: str                   # "capacity", "quota", "quota (skipped)", "throttled", "auth", "auth (skipped)"
     error: str
@@ -137,11 +138,11 @@ class Provisioner:
             nxt = offers[i + 1] if i + 1 < len(offers) else None
             key = (offer.provider, offer.region)
             if offer.provider in self.auth_failed:
-                self._failover(failovers, Failover(offer, "auth (skipped)", str(self.auth_failed[offer.provider]),
+                self._failover(failovers, Failover(request_prefix, offer, "auth (skipped)", str(self.auth_failed[offer.provider]),
                                                    _delta(offer, nxt)), nxt)
                 continue
             if key in self.skipped:
-                self._failover(failovers, Failover(offer, "quota (skipped)", "region out of quota "
+                self._failover(failovers, Failover(request_prefix, offer, "quota (skipped)", "region out of quota "
                                                    "earlier in this run", _delta(offer, nxt)), nxt)
                 continue
             prov = providers[offer.provider]
@@ -159,17 +160,17 @@ class Provisioner:
                 # that provider is skipped for the run, its error kept; others may still serve
                 self.auth_failed[offer.provider] = exc
                 errors.append(exc)
-                self._failover(failovers, Failover(offer, "auth", str(exc), _delta(offer, nxt)), nxt)
+                self._failover(failovers, Failover(request_prefix, offer, "auth", str(exc), _delta(offer, nxt)), nxt)
             except QuotaError as exc:
                 self.skipped.add(key)
                 errors.append(exc)
-                self._failover(failovers, Failover(offer, "quota", str(exc), _delta(offer, nxt)), nxt)
+                self._failover(failovers, Failover(request_prefix, offer, "quota", str(exc), _delta(offer, nxt)), nxt)
             except CapacityError as exc:
                 errors.append(exc)
-                self._failover(failovers, Failover(offer, "capacity", str(exc), _delta(offer, nxt)), nxt)
+                self._failover(failovers, Failover(request_prefix, offer, "capacity", str(exc), _delta(offer, nxt)), nxt)
             except (ThrottledError, ProviderUnavailableError) as exc:  # retries spent: next offer
                 errors.append(exc)
-                self._failover(failovers, Failover(offer, "throttled", str(exc), _delta(offer, nxt)), nxt)
+                self._failover(failovers, Failover(request_prefix, offer, "throttled", str(exc), _delta(offer, nxt)), nxt)
         tried = "; ".join(f"{f.offer.provider}/{f.offer.region}/{f.offer.instance_type}"
                           f"{' spot' if f.offer.spot else ''}: {f.reason}" for f in failovers)
         if errors and all(isinstance(e, AuthError) for e in errors):

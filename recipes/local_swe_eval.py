@@ -577,7 +577,7 @@ async def run_mode(fleet: Fleet, reg: Registry, mode: str, swe: list[SweTask],
         pool = await fleet.pool(spec)
         try:
             st, inst = pool.stats(), spec.instance
-            shape = (f"{st.instances} instance(s) of {inst.cpus} cpus up on {spec.provider}, "
+            shape = (f"{st.instances} instance(s) of {inst.cpus} cpus up on {', '.join(spec.infra)}, "
                      f"{spec.sandboxes_per_instance} sandboxes at a time" if mode == "persistent" else
                      f"a fresh {inst.cpus}-cpu instance per task, {spec.max_instances} at a time")
             console.print(f"[dim]{mode}: pool {pool.name} ready in {time.monotonic() - t_pool:.1f} s "

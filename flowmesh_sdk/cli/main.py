@@ -79,25 +79,59 @@ def run(ctx: typer.Context, recipe: str = typer.Argument(..., help="recipe name 
 
 
 @app.command()
-def pools() -> None:
-    """Pools recorded in the metadata store, with their task counts."""
+def pools(explain: bool = typer.Option(False, "--explain",
+                                       help="show each pool's launch decisions: winner and runner-up with "
+                                            "T, C, G_loc and U, failovers and budget refusals"),
+          pool: str = typer.Option(None, "--pool", help="only this pool (with --explain)")) -> None:
+    """Pools recorded in the metadata store, with their task counts and spend."""
     store = _store()
     try:
         rows = store.pools()
         tasks = store.tasks(limit=1_000_000)
+        spend = store.spend()
+        decisions = store.decisions(pool=pool, limit=200) if explain else []
     finally:
         store.close()
     table = Table(title=f"pools ({home_dir()})")
-    for col in ("fleet", "pool", "mode", "provider", "created", "drained", "tasks", "succeeded", "failed"):
+    for col in ("fleet", "pool", "mode", "infra", "created", "drained", "tasks", "succeeded", "failed",
+                "spent $", "burn $/h"):
         table.add_column(col)
     for p in rows:
         spec = json.loads(p.spec or "{}")
         mine = [t for t in tasks if t.fleet == p.fleet and t.pool == p.name]
-        table.add_row(p.fleet, p.name, str(spec.get("mode", "")), str(spec.get("provider", "")),
+        cost = [r for r in spend if r.fleet == p.fleet and r.pool == p.name]
+        infra = spec.get("infra") or [spec.get("provider", "")]
+        table.add_row(p.fleet, p.name, str(spec.get("mode", "")), ", ".join(map(str, infra)),
                       _when(p.created_at), _when(p.drained_at), str(len(mine)),
                       str(sum(t.state == "succeeded" for t in mine)),
-                      str(sum(t.state in ("failed", "timed_out", "rejected") for t in mine)))
+                      str(sum(t.state in ("failed", "timed_out", "rejected") for t in mine)),
+                      f"{sum(r.spent for r in cost):.4f}", f"{sum(r.burn_per_hour for r in cost):.4f}")
     console.print(table)
+    if explain:
+        _print_decisions(decisions)
+
+
+def _print_decisions(decisions: list) -> None:  # list[DecisionRow]
+    dt = Table(title="launch decisions (newest first)")
+    for col in ("when", "pool", "what", "winner (T, C, G_loc, U)", "runner-up (T, C, G_loc, U)"):
+        dt.add_column(col)
+    for d in decisions:
+        if d.kind == "decided":
+            data = json.loads(d.detail)
+
+            def side(x: dict | None) -> str:
+                if not x:
+                    return "-"
+                return (f"{x['offer']} ${x['price_per_hour']:.4f}/h x{x['slots']}: "
+                        f"T={x['T']:.3f} C={x['C']:.3f} G={x['G_loc']:g} U={x['U']:.3f}")
+            dt.add_row(_when(d.at), d.pool, f"launch {data['count']}", side(data.get("winner")),
+                       side(data.get("runner_up")))
+        else:
+            text = d.detail
+            if d.kind == "refused":
+                text = json.loads(d.detail).get("reason", d.detail)
+            dt.add_row(_when(d.at), d.pool, d.kind, text, "")
+    console.print(dt)
 
 
 @app.command()
@@ -106,6 +140,7 @@ def status(limit: int = typer.Option(20, help="recent tasks to show")) -> None:
     store = _store()
     try:
         insts = store.instances(live_only=True)
+        spend = store.spend()
         tasks = store.tasks(limit=limit)
         reuse = store.reuse_summary()
     finally:
@@ -116,6 +151,13 @@ def status(limit: int = typer.Option(20, help="recent tasks to show")) -> None:
     for i in insts:
         it.add_row(i.id, i.fleet, i.pool, i.state, _when(i.requested_at), _when(i.ready_at), i.detail[:60])
     console.print(it)
+    if spend:
+        st = Table(title="spend (launch to confirmed termination, at each offer's price)")
+        for col in ("fleet", "pool", "provider", "spent $", "burn $/h", "live"):
+            st.add_column(col)
+        for r in spend:
+            st.add_row(r.fleet, r.pool, r.provider, f"{r.spent:.4f}", f"{r.burn_per_hour:.4f}", str(r.live))
+        console.print(st)
     tt = Table(title=f"last {limit} tasks (ms)")
     for col in ("task", "pool", "state", "exit", "queued", "sched", "env", "exec", "teardown", "detail"):
         tt.add_column(col)

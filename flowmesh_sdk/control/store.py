@@ -13,10 +13,12 @@ import json
 import logging
 import sqlite3
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..catalog.profiles import profile
 from .events import TASK_END, Event, EventBus, EventKind
 
 log = logging.getLogger("flowmesh.store")
@@ -37,13 +39,23 @@ CREATE TABLE IF NOT EXISTS reuse (
   id TEXT PRIMARY KEY, fleet TEXT, pool TEXT, name TEXT, outcome TEXT, h_task TEXT, tenant TEXT,
   workflow TEXT, result TEXT, computed_by TEXT, saved_s REAL, at REAL);
 CREATE INDEX IF NOT EXISTS reuse_workflow ON reuse (workflow);
+CREATE TABLE IF NOT EXISTS charges (
+  id TEXT PRIMARY KEY, fleet TEXT, pool TEXT, provider TEXT, region TEXT, type TEXT, spot INTEGER,
+  price_per_hour REAL, billing_min_s REAL);
+CREATE TABLE IF NOT EXISTS decisions (
+  fleet TEXT, pool TEXT, kind TEXT, detail TEXT, at REAL);
+CREATE INDEX IF NOT EXISTS decisions_pool ON decisions (fleet, pool);
 """
 
 _INSTANCE_STATE = {
     EventKind.INSTANCE_REQUESTED: "requested", EventKind.INSTANCE_RUNNING: "running",
     EventKind.INSTANCE_READY: "ready", EventKind.INSTANCE_DRAINING: "draining",
     EventKind.INSTANCE_FAILED: "failed", EventKind.INSTANCE_TERMINATED: "terminated",
+    EventKind.INSTANCE_STOPPED: "stopped", EventKind.INSTANCE_TERMINATING: "terminating",
+    EventKind.INSTANCE_TERMINATION_FAILED: "termination_failed",
 }
+_DECISIONS = {EventKind.LAUNCH_DECIDED: "decided", EventKind.LAUNCH_FAILOVER: "failover",
+              EventKind.LAUNCH_REFUSED: "refused"}
 _REUSE_OUTCOME = {
     EventKind.REUSE_HIT: "hit", EventKind.REUSE_JOINED: "joined", EventKind.REUSE_EXECUTED: "executed",
 }
@@ -119,6 +131,25 @@ class ReuseSummary:
     saved_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class SpendRow:
+    fleet: str
+    pool: str
+    provider: str
+    spent: float            # $
+    burn_per_hour: float    # $/h of the instances still live
+    live: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRow:
+    fleet: str
+    pool: str
+    kind: str               # decided | failover | refused
+    detail: str             # JSON for decided / refused; a sentence for failover
+    at: float
+
+
 class MetadataStore:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
@@ -192,10 +223,20 @@ class MetadataStore:
                       " VALUES (?,?,?,?,?,'')", (ev.instance_id, ev.fleet, ev.pool, state, ev.at))
             c.execute("UPDATE instances SET state=?, detail=? WHERE id=?",
                       (state, ev.detail, ev.instance_id))
+            if ev.kind is EventKind.INSTANCE_REQUESTED and ev.detail.startswith("{"):
+                d = json.loads(ev.detail)
+                provider = str(d.get("provider", ""))
+                c.execute("INSERT OR REPLACE INTO charges VALUES (?,?,?,?,?,?,?,?,?)",
+                          (ev.instance_id, ev.fleet, ev.pool, provider, d.get("region"), d.get("type"),
+                           int(bool(d.get("spot"))), float(d.get("price_per_hour") or 0.0),
+                           profile(provider).billing_min_s))
             if ev.kind is EventKind.INSTANCE_READY:
                 c.execute("UPDATE instances SET ready_at=? WHERE id=?", (ev.at, ev.instance_id))
             elif ev.kind is EventKind.INSTANCE_TERMINATED:
                 c.execute("UPDATE instances SET terminated_at=? WHERE id=?", (ev.at, ev.instance_id))
+        elif ev.kind in _DECISIONS:
+            c.execute("INSERT INTO decisions VALUES (?,?,?,?,?)",
+                      (ev.fleet, ev.pool, _DECISIONS[ev.kind], ev.detail, ev.at))
         elif ev.kind is EventKind.TASK_SUBMITTED:
             c.execute("INSERT OR REPLACE INTO tasks (id, fleet, pool, name, state, submitted_at)"
                       " VALUES (?,?,?,?,'submitted',?)",
@@ -261,6 +302,31 @@ class MetadataStore:
             " COALESCE(SUM(saved_s), 0) FROM reuse GROUP BY fleet ORDER BY fleet")
         return [ReuseSummary(f, int(h or 0), int(j or 0), int(e or 0), float(s or 0.0))
                 for f, h, j, e, s in rows]
+
+    def spend(self, *, now: float | None = None) -> list[SpendRow]:
+        """Per fleet, pool and provider: $ spent (each instance from its launch to its
+        confirmed termination -- or now -- at its offer's price, at least the billing
+        minimum) and the burn rate of what is still live ($/h)."""
+        at = time.time() if now is None else now
+        rows = self._query(
+            "SELECT c.fleet, c.pool, c.provider, c.price_per_hour, c.billing_min_s, i.requested_at,"
+            " i.terminated_at FROM charges c JOIN instances i ON i.id = c.id")
+        acc: dict[tuple[str, str, str], list[float]] = {}
+        for fleet, pool, provider, price, minimum, start, end in rows:
+            a = acc.setdefault((fleet, pool, provider), [0.0, 0.0, 0])
+            a[0] += price * max(minimum or 0.0, ((end or at) - (start or at))) / 3600.0
+            if end is None:
+                a[1] += price
+                a[2] += 1
+        return [SpendRow(f, p, prov, v[0], v[1], int(v[2])) for (f, p, prov), v in sorted(acc.items())]
+
+    def decisions(self, *, pool: str | None = None, limit: int = 50) -> list[DecisionRow]:
+        """Launch decisions, failovers and budget refusals, newest first."""
+        if pool is not None:
+            rows = self._query("SELECT * FROM decisions WHERE pool=? ORDER BY at DESC LIMIT ?", (pool, limit))
+        else:
+            rows = self._query("SELECT * FROM decisions ORDER BY at DESC LIMIT ?", (limit,))
+        return [DecisionRow(*r) for r in rows]
 
     def close(self) -> None:
         def _close() -> None:

@@ -1,7 +1,10 @@
-"""Ephemeral and persistent pools."""
+"""Ephemeral, persistent and automatic pools, and the instance side they own."""
 
+from .auto import AutoPool, AutoStats
 from .base import Pool, PoolStats
 from .ephemeral import EphemeralPool
+from .machines import Machines, ReconcileResult
 from .persistent import PersistentPool
 
-__all__ = ["EphemeralPool", "PersistentPool", "Pool", "PoolStats"]
+__all__ = ["AutoPool", "AutoStats", "EphemeralPool", "Machines", "PersistentPool", "Pool", "PoolStats",
+           "ReconcileResult"]
