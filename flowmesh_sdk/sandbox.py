@@ -151,6 +151,7 @@ __fm_one() {
   exec 5<&- 6<&-
 }
 __fm_loop() {
+  __fm_mk
   echo __FM_READY__
   while IFS=' ' read -r __k __id __to __cap __sl __il __sn; do
     case "$__k $__id $__cap $__sl $__il $__sn" in
@@ -238,6 +239,17 @@ class Sandbox:
                 if not line:
                     raise SandboxClosedError(f"{self.name}: sandbox shell did not start: "
                                              f"{chan.stderr_tail()}")
+            # One no-op command warms the agent (its first fork/exec of each tool), so
+            # the caller's first exec costs what every later one does.
+            try:
+                await self._exchange(chan, b":\n", b"", 30.0, 0)
+            except asyncio.TimeoutError as exc:
+                await chan.close()
+                raise SandboxClosedError(f"{self.name}: the sandbox agent did not answer: "
+                                         f"{chan.stderr_tail()}") from exc
+            except BaseException:
+                await chan.close()
+                raise
             self._chan = chan
         return self
 
@@ -302,31 +314,8 @@ class Sandbox:
             await self.start()
             chan = self._chan
             assert chan is not None
-            ident = next(self._ids)
-            t0 = clock.monotonic()
-            # A short script (text, newline-terminated) goes as lines the agent reads with
-            # the `read` builtin (no fork); a long one as bytes it copies with dd.
-            short = len(script) <= _LINE_SCRIPT_MAX and script.endswith(b"\n")
-            lines = script.count(b"\n") if short else 0
-            head = f"__fm_run {ident} {timeout:.3f} {cap} {len(script)} {len(stdin)} {lines}\n".encode()
             try:
-                if len(stdin) < (1 << 16):
-                    await chan.write(head + script + stdin)
-                else:   # no copy of a large payload
-                    await chan.write(head + script)
-                    await chan.write(stdin)
-                deadline = t0 + timeout + _HOST_GRACE_S
-                while True:
-                    raw = await _read_line(chan, deadline)
-                    if not raw:
-                        raise SandboxClosedError(f"{self.name}: channel closed: {chan.stderr_tail()}")
-                    m = _HEADER.match(raw)
-                    if m and int(m.group(1)) == ident:
-                        break
-                rc, to, osz, esz = (int(m.group(2)), m.group(3) == b"1",
-                                    int(m.group(4)), int(m.group(5)))
-                out = await _read_exactly(chan, min(osz, cap), deadline)
-                err = await _read_exactly(chan, min(esz, cap), deadline)
+                return await self._exchange(chan, script, stdin, timeout, cap)
             except asyncio.TimeoutError as exc:
                 self._chan = None
                 await chan.close()
@@ -339,7 +328,35 @@ class Sandbox:
                 await chan.close()
                 await self._kill_all()
                 raise
-            return rc, to, out, err, osz, esz, clock.monotonic() - t0
+
+    async def _exchange(self, chan: Channel, script: bytes, stdin: bytes, timeout: float, cap: int
+                        ) -> tuple[int, bool, bytes, bytes, int, int, float]:
+        """One frame out, one answer back (the caller holds the channel)."""
+        ident = next(self._ids)
+        t0 = clock.monotonic()
+        # A short script (text, newline-terminated) goes as lines the agent reads with
+        # the `read` builtin (no fork); a long one as bytes it copies with dd.
+        short = len(script) <= _LINE_SCRIPT_MAX and script.endswith(b"\n")
+        lines = script.count(b"\n") if short else 0
+        head = f"__fm_run {ident} {timeout:.3f} {cap} {len(script)} {len(stdin)} {lines}\n".encode()
+        if len(stdin) < (1 << 16):
+            await chan.write(head + script + stdin)
+        else:   # no copy of a large payload
+            await chan.write(head + script)
+            await chan.write(stdin)
+        deadline = t0 + timeout + _HOST_GRACE_S
+        while True:
+            raw = await _read_line(chan, deadline)
+            if not raw:
+                raise SandboxClosedError(f"{self.name}: channel closed: {chan.stderr_tail()}")
+            m = _HEADER.match(raw)
+            if m and int(m.group(1)) == ident:
+                break
+        rc, to, osz, esz = (int(m.group(2)), m.group(3) == b"1",
+                            int(m.group(4)), int(m.group(5)))
+        out = await _read_exactly(chan, min(osz, cap), deadline)
+        err = await _read_exactly(chan, min(esz, cap), deadline)
+        return rc, to, out, err, osz, esz, clock.monotonic() - t0
 
     async def _kill_all(self) -> None:
         """Kill every process in the container but PID 1 (used when a channel is lost)."""
