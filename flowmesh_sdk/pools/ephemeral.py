@@ -57,8 +57,8 @@ class EphemeralPool(Pool):
         return await fut
 
     async def _launch_batch(self) -> None:
-        """Launch instances for the tasks waiting now: what fits (a batch the cloud refuses
-        for capacity is halved until one launches), handed out as each is READY.  Tasks
+        """Launch instances for the tasks waiting now: what fits (:meth:`Machines.launch`
+        splits a launch no offer has room for), handed out as each is READY.  Tasks
         left without an instance wait for one of this pool's instances to end and are
         tried again then; only when the pool has none live is the capacity error theirs."""
         await asyncio.sleep(COALESCE_S)
@@ -76,24 +76,18 @@ class EphemeralPool(Pool):
                     return
             self._spawn(self.machines.terminate([mi]))   # nobody left to take it
 
-        n = len(batch)
         error: FlowMeshError | None = None
-        while True:
-            try:
-                await self.machines.launch(n, on_ready=hand_out)
-                break
-            except (CapacityError, BudgetExceededError) as exc:
-                error = exc
-                if n == 1 or isinstance(exc, BudgetExceededError):
-                    break
-                n = max(1, n // 2)   # launch what fits
-            except BaseException as exc:
-                for fut in queue:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-                return
+        try:
+            await self.machines.launch(len(batch), on_ready=hand_out)   # what fits, at least one
+        except (CapacityError, BudgetExceededError) as exc:
+            error = exc
+        except BaseException as exc:
+            for fut in queue:
+                if not fut.done():
+                    fut.set_exception(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
         left = [f for f in queue if not f.done()]
         if not left:
             return

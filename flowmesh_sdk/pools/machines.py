@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from .. import clock
 from ..backoff import backoff_delay
 from ..control.events import EventKind
-from ..errors import (BudgetExceededError, ContainerRuntimeError, FlowMeshError, InstanceLost,
+from ..errors import (BudgetExceededError, CapacityError, ContainerRuntimeError, FlowMeshError, InstanceLost,
                       ProviderUnavailableError, SandboxClosedError, SandboxTimeout)
 from ..lifecycle import InstanceState
 from ..placement.ranking import Candidate, Placement
@@ -134,7 +134,7 @@ class Machines:
         decision = self.placement.decide(self.pool, count, self.spec.policy, usable)  # type: ignore[arg-type]
         self._publish(EventKind.LAUNCH_DECIDED, detail=decision.to_json())
         log.info("pool %s: %s", self.pool, decision.explain())
-        results = await asyncio.gather(*(self._launch_call(n, usable, on_ready) for n in sizes),
+        results = await asyncio.gather(*(self._launch_fitting(n, usable, on_ready) for n in sizes),
                                        return_exceptions=True)
         ready = [mi for r in results if not isinstance(r, BaseException) for mi in r[0]]
         errors = [e for r in results for e in ([r] if isinstance(r, BaseException) else r[1])]
@@ -151,6 +151,28 @@ class Machines:
             if isinstance(e, asyncio.CancelledError):
                 raise e
         return ready
+
+    async def _launch_fitting(self, count: int, usable: Sequence[Candidate],
+                              on_ready: Callable[[ManagedInstance], None] | None
+                              ) -> tuple[list[ManagedInstance], list[BaseException]]:
+        """:meth:`_launch_call`, and when no offer has room for all ``count`` (a
+        ``CapacityError`` down the whole list), what fits: the first half, then the
+        second, each walking the offers again (so one call's worth of instances may land
+        on several offers and providers).  Raises only when not one instance launched."""
+        try:
+            return await self._launch_call(count, usable, on_ready)
+        except CapacityError:
+            if count == 1 or self.closing:
+                raise
+        half = count // 2
+        ready, errors = await self._launch_fitting(half, usable, on_ready)   # raises if none fits
+        try:
+            more, more_errors = await self._launch_fitting(count - half, usable, on_ready)
+        except CapacityError as exc:
+            log.info("pool %s: %d of %d instance(s) launched; no capacity for the rest: %s",
+                     self.pool, half, count, exc)
+            return ready, errors
+        return ready + more, errors + more_errors
 
     async def _launch_call(self, count: int, usable: Sequence[Candidate],
                            on_ready: Callable[[ManagedInstance], None] | None
@@ -292,8 +314,8 @@ class Machines:
     async def lost(self, mi: ManagedInstance, exc: FlowMeshError) -> bool:
         """After an error under a task: is ``mi`` gone?  It is when a trivial command no
         longer runs there; then it is given up (failed, reported, terminated)."""
-        if mi.state is InstanceState.FAILED:
-            return True
+        if mi.state is InstanceState.FAILED or mi.lifecycle.entered(InstanceState.FAILED) is not None:
+            return True   # given up already (by another task, the reconciler, a failed bootstrap)
         if mi.state is not InstanceState.READY or not isinstance(exc, _MAYBE_LOST):
             return False
         try:
