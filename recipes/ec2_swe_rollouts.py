@@ -2,12 +2,16 @@
 """The main job's SWE-style batch on EC2 spot instances (8 vCPU / 16 GB class).
 
 ``--dry-run`` prints the plan and makes no API call: the offers that fit (from the price
-snapshot shipped with the ``ec2`` provider, read directly -- ``Ec2Provider.offers()``
-would call DescribeInstanceTypes), the chosen instance type and how many, the estimated
-cost, and how long EC2's RunInstances token buckets take to let that many instances
-through.  Without ``--dry-run`` it runs the batch: the same tasks, task images and
-throw-away registry as ``recipes/local_swe_eval.py`` (imported as a module), on a
-persistent pool of provider ``ec2``; it prints the verdicts with per-phase latency, the
+catalog, ``flowmesh_sdk.catalog`` -- the shipped EC2 snapshot, or the newer cache
+``flowmesh catalog refresh --provider ec2`` writes, or ``--prices CSV``; read directly:
+``Ec2Provider.offers()`` would call DescribeInstanceTypes), the chosen instance type and
+how many, the estimated cost, and how long EC2's RunInstances token buckets take to let
+that many instances through.  Without ``--dry-run`` it runs the batch: the same tasks,
+task images and throw-away registry as ``recipes/local_swe_eval.py`` (imported as a
+module), on a persistent pool of provider ``ec2`` whose offers (shapes, from
+DescribeInstanceTypes) the fleet prices from the same catalog (``Fleet(catalog=...)``)
+and whose spot preference is ``prefer`` for ``--spot`` (spot where the catalog has a spot
+price, on-demand as the fallback) or ``never``; it prints the verdicts with per-phase latency, the
 instances launched, any LAUNCH_FAILOVER events, then drains and asks the provider
 whether anything tagged with this run's fleet is still alive.
 
@@ -50,12 +54,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import csv
-import importlib.resources
-import io
 import math
 import os
-import re
 import secrets
 import sys
 import time
@@ -74,12 +74,12 @@ from rich.table import Table  # noqa: E402
 
 from flowmesh_sdk import EventKind, Fleet, InstanceSpec, Offer, PoolSpec, SandboxSpec, Task  # noqa: E402
 from flowmesh_sdk.backoff import is_loopback_host  # noqa: E402
+from flowmesh_sdk.catalog import Catalog, read_csv  # noqa: E402
 from flowmesh_sdk.errors import FlowMeshError  # noqa: E402
 from flowmesh_sdk.provider import TAG_FLEET, ApiRate, Instance, LaunchRequest  # noqa: E402
 from flowmesh_sdk.testing.registry import LocalRegistry  # noqa: E402
-from flowmesh_providers.ec2 import Ec2Provider, PriceTable  # noqa: E402
+from flowmesh_providers.ec2 import Ec2Provider  # noqa: E402
 from flowmesh_providers.ec2.client import DOC_THROTTLING  # noqa: E402
-from flowmesh_providers.ec2.prices import SNAPSHOT  # noqa: E402
 from recipes import local_swe_eval as swe_eval  # noqa: E402
 
 console = swe_eval.console
@@ -92,7 +92,6 @@ POOL_NAME = "swe-ec2"
 SANDBOX_CPUS = 1.0
 SANDBOX_MEMORY_GB = 1.0
 TOP_OFFERS = 10
-_GRAVITON = re.compile(r"^[a-z]+\d+g")   # c6g, m7gd, t4g, g5g: a 'g' right after the generation
 
 
 # --------------------------------------------------------------------------- #
@@ -107,54 +106,41 @@ class SnapshotInfo:
     rows: int
 
 
-def _snapshot_text(path: str | None) -> tuple[str, str]:
-    if path:
-        return Path(path).read_text(encoding="utf-8"), path
-    res = importlib.resources.files("flowmesh_providers.ec2").joinpath(SNAPSHOT)
-    return res.read_text(encoding="utf-8"), f"flowmesh_providers/ec2/{SNAPSHOT}"
-
-
-def _arch_of(instance_type: str) -> str:
-    """The snapshot has no architecture column: Graviton families carry a 'g' right
-    after the generation digit (c6g, m7gd, t4g, g5g).  A real run takes the architecture
-    from DescribeInstanceTypes instead."""
-    return "arm64" if _GRAVITON.match(instance_type.split(".", 1)[0]) else "x86_64"
+def load_catalog(prices_path: str | None = None) -> tuple[Catalog, str]:
+    """The EC2 price catalog and where it came from: ``prices_path`` (a CSV of the
+    catalog's columns), else the catalog the fleet itself would load (the shipped
+    snapshot, or the newer ``flowmesh catalog refresh`` cache)."""
+    if prices_path:
+        return Catalog(read_csv(prices_path)), prices_path
+    catalog = Catalog.load(["ec2"], warn=False)
+    return catalog, ", ".join(f"{s.path} ({s.origin})" for s in catalog.sources) or "the catalog"
 
 
 def snapshot_offers(region: str, prices_path: str | None = None) -> tuple[list[Offer], SnapshotInfo]:
-    """Every offer of the price snapshot in ``region``, without any API call: prices from
-    :class:`PriceTable` (the provider's own parser), vCPUs / memory / GPUs from the
-    snapshot's columns (``PriceRow`` does not carry them)."""
-    text, where = _snapshot_text(prices_path)
-    table = PriceTable.parse(text)
+    """Every priced offer of the EC2 catalog in ``region``, without any API call: one per
+    priced market of each row (:meth:`CatalogRow.offers`)."""
+    catalog, where = load_catalog(prices_path)
+    rows = [r for r in catalog.rows if r.provider == "ec2"]
     offers: list[Offer] = []
     dates: set[str] = set()
     sources: set[str] = set()
-    for rec in csv.DictReader(io.StringIO(text)):
-        if (rec.get("provider") or "aws") != "aws" or rec.get("region", "").strip() != region:
+    for row in rows:
+        if row.region != region or row.cpus != int(row.cpus):
             continue
-        itype = rec["instance_type"].strip()
-        row = table.get(region, itype)
-        if row is None:
-            continue                     # no price, no offer (as in the provider)
-        try:
-            cpus = int(rec["vcpus"])
-            mem = float(rec["memory_gib"])
-            gpus = int(rec.get("gpu_count") or 0)
-        except (KeyError, ValueError):
-            continue
-        dates.add(row.snapshot_date)
-        sources.add(row.source.split(":", 1)[0])
-        prices = [(False, row.on_demand)] + ([(True, row.spot)] if row.spot is not None else [])
-        for spot, price in prices:
-            offers.append(Offer(provider="ec2", region=region, instance_type=itype, cpus=cpus,
-                                memory_gb=mem, price_per_hour=price, gpus=gpus,
-                                gpu_name=(row.gpu_name if gpus else None), spot=spot,
-                                arch=_arch_of(itype)))
-    offers.sort(key=lambda o: (o.price_per_hour, o.instance_type, o.spot))
+        made = row.offers()
+        if made:
+            dates.add(row.fetched_at or "undated")
+            sources.add(row.source.split(":", 1)[0] or "-")
+        offers.extend(made)
+    offers.sort(key=lambda o: (o.price_per_hour or 0.0, o.instance_type, o.spot))
     info = SnapshotInfo(where, ", ".join(sorted(dates)) or "-", ", ".join(sorted(sources)) or "-",
-                        len(table))
+                        sum(1 for r in rows if r.on_demand_per_hour is not None or r.spot_per_hour is not None))
     return offers, info
+
+
+def catalog_regions(prices_path: str | None = None) -> list[str]:
+    catalog, _ = load_catalog(prices_path)
+    return sorted({r.region for r in catalog.rows if r.provider == "ec2" and r.offers()})
 
 
 def select_market(offers: Sequence[Offer], market: str) -> tuple[list[Offer], str | None]:
@@ -166,10 +152,10 @@ def select_market(offers: Sequence[Offer], market: str) -> tuple[list[Offer], st
     if spot:
         return spot, None
     on_demand = [o for o in offers if not o.spot]
-    return on_demand, ("spot asked for, but the price snapshot has no spot price for any type that "
+    return on_demand, ("spot asked for, but the price catalog has no spot price for any type that "
                        "fits (it holds on-demand list prices only; a spot offer is made only where "
-                       "the snapshot has a spot price, never estimated): FALLING BACK TO ON-DEMAND "
-                       "offers")
+                       "the catalog has a spot price, never estimated): FALLING BACK TO ON-DEMAND "
+                       "offers (the pool's spot preference is 'prefer': spot where priced, else on-demand)")
 
 
 @dataclass(frozen=True)
@@ -207,9 +193,9 @@ class Plan:
     spec: InstanceSpec
     market: str                      # what was asked for
     fallback: str | None             # why another market is used
-    snapshot: SnapshotInfo
+    snapshot: SnapshotInfo           # the price catalog the plan (and the run) price from
     fitting: list[Offer]             # of the market used, cheapest first
-    all_offers: list[Offer]          # every offer of the snapshot in the region
+    all_offers: list[Offer]          # every priced offer of the catalog in the region
     chosen: Offer
     tasks: int
     sandboxes_per_instance: int
@@ -233,12 +219,16 @@ class Plan:
         return self.waves * self.task_minutes / 60.0
 
     @property
+    def price(self) -> float:
+        return self.chosen.price_per_hour or 0.0
+
+    @property
     def cost(self) -> float:
-        return self.instances * self.chosen.price_per_hour * self.hours
+        return self.instances * self.price * self.hours
 
     @property
     def billed_cost(self) -> float:
-        return self.instances * self.chosen.price_per_hour * max(self.hours, 1 / 60)
+        return self.instances * self.price * max(self.hours, 1 / 60)
 
 
 class PlanError(Exception):
@@ -249,8 +239,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
     spec = InstanceSpec(cpus=args.cpus, memory_gb=args.memory_gb)
     every, snap = snapshot_offers(args.region, args.prices)
     if not every:
-        raise PlanError(f"the price snapshot {snap.path} has no price for region {args.region} "
-                        f"(it covers {', '.join(PriceTable.parse(_snapshot_text(args.prices)[0]).regions())})")
+        raise PlanError(f"the price catalog {snap.path} has no EC2 price for region {args.region} "
+                        f"(it covers {', '.join(catalog_regions(args.prices)) or 'no region'}; "
+                        "`flowmesh catalog refresh --provider ec2 --region ...` fetches more)")
     fits = [o for o in every if o.fits(spec)]
     fitting, fallback = select_market(fits, args.market)
     if not fitting:
@@ -276,8 +267,8 @@ def print_plan(plan: Plan) -> None:
     snap, spec, c = plan.snapshot, plan.spec, plan.chosen
     console.print(f"[bold]EC2 plan[/] for {plan.tasks} SWE task(s) in {plan.region}")
     spot_types = len({o.instance_type for o in plan.all_offers if o.spot})
-    console.print(f"price snapshot: {snap.path} ({snap.rows} priced rows, dated {snap.snapshot_date}, "
-                  f"source {snap.source}); on-demand Linux list prices, region level; "
+    console.print(f"price catalog: {snap.path} ({snap.rows} priced rows, dated {snap.snapshot_date}, "
+                  f"source {snap.source}); list prices, region level; "
                   + (f"spot prices for {spot_types} type(s)" if spot_types else "no spot prices"))
     console.print(f"instance wanted: >= {spec.cpus} vCPU, >= {spec.memory_gb:g} GiB, {spec.arch}; "
                   f"market asked: {plan.market}")
@@ -290,16 +281,16 @@ def print_plan(plan: Plan) -> None:
         t.add_column(col, justify="right" if col in ("#", "vCPU", "GiB", "GPUs", "$/h") else "left")
     for i, o in enumerate(plan.fitting[:TOP_OFFERS], 1):
         t.add_row(str(i), o.instance_type, str(o.cpus), f"{o.memory_gb:g}", str(o.gpus), o.arch,
-                  _market(o), f"{o.price_per_hour:.4f}")
+                  _market(o), f"{o.price_per_hour or 0.0:.4f}")
     console.print(t)
     console.print(f"chosen instance type: {c.instance_type} ({_market(c)}, {c.cpus} vCPU, "
-                  f"{c.memory_gb:g} GiB) at ${c.price_per_hour:.4f}/h -- the cheapest that fits; "
+                  f"{c.memory_gb:g} GiB) at ${plan.price:.4f}/h -- the cheapest that fits; "
                   "the others are the failover order")
     console.print(f"instances: {plan.instances} = min(--max-instances {plan.max_instances}, "
                   f"ceil({plan.tasks} tasks / {plan.sandboxes_per_instance} sandboxes per instance))")
     console.print(f"estimated hours: {plan.waves} wave(s) = ceil({plan.tasks} tasks / {plan.slots} slots) "
                   f"x {plan.task_minutes:g} min per task = {plan.hours:.4f} h")
-    console.print(f"estimated cost: {plan.instances} instances x ${c.price_per_hour:.4f}/h x "
+    console.print(f"estimated cost: {plan.instances} instances x ${plan.price:.4f}/h x "
                   f"{plan.hours:.4f} h = ${plan.cost:.4f}"
                   + (f" (billed at least 60 s per instance: ${plan.billed_cost:.4f})"
                      if plan.hours < 1 / 60 else "")
@@ -317,7 +308,7 @@ def print_plan(plan: Plan) -> None:
                       f"{mk.resource_wait_s:g} s -> last call after "
                       f"{_dur(mk.seconds)}" + ("  <- this plan" if k == plan.instances else ""))
     console.print(f"plan: type={c.instance_type} count={plan.instances} market={_market(c)} "
-                  f"price_per_hour={c.price_per_hour:.4f} hours={plan.hours:.4f} "
+                  f"price_per_hour={plan.price:.4f} hours={plan.hours:.4f} "
                   f"cost_usd={plan.cost:.4f} launch_s={m.seconds:g}", soft_wrap=True)
 
 
@@ -326,19 +317,12 @@ def print_plan(plan: Plan) -> None:
 # --------------------------------------------------------------------------- #
 
 class RolloutEc2(Ec2Provider):
-    """The ``ec2`` provider with the recipe's market choice applied to its offers (the
-    fleet has no per-pool market policy yet: it ranks every offer by price), and a record
-    of what each launch asked for (``Instance`` carries no spot/on-demand field)."""
+    """The ``ec2`` provider with a record of what each launch asked for (``Instance``
+    carries no spot/on-demand field).  The market is the pool's spot preference."""
 
-    def __init__(self, *, market: str, **kwargs: Any) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.market = market
-        self.fallback: str | None = None
         self.launched: list[tuple[Offer, tuple[Instance, ...]]] = []
-
-    async def offers(self, spec: InstanceSpec) -> list[Offer]:
-        chosen, self.fallback = select_market(await super().offers(spec), self.market)
-        return chosen
 
     async def launch(self, request: LaunchRequest) -> list[Instance]:
         out = await super().launch(request)
@@ -393,7 +377,8 @@ async def run_batch(args: argparse.Namespace, plan: Plan, provider: RolloutEc2,
             except Exception as exc:  # noqa: BLE001
                 console.print(f"[bold red]task images not available:[/] {escape(str(exc))}")
                 return 2
-            fleet = Fleet(name=fleet_name, providers={"ec2": provider}, bootstrap_timeout_s=300)
+            catalog, _ = load_catalog(args.prices)
+            fleet = Fleet(name=fleet_name, providers={"ec2": provider}, bootstrap_timeout_s=300, catalog=catalog)
             failovers = fleet.bus.subscribe(EventKind.LAUNCH_FAILOVER)
             pulled = fleet.bus.subscribe(EventKind.IMAGE_PULLED)
             try:
@@ -435,7 +420,8 @@ async def _run_pool(args: argparse.Namespace, plan: Plan, fleet: Fleet, provider
     n = plan.instances
     spec = PoolSpec(name=POOL_NAME, mode="persistent", provider="ec2", instance=plan.spec,
                     min_instances=n, max_instances=n, sandboxes_per_instance=plan.sandboxes_per_instance,
-                    warm_per_image=0, region=plan.region)
+                    warm_per_image=0, region=plan.region, spot="prefer" if plan.market == "spot" else "never",
+                    policy="cost")
     refs = [images[t.name].image for t in swe]
     log_mark = len(reg.request_log()) if isinstance(reg, LocalRegistry) else 0
     t_pool = time.monotonic()
@@ -443,8 +429,6 @@ async def _run_pool(args: argparse.Namespace, plan: Plan, fleet: Fleet, provider
     run: swe_eval.ModeRun | None = None
     lifecycle: dict[str, str] = {}
     try:
-        if provider.fallback and not plan.fallback:
-            console.print(f"[bold yellow]note:[/] {provider.fallback}")
         st = pool.stats()
         console.print(f"pool {pool.name} on ec2: {st.ready} instance(s) READY in "
                       f"{time.monotonic() - t_pool:.1f} s, {plan.sandboxes_per_instance} sandboxes each "
@@ -549,11 +533,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--memory-gb", type=float, default=16.0, help="GiB per instance (default 16)")
     market = p.add_mutually_exclusive_group()
     market.add_argument("--spot", dest="market", action="store_const", const="spot",
-                        help="spot offers (default); on-demand when the snapshot has no spot price")
+                        help="spot offers (default); on-demand when the catalog has no spot price")
     market.add_argument("--on-demand", dest="market", action="store_const", const="on-demand")
     p.set_defaults(market="spot")
-    p.add_argument("--prices", metavar="CSV", help="a price snapshot of the same columns instead of "
-                                                   "the one shipped with the provider")
+    p.add_argument("--prices", metavar="CSV", help="a price catalog CSV (the columns of "
+                                                   "flowmesh_sdk/catalog/data/ec2.csv) instead of the catalog")
     p.add_argument("--registry", metavar="HOST:PORT",
                    help="push to and pull from this running registry instead of a throw-away one")
     p.add_argument("--inject-capacity-error", action="store_true",
@@ -583,9 +567,7 @@ async def main(argv: list[str] | None = None) -> int:
         return 0
 
     from flowmesh_sdk.remote.local import LocalRunner
-    prices = PriceTable.load(args.prices) if args.prices else None
-    common: dict[str, Any] = dict(market=args.market, regions=[args.region], prices=prices,
-                                  runner_factory=lambda inst: LocalRunner())
+    common: dict[str, Any] = dict(regions=[args.region], runner_factory=lambda inst: LocalRunner())
     stand_in = ("[bold reverse] STAND-IN [/] moto has no machines: every EC2 instance of this run "
                 "exists only as a record, and its sandboxes run on THIS host through LocalRunner. "
                 "Real EC2 needs the SSH runner (not built yet).")

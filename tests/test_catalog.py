@@ -49,9 +49,10 @@ def test_shipped_snapshot_covers_five_providers_with_sources() -> None:
     assert n2.spot_per_hour is not None and n2.spot_per_hour < n2.on_demand_per_hour
 
 
-def test_ec2_snapshot_is_the_ec2_providers_price_table() -> None:
-    """One EC2 snapshot, not two that drift: the catalog's copy is the provider's file."""
-    assert shipped_text("ec2") == (ROOT / "providers" / "ec2" / "prices_aws.csv").read_text()
+def test_ec2_snapshot_is_the_only_ec2_price_table() -> None:
+    """One EC2 snapshot, not two that drift: the provider ships no price copy of its own."""
+    assert shipped_text("ec2").startswith("provider,region,")
+    assert not list((ROOT / "providers" / "ec2").glob("*.csv"))
     shared = ROOT.parent / "shared" / "data" / "prices"
     if shared.is_dir():   # the project's shared price data, when this checkout has it beside
         for mine, theirs in (("ec2", "aws"), ("gce", "gcp"), ("azure", "azure"), ("vast", "vast")):

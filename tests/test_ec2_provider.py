@@ -17,14 +17,17 @@ import pytest
 from flowmesh_sdk.errors import (AuthError, CapacityError, FlowMeshError, NotFoundError, ProviderError,
                                  ProviderUnavailableError, QuotaError, SpecError, ThrottledError)
 from flowmesh_sdk.provider import TAG_FLEET, TAG_POOL, TAG_REQUEST, LaunchRequest, ProviderState
-from flowmesh_sdk.specs import InstanceSpec, Offer
+from flowmesh_sdk.catalog import Catalog
+from flowmesh_sdk.fleet import Fleet
+from flowmesh_sdk.specs import InstanceSpec, Offer, PoolSpec
+from flowmesh_sdk.tags import PlainTags
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
 from botocore.exceptions import ClientError, NoCredentialsError  # noqa: E402
 
-from flowmesh_providers.ec2 import ERROR_TABLE, Ec2Provider, PriceTable  # noqa: E402
+from flowmesh_providers.ec2 import DEFAULT_INSTANCE_TYPES, ERROR_TABLE, Ec2Provider  # noqa: E402
 from flowmesh_providers.ec2.client import DOC_THROTTLING, RATES  # noqa: E402
 from flowmesh_sdk.testing.ec2fault import STATUS, Ec2FaultProxy  # noqa: E402
 from flowmesh_sdk.testing.moto import MotoEc2  # noqa: E402
@@ -66,11 +69,23 @@ def fleet_tags(pool: str = "p1") -> dict[str, str]:
     return {TAG_FLEET: f"t-{uuid.uuid4().hex[:8]}", TAG_POOL: pool, "flowmesh:owner": "tests"}
 
 
+CATALOG = Catalog.load(["ec2"], use_cache=False, warn=False)   # the shipped snapshot: the one source of prices
+
+
+def catalog_price(instance_type: str, region: str = REGION) -> float:
+    row = next(r for r in CATALOG.rows if (r.region, r.instance_type) == (region, instance_type))
+    assert row.on_demand_per_hour is not None
+    return row.on_demand_per_hour
+
+
 async def offer_of(prov: Ec2Provider, instance_type: str, *, spot: bool = False) -> Offer:
+    """The provider's shape of ``instance_type``, priced from the catalog as the fleet does."""
     spec = InstanceSpec(cpus=1, memory_gb=0.5)
     for o in await prov.offers(spec):
         if o.instance_type == instance_type:
-            return Offer(**{**{f: getattr(o, f) for f in o.__dataclass_fields__}, "spot": spot})
+            assert o.price_per_hour is None
+            return Offer(**{**{f: getattr(o, f) for f in o.__dataclass_fields__}, "spot": spot,
+                            "price_per_hour": catalog_price(instance_type)})
     raise AssertionError(f"no offer for {instance_type}")
 
 
@@ -95,6 +110,7 @@ def test_entry_point_and_capabilities():
     assert eps["ec2"].load() is Ec2Provider
     caps = Ec2Provider.capabilities
     assert (caps.spot, caps.gpus, caps.remote, caps.max_batch) == (True, True, True, 1000)
+    assert caps.tags == PlainTags(max_key=128, max_value=256) and not caps.free and caps.nested_containers
     rates = {(r.api, r.per_instance): (r.burst, r.rate_per_s) for r in RATES}
     assert rates[("launch", False)] == (5, 2.0)        # RunInstances request bucket
     assert rates[("launch", True)] == (1000, 2.0)      # RunInstances resource bucket
@@ -102,11 +118,14 @@ def test_entry_point_and_capabilities():
     assert caps.rates == RATES and DOC_THROTTLING.startswith("https://docs.aws.amazon.com/")
 
 
-def test_price_snapshot_is_shipped_with_sources():
-    table = PriceTable.load()
-    row = table.get(REGION, "c5.2xlarge")
-    assert row is not None and row.on_demand == 0.34 and row.spot is None
-    assert "karpenter-provider-aws" in row.source and row.snapshot_date == "2026-07-20"
+def test_the_provider_ships_no_prices_the_catalog_does():
+    import flowmesh_providers.ec2 as pkg
+    from importlib import resources
+    assert not [f.name for f in resources.files(pkg).iterdir() if f.name.endswith(".csv")]
+    assert not hasattr(pkg, "PriceTable")
+    row = next(r for r in CATALOG.rows if (r.region, r.instance_type) == (REGION, "c5.2xlarge"))
+    assert row.on_demand_per_hour == 0.34 and row.spot_per_hour is None
+    assert "karpenter-provider-aws" in row.source and row.fetched_at == "2026-07-20"
 
 
 def test_constructor_validation_and_repr_hides_secrets():
@@ -118,6 +137,10 @@ def test_constructor_validation_and_repr_hides_secrets():
         Ec2Provider(regions=["not a region"])
     with pytest.raises(SpecError, match="ec2.max_workers"):
         Ec2Provider(max_workers=0)
+    with pytest.raises(SpecError, match="ec2.instance_types"):
+        Ec2Provider(instance_types=["C5 large"])
+    assert Ec2Provider(instance_types="c7i.*").instance_types == ("c7i.*",)
+    assert Ec2Provider().instance_types == DEFAULT_INSTANCE_TYPES
 
 
 def test_region_defaults_from_environment(monkeypatch):
@@ -131,33 +154,38 @@ def test_region_defaults_from_environment(monkeypatch):
 
 
 # ---- offers ----------------------------------------------------------------------------
-async def test_offers_for_8_cpus_16_gb(ec2):
+async def test_offers_for_8_cpus_16_gb_are_shapes_without_prices(ec2, proxy):
+    before = proxy.calls["DescribeInstanceTypes"]
     offers = await ec2.offers(InstanceSpec(cpus=8, memory_gb=16))
     by_type = {o.instance_type: o for o in offers}
-    assert by_type["c5.2xlarge"].price_per_hour == 0.34
-    assert {"c6i.2xlarge", "c6a.2xlarge", "c7i.2xlarge", "m6i.2xlarge"} <= set(by_type)
+    assert {"c5.2xlarge", "c6i.2xlarge", "c6a.2xlarge", "c7i.2xlarge", "m6i.2xlarge"} <= set(by_type)
     c5 = by_type["c5.2xlarge"]
     assert (c5.provider, c5.region, c5.cpus, c5.memory_gb, c5.gpus, c5.zone, c5.arch) == \
            ("ec2", REGION, 8, 16.0, 0, None, "x86_64")
-    prices = [o.price_per_hour for o in offers]
-    assert prices == sorted(prices)                       # cheapest first
+    assert all(o.price_per_hour is None for o in offers)          # shapes: the catalog prices them
+    assert not any(o.spot for o in offers)                        # on-demand shapes; the fleet adds spot
     assert all(o.cpus >= 8 and o.memory_gb >= 16 for o in offers)
-    assert not any(o.spot for o in offers)                # the snapshot has no spot prices
-    assert all(PriceTable.load().get(REGION, o.instance_type) for o in offers)   # priced types only
+    assert [(o.cpus, o.memory_gb, o.instance_type) for o in offers] == \
+        sorted((o.cpus, o.memory_gb, o.instance_type) for o in offers)   # smallest first
+    # bounded: the searched families only, not every one of the region's types
+    families = {p.split(".")[0] for p in DEFAULT_INSTANCE_TYPES}
+    assert {o.instance_type.split(".")[0] for o in offers} <= families and len(offers) < 400
+    await ec2.offers(InstanceSpec(cpus=2, memory_gb=4))
+    assert proxy.calls["DescribeInstanceTypes"] - before <= 1      # described once per region, cached
 
 
 async def test_offers_arch_filter(ec2):
     arm = await ec2.offers(InstanceSpec(cpus=8, memory_gb=16, arch="arm64"))
     assert arm and all(o.arch == "arm64" for o in arm)
-    assert all(o.instance_type.startswith("g5g.") for o in arm)   # the snapshot's only Graviton family
+    assert {o.instance_type.split(".")[0] for o in arm} >= {"g5g", "c7g"}
     x86 = await ec2.offers(InstanceSpec(cpus=8, memory_gb=16))
-    assert not any(o.instance_type.startswith("g5g.") for o in x86)
+    assert not any(o.instance_type.startswith(("g5g.", "c7g.")) for o in x86)
 
 
 async def test_offers_gpu_filter(ec2):
     a10g = await ec2.offers(InstanceSpec(cpus=4, memory_gb=16, gpus=1, gpu_name="a10g"))
     assert a10g and all(o.gpus >= 1 and o.gpu_name == "a10g" for o in a10g)
-    assert a10g[0].instance_type == "g5.xlarge" and a10g[0].price_per_hour == 1.006
+    assert a10g[0].instance_type == "g5.xlarge"                   # the smallest that fits
     a100 = await ec2.offers(InstanceSpec(cpus=32, memory_gb=256, gpus=8, gpu_name="a100"))
     assert {o.instance_type for o in a100} >= {"p4d.24xlarge"}
     assert all(o.gpus == 8 for o in a100)
@@ -165,13 +193,51 @@ async def test_offers_gpu_filter(ec2):
     assert {o.gpu_name for o in any_gpu} >= {"a10g", "t4", "l4"}
 
 
-async def test_region_without_prices_offers_nothing_without_a_call(moto_ec2, proxy):
-    prov = moto_ec2.provider(regions=["us-west-2"], endpoint_url=proxy.endpoint_url)
-    before = proxy.calls["DescribeInstanceTypes"]
-    assert await prov.offers(InstanceSpec()) == []
-    assert proxy.calls["DescribeInstanceTypes"] == before
-    assert "no prices for us-west-2" in prov.explain_misfit(InstanceSpec())
+async def test_instance_types_option_narrows_the_search(moto_ec2, proxy):
+    prov = moto_ec2.provider(endpoint_url=proxy.endpoint_url, instance_types=["c7i.*", "m6i.2xlarge"])
+    offers = await prov.offers(InstanceSpec(cpus=8, memory_gb=16))
+    assert {o.instance_type for o in offers} >= {"c7i.2xlarge", "m6i.2xlarge"}
+    assert all(o.instance_type.startswith("c7i.") or o.instance_type == "m6i.2xlarge" for o in offers)
+    assert await prov.offers(InstanceSpec(cpus=2, memory_gb=4096)) == []
+    why = prov.explain_misfit(InstanceSpec(cpus=2, memory_gb=4096))
+    assert "c7i.*" in why and "4096 GiB" in why and "instance_types" in why
+    assert "price" not in why and "snapshot" not in why
     await prov.close()
+
+
+async def test_fleet_prices_ec2_offers_from_the_catalog(ec2, tmp_path):
+    """Through a Fleet: the shapes are priced from the catalog (c5.2xlarge $0.34/h), an
+    unpriced type is left out, and a launch at the priced offer carries its price."""
+    spec = PoolSpec(name="priced", provider="ec2", mode="persistent", instance=InstanceSpec(cpus=8, memory_gb=16),
+                    min_instances=0, max_instances=2)
+    async with Fleet("ec2-priced", home=tmp_path, providers={"ec2": ec2}, catalog=CATALOG,
+                     reconcile_interval_s=None) as fleet:
+        pool = await fleet.pool(spec)
+        priced = {o.instance_type: o for o in pool.offers}
+        assert priced["c5.2xlarge"].price_per_hour == 0.34 and not priced["c5.2xlarge"].spot
+        assert all(o.price_per_hour == catalog_price(o.instance_type) for o in priced.values())
+        assert "m5.2xlarge" not in priced           # a shape the snapshot has no price for ...
+        assert any(x.startswith("ec2/us-east-1/m5.2xlarge: no on-demand price") for x in pool.placement.excluded)
+        offer = priced["c5.2xlarge"]
+        insts = await ec2.launch(request(offer, 1, fleet_tags()))
+        assert insts[0].price_per_hour == 0.34
+        assert (await ec2.describe([insts[0].id]))[0].price_per_hour == 0.34   # this object remembers it
+        await pool.drain()
+    await ec2.terminate([i.id for i in insts])
+
+
+async def test_a_region_the_catalog_lacks_is_refused_by_the_fleet(moto_ec2, proxy, tmp_path):
+    prov = moto_ec2.provider(regions=["us-west-2"], endpoint_url=proxy.endpoint_url)
+    offers = await prov.offers(InstanceSpec(cpus=8, memory_gb=16))
+    assert offers and all(o.region == "us-west-2" and o.price_per_hour is None for o in offers)
+    spec = PoolSpec(name="west", provider="ec2", region="us-west-2", mode="persistent",
+                    instance=InstanceSpec(cpus=8, memory_gb=16), min_instances=0, max_instances=1)
+    async with Fleet("ec2-west", home=tmp_path, providers={"ec2": prov}, catalog=CATALOG,
+                     reconcile_interval_s=None) as fleet:
+        with pytest.raises(SpecError) as ei:
+            await fleet.pool(spec)
+    assert ei.value.field == "pool.instance" and "no on-demand price in the catalog" in str(ei.value)
+    assert "us-west-2" in str(ei.value)
 
 
 # ---- launch ----------------------------------------------------------------------------
@@ -187,6 +253,7 @@ async def test_launch_five_in_one_call_tagged_instances_and_volumes(ec2, moto_ec
     assert len(insts) == 5 and len({i.id for i in insts}) == 5
     for i in insts:
         assert (i.provider, i.region, i.instance_type, i.price_per_hour) == ("ec2", REGION, "c5.2xlarge", 0.34)
+        assert i.zone and i.zone.startswith(REGION) and i.port is None
         assert i.state in (ProviderState.PENDING, ProviderState.RUNNING)
         assert i.tags[TAG_REQUEST] == req.request_id and i.tags[TAG_FLEET] == tags[TAG_FLEET]
         assert i.address and i.launched_at > 0 and i.spec == req.spec
@@ -361,10 +428,30 @@ async def test_describe_list_terminate_round_trip(ec2, moto_ec2, proxy):
     described = await fresh.describe(ids[2:])
     assert sorted(i.id for i in described) == sorted(ids[2:]) and all(i.region == REGION for i in described)
     assert all(i.spec.cpus == 8 and i.spec.memory_gb == 32 for i in described)   # from the instance type
+    assert all(i.price_per_hour == 0.0 for i in described)     # the provider keeps no prices of its own
     await fresh.terminate(ids[2:] + [untagged[0].id])
     assert await ec2.list_tagged({TAG_FLEET: tags[TAG_FLEET]}) == []
     await ec2.terminate(ids)                                     # terminating again is not an error
     await fresh.close()
+
+
+async def test_a_stopped_instance_reads_stopped_and_stays_listed(ec2, moto_ec2):
+    tags = fleet_tags()
+    (inst,) = await ec2.launch(request(await offer_of(ec2, "c5.2xlarge"), 1, tags))
+    moto_ec2.client(REGION).stop_instances(InstanceIds=[inst.id])
+    (seen,) = await ec2.describe([inst.id])
+    assert seen.state is ProviderState.STOPPED and seen.zone == inst.zone
+    assert [i.id for i in await ec2.list_tagged({TAG_FLEET: tags[TAG_FLEET]})] == [inst.id]
+    await ec2.terminate([inst.id])
+    assert await ec2.list_tagged({TAG_FLEET: tags[TAG_FLEET]}) == []
+
+
+async def test_tags_past_ec2_limits_are_a_spec_error_before_run_instances(ec2, proxy):
+    before = proxy.calls["RunInstances"]
+    with pytest.raises(SpecError) as ei:
+        await ec2.launch(request(await offer_of(ec2, "c5.2xlarge"), 1, {**fleet_tags(), "note": "x" * 257}))
+    assert ei.value.field == "launch.tags['note']" and "256" in str(ei.value)
+    assert proxy.calls["RunInstances"] == before
 
 
 async def test_terminate_drops_ids_ec2_says_are_gone(ec2, proxy):

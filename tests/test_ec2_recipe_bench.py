@@ -18,7 +18,7 @@ import pytest
 
 from flowmesh_sdk.testing.ec2fault import Ec2FaultProxy
 from flowmesh_sdk.testing.moto import MotoEc2
-from flowmesh_providers.ec2 import PriceTable
+from flowmesh_sdk.catalog import Catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "ec2_swe_rollouts.py"
@@ -31,7 +31,8 @@ def _env(**extra: str) -> dict[str, str]:
            if not k.startswith("AWS_") and k not in ("FLOWMESH_EC2_ENDPOINT_URL", "FLOWMESH_EC2_AMI")}
     env.update(AWS_EC2_METADATA_DISABLED="true", AWS_CONFIG_FILE=os.devnull,
                AWS_SHARED_CREDENTIALS_FILE=os.devnull, NO_PROXY="127.0.0.1,localhost",
-               no_proxy="127.0.0.1,localhost")
+               no_proxy="127.0.0.1,localhost",
+               FLOWMESH_CACHE_DIR=str(ROOT / ".no-catalog-cache"))   # the shipped catalog, never a refreshed one
     env.update(extra)
     return env
 
@@ -42,8 +43,16 @@ def _run(args: list[str], env: dict[str, str], timeout: float = 600) -> subproce
 
 
 def _snapshot_rows() -> list[dict[str, str]]:
-    text = (ROOT / "providers" / "ec2" / "prices_aws.csv").read_text()
+    """The catalog's shipped EC2 snapshot (the one source of prices), as CSV records."""
+    text = (ROOT / "flowmesh_sdk" / "catalog" / "data" / "ec2.csv").read_text()
     return [r for r in csv.DictReader(io.StringIO(text)) if r["region"] == REGION]
+
+
+def _on_demand(instance_type: str) -> float:
+    row = next(r for r in Catalog.load(["ec2"], use_cache=False, warn=False).rows
+               if (r.region, r.instance_type) == (REGION, instance_type))
+    assert row.on_demand_per_hour is not None
+    return row.on_demand_per_hour
 
 
 def _plan_line(stdout: str) -> dict[str, str]:
@@ -71,7 +80,6 @@ def test_dry_run_prints_the_plan_without_any_api_call(moto_proxy):
     assert "dry run: no API call was made" in out
 
     plan = _plan_line(out)
-    prices = PriceTable.load()
     # the chosen type is the cheapest snapshot row with >= 8 vCPU and >= 16 GiB (x86), on
     # demand (the snapshot has no spot prices: the spot default falls back, visibly)
     rows = [r for r in _snapshot_rows() if int(r["vcpus"]) >= 8 and float(r["memory_gib"]) >= 16
@@ -80,7 +88,7 @@ def test_dry_run_prints_the_plan_without_any_api_call(moto_proxy):
     assert not any(r["spot_price_hour_usd"] for r in rows)
     assert "FALLING BACK TO ON-DEMAND" in out
     assert plan["type"] == cheapest["instance_type"] and plan["market"] == "on-demand"
-    price = prices.get(REGION, plan["type"]).on_demand
+    price = _on_demand(plan["type"])
     assert float(plan["price_per_hour"]) == pytest.approx(price)
     # 3 = min(3, ceil(10 / 2)); waves = ceil(10 / (3 * 2)) = 2; 2 x 2 min = 1/15 h
     assert plan["count"] == "3"
@@ -153,7 +161,7 @@ def test_moto_end_to_end(tmp_path, swe_image):
     assert len(rows) == 1, out[-4000:]
     iid, itype, market, price = rows[0][:4]
     assert itype == plan["type"] and market == "on-demand" and rows[0][-1] == "on-demand"
-    assert float(price) == pytest.approx(PriceTable.load().get(REGION, itype).on_demand)
+    assert float(price) == pytest.approx(_on_demand(itype))
     # both tasks ran on it, and each verdict row says which
     assert len(re.findall(rf"│ t0[01]-\S+ .* {iid} ", out)) == 2, out[-4000:]
     assert "LAUNCH_FAILOVER events: none" in out
@@ -163,8 +171,9 @@ def test_moto_end_to_end(tmp_path, swe_image):
 
 @pytest.mark.slow
 def test_moto_spot_with_failover(tmp_path, swe_image):
-    """A snapshot with spot prices: the spot offers are used (moto records the spot
-    lifecycle), and an injected InsufficientInstanceCapacity fails over to the next one."""
+    """A catalog with spot prices: the pool's spot preference ('prefer') uses the spot
+    offers (moto records the spot lifecycle), and an injected InsufficientInstanceCapacity
+    fails over to the next one."""
     rows = {r["instance_type"]: r for r in _snapshot_rows()}
     buf = io.StringIO()
     fields = list(next(iter(rows.values())).keys())

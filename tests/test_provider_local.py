@@ -69,3 +69,21 @@ async def test_impossible_size_is_a_clear_spec_error(tmp_path):
     spec = InstanceSpec(cpus=64, memory_gb=1)
     with pytest.raises(SpecError, match="this host has 2 cpus.*asked for 64 cpus"):
         await prov.launch(LaunchRequest(offer=prov._offer(spec), spec=spec, count=1, request_id="r"))
+
+
+async def test_contract_fields_free_tags_port_zone_and_fresh_ids(tmp_path):
+    from flowmesh_sdk.tags import TagCodec
+    prov = LocalProvider(cpus=4, memory_gb=8, state_dir=tmp_path)
+    caps = prov.capabilities
+    assert caps.free and isinstance(caps.tags, TagCodec) and caps.nested_containers
+    spec = InstanceSpec(cpus=1, memory_gb=1)
+    (offer,) = await prov.offers(spec)
+    assert offer.price_per_hour == 0.0 and offer.offer_id is None
+    (a,) = await prov.launch(_req(prov, spec, 1, "r-a"))
+    assert (a.port, a.zone, a.price_per_hour) == (None, None, 0.0)
+    await prov.terminate([a.id])
+    (b,) = await prov.launch(_req(prov, spec, 1, "r-b"))
+    assert b.id != a.id                                   # an id is never handed out again
+    (seen,) = await LocalProvider(cpus=4, memory_gb=8, state_dir=tmp_path).describe([b.id])
+    assert seen == b                                      # the record keeps every field
+    await prov.terminate([b.id])

@@ -141,3 +141,106 @@ def test_ten_thousand_concurrent_tasks_through_the_real_control_plane():
     assert r.lower_bound_s > 6000 + 75 * 60
     assert r.lower_bound_s <= r.makespan_s <= 1.02 * r.lower_bound_s
     assert r.phases_p50.execution == pytest.approx(6000.0)
+
+
+def test_offers_are_shapes_priced_by_the_clouds_catalog():
+    from flowmesh_providers.sim import SimProvider, sim_catalog
+    from flowmesh_sdk.specs import InstanceSpec
+    spot = SimInstanceType("s.2xlarge", 8, 16, 0.34, spot_price_per_hour=0.10)
+    cloud = unlimited("spotty", (spot, SMALL))
+    rows = cloud.catalog_rows()
+    assert [(r.provider, r.region, r.instance_type, r.on_demand_per_hour, r.spot_per_hour, r.source)
+            for r in rows] == [("spotty", "sim-1", "s.2xlarge", 0.34, 0.10, "simulated"),
+                               ("spotty", "sim-1", "c.2xlarge", 0.34, None, "simulated")]
+    assert sim_catalog(cloud, ec2((SMALL,))).rows == rows + ec2((SMALL,)).catalog_rows()
+    prov = SimProvider(cloud, images={})
+    offers = run(prov.offers(InstanceSpec(cpus=8, memory_gb=16)))
+    assert [o.instance_type for o in offers] == ["s.2xlarge", "c.2xlarge"]
+    assert all(o.price_per_hour is None and not o.spot and o.provider == "spotty" for o in offers)
+    assert prov.capabilities.spot and not prov.capabilities.free
+
+
+def test_spot_preference_decides_the_market():
+    spot = SimInstanceType("s.2xlarge", 8, 16, 0.34, spot_price_per_hour=0.10)
+    cloud = unlimited("spotty", (spot,))
+    base = dict(tasks=4, minutes=10, instance_type="s.2xlarge", mode="ephemeral")
+    never = run_scenario(cloud, Workload(**base), seed=1)
+    only = run_scenario(cloud, Workload(**base, spot="only"), seed=1)
+    assert Workload(**base, spot=True).spot == "prefer" and Workload(**base).spot == "never"
+    assert only.cost_usd == pytest.approx(never.cost_usd * 0.10 / 0.34)
+    with pytest.raises(SpecError) as ei:
+        Workload(**base, spot="sometimes")
+    assert ei.value.field == "workload.spot"
+
+
+def _sim_pool_run(body, *, sticky: int = 0, min_instances: int = 1, **fleet_options):
+    """Run ``body(fleet, prov, pool)`` on a persistent pool over one simulated cloud."""
+    import tempfile
+
+    from flowmesh_providers.sim.scenario import sim_fleet
+    from flowmesh_sdk.specs import InstanceSpec, PoolSpec
+
+    async def main():
+        with tempfile.TemporaryDirectory(prefix="fm-sim-") as home:
+            async with sim_fleet(ec2((SMALL,)), {"sim/base:1": 10**8}, home=home, sticky_terminations=sticky,
+                                 **fleet_options) as (fleet, prov):
+                pool = await fleet.pool(PoolSpec(name="p", provider="ec2", mode="persistent",
+                                                 instance=InstanceSpec(cpus=8, memory_gb=16),
+                                                 min_instances=min_instances, max_instances=2,
+                                                 warm_per_image=0))
+                return await body(fleet, prov, pool)
+    return run(main())
+
+
+def test_sticky_terminations_keep_an_instance_listed_until_terminate_is_called_again():
+    from flowmesh_sdk.provider import TAG_FLEET, ProviderState
+
+    async def body(fleet, prov, pool):
+        (iid,) = list(prov.vms)
+        await prov.terminate([iid])
+        after_one = (await prov.describe([iid]))[0].state, len(await prov.list_tagged({TAG_FLEET: "sim"}))
+        cost_then = prov.cost()
+        await asyncio.sleep(600)
+        still_billed = prov.cost() > cost_then
+        await prov.terminate([iid])
+        after_two = (await prov.describe([iid]))[0].state, len(await prov.list_tagged({TAG_FLEET: "sim"}))
+        prov.stick(iid, 5)                   # per instance; it is gone already: no effect
+        return after_one, still_billed, after_two, prov.terminate_calls(iid)
+
+    after_one, still_billed, after_two, calls = _sim_pool_run(body, sticky=1)
+    assert after_one == (ProviderState.RUNNING, 1) and still_billed
+    assert after_two == (ProviderState.TERMINATED, 0) and calls == 2
+
+
+def test_preempt_removes_an_instance_behind_the_sdks_back_and_stop_reads_stopped():
+    from flowmesh_sdk.provider import TAG_FLEET, ProviderState
+
+    async def body(fleet, prov, pool):
+        (iid,) = list(prov.vms)
+        assert prov.preempt(iid) and not prov.preempt(iid)
+        gone = (await prov.describe([iid]))[0].state, await prov.list_tagged({TAG_FLEET: "sim"})
+        billed = prov.cost()
+        await asyncio.sleep(3600)
+        assert prov.cost() == billed         # no billing after the preemption
+        other = (await prov.launch(_request(prov)))[0].id
+        assert prov.stop(other) and not prov.stop(other)
+        stopped = (await prov.describe([other]))[0].state
+        listed = [i.id for i in await prov.list_tagged({})]
+        await prov.terminate([other])
+        with pytest.raises(SpecError):
+            prov.preempt("ec2-nope")
+        return gone, stopped, listed, other, prov.stats()
+
+    (state, listed_after), stopped, listed, other, stats = _sim_pool_run(body, reconcile_interval_s=None)
+    assert state is ProviderState.TERMINATED and listed_after == []
+    assert stopped is ProviderState.STOPPED and other in listed
+    assert stats["interrupted"] == 1 and stats["stopped"] == 1
+
+
+def _request(prov):
+    from flowmesh_sdk.provider import TAG_FLEET, LaunchRequest
+    from flowmesh_sdk.specs import InstanceSpec, Offer
+    offer = Offer(provider="ec2", region="us-east-1", instance_type="c.2xlarge", cpus=8, memory_gb=16,
+                  price_per_hour=0.34)
+    return LaunchRequest(offer=offer, spec=InstanceSpec(cpus=8, memory_gb=16), count=1, request_id="extra",
+                         tags={TAG_FLEET: "other"})

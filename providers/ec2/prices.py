@@ -1,12 +1,6 @@
-"""EC2 prices: the dated snapshot shipped with the package (``prices_aws.csv``), and the
-live refresh from the AWS Price List Query API (:func:`fetch_prices`).
-
-The snapshot is a copy of ``data/prices/aws.csv``: on-demand Linux list prices per
-instance-hour, USD, region level (no zones), with a ``source`` column naming where each
-row came from (``aws/karpenter-provider-aws`` generated price table, snapshot
-2026-07-20, us-east-1 only; no spot prices).  An instance type with no row for a region
-has no price there and is not offered; a row without a spot price gets no spot offer
-(no estimate is made).
+"""EC2 prices for the catalog: the live refresh from the AWS Price List Query API
+(:func:`fetch_prices`).  The provider itself holds no prices (it reports shapes); the
+shipped EC2 snapshot is the catalog's, ``flowmesh_sdk/catalog/data/ec2.csv``.
 
 Live refresh (``flowmesh catalog refresh --provider ec2``): :func:`fetch_prices` asks the
 AWS Price List Query API (``pricing`` client, ``GetProducts``, boto3) for the EC2
@@ -23,83 +17,14 @@ URL, as the tests do with a local emulator (``flowmesh_sdk.testing.price_apis``)
 from __future__ import annotations
 
 import asyncio
-import csv
 import datetime as dt
-import io
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from flowmesh_sdk.catalog.records import CatalogRow, infer_arch
 from flowmesh_sdk.errors import AuthError, ProviderError, ThrottledError
-
-SNAPSHOT = "prices_aws.csv"
-
-
-@dataclass(frozen=True, slots=True)
-class PriceRow:
-    region: str
-    instance_type: str
-    on_demand: float
-    spot: float | None
-    gpu_name: str | None
-    source: str
-    snapshot_date: str
-
-
-def _float(text: str) -> float | None:
-    text = (text or "").strip()
-    if not text:
-        return None
-    value = float(text)
-    return value if value > 0 else None
-
-
-class PriceTable:
-    """(region, instance type) -> :class:`PriceRow`."""
-
-    def __init__(self, rows: list[PriceRow]) -> None:
-        self._rows = {(r.region, r.instance_type): r for r in rows}
-
-    @classmethod
-    def parse(cls, text: str) -> PriceTable:
-        rows = []
-        for rec in csv.DictReader(io.StringIO(text)):
-            if (rec.get("provider") or "aws") != "aws":
-                continue
-            on_demand = _float(rec.get("price_hour_usd", ""))
-            if on_demand is None:
-                continue  # no price, no offer
-            rows.append(PriceRow(region=rec["region"].strip(), instance_type=rec["instance_type"].strip(),
-                                 on_demand=on_demand, spot=_float(rec.get("spot_price_hour_usd", "")),
-                                 gpu_name=(rec.get("gpu_name") or "").strip() or None,
-                                 source=(rec.get("source") or "").strip(),
-                                 snapshot_date=(rec.get("snapshot_date") or "").strip()))
-        return cls(rows)
-
-    @classmethod
-    def load(cls, path: str | Path | None = None) -> PriceTable:
-        """The snapshot shipped with the package, or a CSV of the same header at ``path``."""
-        if path is not None:
-            return cls.parse(Path(path).read_text(encoding="utf-8"))
-        return cls.parse(resources.files(__package__).joinpath(SNAPSHOT).read_text(encoding="utf-8"))
-
-    def get(self, region: str, instance_type: str) -> PriceRow | None:
-        return self._rows.get((region, instance_type))
-
-    def instance_types(self, region: str) -> list[str]:
-        return sorted(t for (r, t) in self._rows if r == region)
-
-    def regions(self) -> list[str]:
-        return sorted({r for (r, _) in self._rows})
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
 
 PRICING_REGION = "us-east-1"           # where the Price List Query API is served
 DEFAULT_REGIONS = ("us-east-1",)
@@ -227,5 +152,4 @@ async def fetch_prices(*, endpoint: str | None = None, regions: Sequence[str] = 
                                    tuple(shapes), session_kwargs)
 
 
-__all__ = ["DEFAULT_REGIONS", "PRODUCT_FILTERS", "PriceRow", "PriceTable", "SNAPSHOT", "fetch_prices",
-           "parse_product"]
+__all__ = ["DEFAULT_REGIONS", "PRODUCT_FILTERS", "fetch_prices", "parse_product"]

@@ -4,13 +4,18 @@ What each contract call does on EC2 (every boto3 call runs in the client's bound
 executor, never on the event loop; see :mod:`.client`):
 
 ``offers(spec)``
-    The instance types that have a price in the shipped snapshot for a configured
-    region (``prices_aws.csv``), described by ``DescribeInstanceTypes`` (filtered to those
-    names, paginated, cached per region): vCPUs, memory, GPUs (count, name), arch
-    (``arm64`` when the type supports it, else ``x86_64``).  One on-demand offer per type,
-    plus a spot offer only when the snapshot has a spot price (it has none today).  No
-    zone (the prices are region level).  Cheapest first.  A region with no snapshot
-    prices offers nothing and costs no API call.
+    Shapes, not prices: the instance types of the searched families
+    (``instance_types``, default :data:`DEFAULT_INSTANCE_TYPES`: the current general
+    purpose, compute, memory and GPU families, as ``DescribeInstanceTypes`` wildcard
+    filters) in every configured region, described by ``DescribeInstanceTypes``
+    (paginated, fetched once per region and cached): vCPUs, memory, GPUs (count, name),
+    arch (``arm64`` when the type supports it, else ``x86_64``).  One on-demand offer per
+    type that fits, ``price_per_hour=None``: the fleet prices each from the catalog
+    (``flowmesh_sdk.catalog``, the one source of prices; ``flowmesh catalog refresh
+    --provider ec2`` updates it), adds the spot variant where the catalog has a spot
+    price and the pool allows spot, and leaves out, saying so, a type the catalog has no
+    price for.  No zone (the catalog's EC2 prices are region level).  Smallest first
+    (vCPUs, memory, name).
 ``launch(request)``
     Checks first, spending nothing: the offer is an ``ec2`` offer in a configured region,
     an AMI is configured for that region, the instance type exists there
@@ -59,13 +64,17 @@ holds the private host key) from the metadata service.  A user-supplied ``user_d
 refused in SSH mode (``SpecError`` on ``ec2.user_data``): merging a second cloud-config
 could override the injected keys, so other setup belongs in the AMI or the bootstrap steps.
 
-Instances: ``state`` from the EC2 state name (pending -> PENDING, running -> RUNNING,
-stopping/stopped -> STOPPING, shutting-down/terminated -> TERMINATED); ``address`` the
-private IP, else the public one; ``launched_at`` EC2's LaunchTime; ``price_per_hour`` the
-offer's price for instances ``launch`` returns, and the snapshot's for described ones
-(the spot price when the snapshot has one for a spot instance, else the on-demand price,
-which is also EC2's default spot maximum); ``spec`` the launch request's spec when this
-provider launched it, else built from the instance type.
+Instances: ``id`` EC2's instance id (unique, never reused); ``state`` from the EC2 state
+name (pending -> PENDING, running -> RUNNING, stopping -> STOPPING, stopped -> STOPPED,
+shutting-down/terminated -> TERMINATED); ``address`` the private IP, else the public one;
+``zone`` the instance's ``Placement.AvailabilityZone``; ``port`` sshd's port in SSH mode
+(else None); ``launched_at`` EC2's LaunchTime; ``price_per_hour`` the launch offer's
+price (as the fleet priced it) for instances this provider object launched, else 0.0
+(the provider keeps no prices; the fleet's spend ledger has what it launched them at);
+``spec`` the launch request's spec when this provider launched it, else built from the
+instance type.  Tags are EC2 tags as they are (:class:`~flowmesh_sdk.tags.PlainTags`,
+keys up to 128 characters, values up to 256, at most 50 per resource, no ``aws:``
+prefix), declared as ``Capabilities.tags``.
 
 Capabilities: spot and GPUs, ``max_batch`` 1000, and the published EC2 API buckets as
 ``rates`` (table in :mod:`.client`).  ``stop_start`` is declared False: EC2 can stop and
@@ -100,10 +109,10 @@ from flowmesh_sdk.remote.keys import (KNOWN_HOSTS_NAME, FleetKey, KnownHosts, Pu
                                       keys_dir)
 from flowmesh_sdk.remote.runner import Runner
 from flowmesh_sdk.specs import InstanceSpec, Offer
+from flowmesh_sdk.tags import PlainTags
 
 from .client import DESCRIBE_PAGE, ID_FILTER_CHUNK, MAX_LAUNCH_BATCH, RATES, TERMINATE_CHUNK, Ec2Client
 from .errors import PROVIDER, missing_instance_ids
-from .prices import PriceTable
 
 log = logging.getLogger("flowmesh.providers.ec2")
 
@@ -115,12 +124,26 @@ STATE_MAP = {
     "pending": ProviderState.PENDING,
     "running": ProviderState.RUNNING,
     "stopping": ProviderState.STOPPING,
-    "stopped": ProviderState.STOPPING,
+    "stopped": ProviderState.STOPPED,
     "shutting-down": ProviderState.TERMINATED,
     "terminated": ProviderState.TERMINATED,
 }
 TYPE_FILTER_CHUNK = 100            # instance-type filter values per DescribeInstanceTypes call
 MAX_TAGS = 50                      # EC2: 50 user tags per resource
+TAGS = PlainTags(max_key=128, max_value=256)   # EC2 tag limits (keys 128, values 256 characters)
+# The families offers() describes by default (DescribeInstanceTypes ``instance-type``
+# filter values, wildcards allowed): current general purpose, compute and memory families
+# (Intel, AMD, Graviton) and the GPU families.  Shapes only; which of them can be launched
+# at what price is the catalog's business.  ``Ec2Provider(instance_types=...)`` replaces
+# the list (``("*",)``: every type the region has, several hundred).
+DEFAULT_INSTANCE_TYPES: tuple[str, ...] = (
+    "c5.*", "c6a.*", "c6i.*", "c7a.*", "c7i.*", "c7g.*",
+    "m5.*", "m6a.*", "m6i.*", "m7a.*", "m7i.*", "m7g.*",
+    "r5.*", "r6a.*", "r6i.*", "r7i.*", "r7g.*",
+    "g4ad.*", "g4dn.*", "g5.*", "g5g.*", "g6.*", "g6e.*", "gr6.*", "g7.*", "g7e.*",
+    "p3dn.*", "p4d.*", "p4de.*", "p5.*", "p5en.*", "p6-b200.*", "p6-b300.*",
+)
+_TYPE_PATTERN = re.compile(r"^[a-z0-9*?][a-z0-9.*?-]{0,63}$")
 _INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8}(?:[0-9a-f]{9})?$")
 _REGION = re.compile(r"^[a-z]{2}(?:-[a-z]+)+-\d+$")
 
@@ -243,12 +266,14 @@ class Ec2Provider(Provider):
     ``image_id`` is an AMI id, or a mapping region -> AMI id (AMI ids are regional);
     ``resolve:ssm:PARAMETER`` values are passed to EC2 as they are (not checked first).
     ``session_kwargs`` go to ``boto3.session.Session`` (``profile_name``, or explicit keys
-    as a test fixture does); they are never logged or shown.  ``prices`` replaces the
-    shipped snapshot (a :class:`PriceTable`)."""
+    as a test fixture does); they are never logged or shown.  ``instance_types`` are the
+    instance types (names or ``DescribeInstanceTypes`` wildcards such as ``"c7i.*"``)
+    that :meth:`offers` reports, default :data:`DEFAULT_INSTANCE_TYPES`.  The provider
+    holds no prices: the fleet prices its offers from the catalog."""
 
     name = "ec2"
     capabilities = Capabilities(spot=True, gpus=True, stop_start=False, max_batch=MAX_LAUNCH_BATCH,
-                                remote=True, rates=RATES)
+                                remote=True, rates=RATES, tags=TAGS)
 
     def __init__(self, *, regions: str | Sequence[str] | None = None, endpoint_url: str | None = None,
                  image_id: str | Mapping[str, str] | None = None, subnet_id: str | None = None,
@@ -256,7 +281,7 @@ class Ec2Provider(Provider):
                  user_data: str | None = None, iam_instance_profile: str | None = None,
                  max_workers: int = 8, runner_factory: RunnerFactory | None = None,
                  session_kwargs: Mapping[str, Any] | None = None, partial_ok: bool = False,
-                 prices: PriceTable | None = None, ssh: SshMode | bool | None = None) -> None:
+                 instance_types: Sequence[str] | None = None, ssh: SshMode | bool | None = None) -> None:
         if regions is None:
             regions = _default_regions()
         elif isinstance(regions, str):
@@ -323,12 +348,23 @@ class Ec2Provider(Provider):
         self._ips: dict[str, tuple[str | None, str | None]] = {}    # instance id -> (private, public)
         self._ssh_runners: dict[str, Runner] = {}
         self.partial_ok = bool(partial_ok)
-        self._prices = prices if prices is not None else PriceTable.load()
+        if instance_types is None:
+            instance_types = DEFAULT_INSTANCE_TYPES
+        elif isinstance(instance_types, str):
+            instance_types = (instance_types,)
+        patterns = tuple(dict.fromkeys(instance_types))
+        bad = [t for t in patterns if not isinstance(t, str) or not _TYPE_PATTERN.match(t)]
+        if bad or not patterns:
+            raise SpecError("ec2.instance_types", "must be EC2 instance types or DescribeInstanceTypes "
+                                                  f"wildcards like 'c7i.*' or 'm6i.2xlarge', got {bad or patterns!r}")
+        self.instance_types: tuple[str, ...] = patterns
         self._client = Ec2Client(endpoint_url=self.endpoint_url, max_workers=max_workers,
                                  session_kwargs=session_kwargs)
 
         self._types: dict[str, dict[str, TypeInfo | None]] = {}     # region -> name -> info (None: none)
         self._type_locks: dict[str, asyncio.Lock] = {}
+        self._shapes: dict[str, list[TypeInfo]] = {}                # region -> the searched families' types
+        self._price_of: dict[str, float] = {}                       # instance id -> its launch offer's price
         self._images: dict[tuple[str, str], ImageInfo] = {}
         self._region_of: dict[str, str] = {}                        # instance id -> region
         self._spec_of: dict[str, InstanceSpec] = {}                 # instance id -> spec it was launched for
@@ -365,47 +401,49 @@ class Ec2Provider(Provider):
                     known.setdefault(name, None)
         return known
 
-    def _price(self, region: str, instance_type: str, spot: bool) -> float:
-        row = self._prices.get(region, instance_type)
-        if row is None:
-            return 0.0
-        return row.spot if spot and row.spot is not None else row.on_demand
+    async def _region_shapes(self, region: str) -> list[TypeInfo]:
+        """The types of :attr:`instance_types` in ``region`` (one paginated
+        ``DescribeInstanceTypes`` per 100 patterns, once per region; cached)."""
+        lock = self._type_locks.setdefault(region, asyncio.Lock())
+        async with lock:
+            if region not in self._shapes:
+                found: dict[str, TypeInfo] = {}
+                for chunk in _chunks(list(self.instance_types), TYPE_FILTER_CHUNK):
+                    pages = await self._client.pages(region, "describe_instance_types",
+                                                     Filters=[{"Name": "instance-type", "Values": chunk}])
+                    for page in pages:
+                        for item in page.get("InstanceTypes") or []:
+                            info = TypeInfo.parse(item)
+                            found[info.name] = info
+                self._types.setdefault(region, {}).update(found)
+                self._shapes[region] = sorted(found.values(), key=lambda i: (i.cpus, i.memory_gb, i.name))
+        return self._shapes[region]
 
     async def _region_offers(self, region: str, spec: InstanceSpec) -> list[Offer]:
-        names = self._prices.instance_types(region)
-        if not names:
-            return []
-        infos = await self._ensure_types(region, names)
         out = []
-        for name in names:
-            info, row = infos.get(name), self._prices.get(region, name)
-            if info is None or row is None or info.arch is None or info.cpus < 1 or info.memory_gb <= 0:
+        for info in await self._region_shapes(region):
+            if info.arch is None or info.cpus < 1 or info.memory_gb <= 0:
                 continue
-            gpu_name = (row.gpu_name or info.gpu_name) if info.gpus else None
-            prices = [(False, row.on_demand)] + ([(True, row.spot)] if row.spot is not None else [])
-            for spot, price in prices:
-                offer = Offer(provider=PROVIDER, region=region, instance_type=name, cpus=info.cpus,
-                              memory_gb=info.memory_gb, price_per_hour=price, gpus=info.gpus,
-                              gpu_name=gpu_name, zone=None, spot=spot, arch=info.arch)
-                if offer.fits(spec):
-                    out.append(offer)
+            offer = Offer(provider=PROVIDER, region=region, instance_type=info.name, cpus=info.cpus,
+                          memory_gb=info.memory_gb, price_per_hour=None, gpus=info.gpus,
+                          gpu_name=info.gpu_name if info.gpus else None, zone=None, spot=False, arch=info.arch,
+                          source="EC2 DescribeInstanceTypes")
+            if offer.fits(spec):
+                out.append(offer)
         return out
 
     async def offers(self, spec: InstanceSpec) -> list[Offer]:
         per_region = await asyncio.gather(*(self._region_offers(r, spec) for r in self.regions))
-        offers = [o for group in per_region for o in group]
-        offers.sort(key=lambda o: (o.price_per_hour, o.instance_type, o.region, o.spot))
-        return offers
+        return [o for group in per_region for o in group]
 
     def explain_misfit(self, spec: InstanceSpec) -> str:
-        priced = [r for r in self.regions if self._prices.instance_types(r)]
-        where = ", ".join(self.regions)
-        if not priced:
-            return (f"the EC2 price snapshot has no prices for {where} (it covers "
-                    f"{', '.join(self._prices.regions()) or 'no region'}); only priced types are offered")
         gpu = f", {spec.gpus} x {spec.gpu_name or 'any'} GPU" if spec.gpus else ""
-        return (f"no priced EC2 type in {', '.join(priced)} has {spec.cpus} vCPUs, "
-                f"{spec.memory_gb:g} GiB{gpu}, arch {spec.arch}")
+        searched = ", ".join(self.instance_types[:8]) + (", ..." if len(self.instance_types) > 8 else "")
+        known = {r: len(v) for r, v in self._shapes.items() if r in self.regions}
+        seen = ", ".join(f"{n} in {r}" for r, n in known.items()) or "none described yet"
+        return (f"no EC2 instance type of the families searched ({searched}; types found: {seen}) in "
+                f"{', '.join(self.regions)} has {spec.cpus} vCPUs, {spec.memory_gb:g} GiB{gpu}, arch {spec.arch}; "
+                "Ec2Provider(instance_types=...) widens the search")
 
     # ---- instances -----------------------------------------------------------------
     def _to_instance(self, region: str, item: Mapping[str, Any], *, spec: InstanceSpec | None = None,
@@ -416,21 +454,23 @@ class Ec2Provider(Provider):
         tags.update({str(t["Key"]): str(t.get("Value", "")) for t in item.get("Tags") or [] if "Key" in t})
         launched = item.get("LaunchTime")
         launched_at = launched.timestamp() if isinstance(launched, _dt.datetime) else time.time()
-        spot = item.get("InstanceLifecycle") == "spot"
         if spec is None:
             spec = self._spec_of.get(iid)
         if spec is None:
             info = self._types.get(region, {}).get(itype)
-            row = self._prices.get(region, itype)
-            spec = (info.spec(row.gpu_name if row else None) if info else None) or InstanceSpec()
+            spec = (info.spec() if info else None) or InstanceSpec()
         self._region_of[iid] = region
         self._spec_of.setdefault(iid, spec)
+        if price is not None:
+            self._price_of[iid] = price
         state = STATE_MAP.get(str((item.get("State") or {}).get("Name") or ""), ProviderState.PENDING)
         self._ips[iid] = (item.get("PrivateIpAddress") or None, item.get("PublicIpAddress") or None)
+        zone = (item.get("Placement") or {}).get("AvailabilityZone") or None
         return Instance(id=iid, provider=PROVIDER, region=region, instance_type=itype, spec=spec, state=state,
-                        tags=tags, launched_at=launched_at,
-                        price_per_hour=price if price is not None else self._price(region, itype, spot),
-                        address=item.get("PrivateIpAddress") or item.get("PublicIpAddress") or None)
+                        tags=TAGS.decode(tags), launched_at=launched_at,
+                        price_per_hour=self._price_of.get(iid, 0.0),
+                        address=item.get("PrivateIpAddress") or item.get("PublicIpAddress") or None,
+                        port=self.ssh.port if self.ssh is not None else None, zone=str(zone) if zone else None)
 
     async def _describe_raw(self, region: str, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
         pages = await self._client.pages(region, "describe_instances", Filters=filters,
@@ -461,6 +501,10 @@ class Ec2Provider(Provider):
         tags = {str(k): str(v) for k, v in request.tags.items()}
         tags[TAG_REQUEST] = request.request_id
         tags.setdefault("Name", f"flowmesh-{tags.get(TAG_POOL) or 'instance'}")
+        try:
+            tags = TAGS.encode(tags)
+        except SpecError as exc:
+            raise SpecError(f"launch.{exc.field}", str(exc).split(": ", 1)[-1]) from exc
         if len(tags) > MAX_TAGS:
             raise SpecError("launch.tags", f"EC2 allows {MAX_TAGS} tags per resource, got {len(tags)}")
         for k, v in tags.items():
@@ -503,7 +547,7 @@ class Ec2Provider(Provider):
                      len(earlier))
             for item in earlier:
                 self._spec_of.setdefault(str(item["InstanceId"]), request.spec)
-            found = [self._to_instance(region, i, spec=request.spec) for i in earlier]
+            found = [self._to_instance(region, i, spec=request.spec, price=offer.price_per_hour) for i in earlier]
             if self.ssh is not None:
                 await self._recover_host_keys(region, [i.id for i in found])
                 found = await self._with_public_ips(region, found)
@@ -601,7 +645,8 @@ class Ec2Provider(Provider):
 
     async def list_tagged(self, tags: Mapping[str, str]) -> list[Instance]:
         if tags:
-            filters = [{"Name": f"tag:{k}", "Values": [str(v)]} for k, v in tags.items()]
+            wanted = TAGS.encode({str(k): str(v) for k, v in tags.items()})
+            filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in wanted.items()]
         else:
             filters = [{"Name": "tag-key", "Values": [TAG_FLEET]}]
         filters.append({"Name": "instance-state-name", "Values": list(LIVE_STATES)})
@@ -741,4 +786,5 @@ class Ec2Provider(Provider):
         return runner
 
 
-__all__ = ["Ec2Provider", "ImageInfo", "SshMode", "TypeInfo", "client_token", "trust_id"]
+__all__ = ["DEFAULT_INSTANCE_TYPES", "Ec2Provider", "ImageInfo", "SshMode", "TypeInfo", "client_token",
+           "trust_id"]

@@ -27,6 +27,7 @@ def to_json(inst: Instance) -> str:
         "spec": {"cpus": s.cpus, "memory_gb": s.memory_gb, "gpus": s.gpus, "gpu_name": s.gpu_name,
                  "disk_gb": s.disk_gb, "arch": s.arch},
         "state": inst.state.value, "tags": dict(inst.tags), "launched_at": inst.launched_at,
+        "price_per_hour": inst.price_per_hour, "port": inst.port, "zone": inst.zone,
     }, sort_keys=True)
 
 
@@ -35,7 +36,8 @@ def from_json(text: str) -> Instance:
     return Instance(id=d["id"], provider=d.get("provider", "local"), region=d["region"],
                     instance_type=d["instance_type"], spec=InstanceSpec(**d["spec"]),
                     state=ProviderState(d["state"]), tags=d["tags"], launched_at=d["launched_at"],
-                    address=d.get("address"))
+                    address=d.get("address"), price_per_hour=float(d.get("price_per_hour") or 0.0),
+                    port=d.get("port"), zone=d.get("zone"))
 
 
 class RecordDir:
@@ -65,6 +67,10 @@ class RecordDir:
         tmp = self.root / f".{inst.id}.tmp"
         tmp.write_text(to_json(inst))
         os.replace(tmp, self.root / f"{inst.id}.json")
+
+    def known(self, instance_id: str) -> bool:
+        """Whether a record of ``instance_id`` exists (ids are never handed out twice)."""
+        return (self.root / f"{instance_id}.json").exists()
 
     def remove(self, instance_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -1,7 +1,12 @@
 """What providers that carve machines into instances share (``local`` carves this host,
 ``ssh`` the user's machines): launch checks, idempotency by request id, and the record
 keeping behind describe, list_tagged and terminate.  A subclass decides where new
-instances go (``_place``) and how their containers are removed (``_remove_containers``).
+instances go (``_place``), how their containers are removed (``_remove_containers``) and
+on which port a machine's sshd listens (``_port_of``; None: not reached over SSH).
+
+Ids are ``<provider>[-<machine>]-<12 random hex digits>``: unique, never reused.  Tags go
+through the declared ``Capabilities.tags`` codec (encoded when written, decoded when read).
+These machines have no zones (``Instance.zone`` is None).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from flowmesh_sdk.errors import SpecError
 from flowmesh_sdk.provider import TAG_FLEET, TAG_REQUEST, Instance, LaunchRequest, Provider, ProviderState
@@ -54,6 +60,10 @@ class SlicedProvider(Provider):
     @abc.abstractmethod
     async def _remove_containers(self, instances: list[Instance]) -> None: ...
 
+    def _port_of(self, address: str | None) -> int | None:
+        """Where the sshd of the machine at ``address`` listens (None: not over SSH)."""
+        return None
+
     async def launch(self, request: LaunchRequest) -> list[Instance]:
         if request.offer.provider != self.name:
             raise SpecError("launch.offer", f"offer from {request.offer.provider!r} given to {self.name}")
@@ -64,24 +74,40 @@ class SlicedProvider(Provider):
     def _launch_locked(self, request: LaunchRequest) -> list[Instance]:
         with self._records.locked():
             live = self._records.all()
-            same = [i for i in live if i.tags.get(TAG_REQUEST) == request.request_id]
+            same = [self._decoded(i) for i in live
+                    if self.capabilities.tags.decode(i.tags).get(TAG_REQUEST) == request.request_id]
             if same:
                 return same  # idempotent by request id
-            tags = {**request.tags, TAG_REQUEST: request.request_id}
+            codec = self.capabilities.tags
+            tags = codec.encode({**request.tags, TAG_REQUEST: request.request_id})
             out = []
+            taken = {i.id for i in live}
             for address in self._place(live, request):
                 prefix = f"{self.name}-{address}" if address else self.name
-                inst = Instance(id=f"{prefix}-{uuid.uuid4().hex[:12]}", provider=self.name,
+                iid = f"{prefix}-{uuid.uuid4().hex[:12]}"
+                while iid in taken or self._records.known(iid):
+                    iid = f"{prefix}-{uuid.uuid4().hex[:12]}"
+                taken.add(iid)
+                inst = Instance(id=iid, provider=self.name,
                                 region=self.region, instance_type=request.offer.instance_type,
                                 spec=request.spec, state=ProviderState.RUNNING, tags=tags,
-                                launched_at=time.time(), address=address)
+                                launched_at=time.time(), address=address,
+                                price_per_hour=request.offer.price_per_hour or 0.0,
+                                port=self._port_of(address), zone=None)
                 self._records.write(inst)
-                out.append(inst)
+                out.append(self._decoded(inst))
             return out
+
+    def _decoded(self, inst: Instance) -> Instance:
+        tags = self.capabilities.tags.decode(inst.tags)
+        return inst if tags == inst.tags else replace(inst, tags=tags)
+
+    def _all(self) -> list[Instance]:
+        return [self._decoded(i) for i in self._records.all()]
 
     async def describe(self, ids: Sequence[str]) -> list[Instance]:
         wanted = set(ids)
-        return [i for i in await asyncio.to_thread(self._records.all) if i.id in wanted]
+        return [i for i in await asyncio.to_thread(self._all) if i.id in wanted]
 
     async def terminate(self, ids: Sequence[str]) -> None:
         known = await self.describe(ids)
@@ -96,7 +122,9 @@ class SlicedProvider(Provider):
         await asyncio.to_thread(drop)
 
     async def list_tagged(self, tags: Mapping[str, str]) -> list[Instance]:
-        live = await asyncio.to_thread(self._records.all)
+        codec = self.capabilities.tags
+        raw = await asyncio.to_thread(self._records.all)
         if not tags:
-            return [i for i in live if TAG_FLEET in i.tags]
-        return [i for i in live if all(i.tags.get(k) == v for k, v in tags.items())]
+            return [self._decoded(i) for i in raw if TAG_FLEET in codec.decode(i.tags)]
+        wanted = codec.encode(tags)   # equal SDK tags encode equal: filter on the cloud's form
+        return [self._decoded(i) for i in raw if all(i.tags.get(k) == v for k, v in wanted.items())]

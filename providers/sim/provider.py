@@ -8,7 +8,24 @@ unchanged.
 * spot instances are interrupted at the cloud's Poisson rate: the machine dies under
   whatever runs on it and the instance reads ``terminated``.
 * every call is counted (``calls``) and every instance's billed time is kept, so
-  :meth:`cost` is what the run would have been charged.
+  :meth:`cost` is what the run would have been charged (at the cloud's own prices for the
+  market each instance was launched in).
+
+Offers are shapes only (``price_per_hour=None``, on-demand): the fleet prices them from
+the catalog (``Fleet(catalog=cloud.catalog())``, see :meth:`.cloud.SimCloud.catalog_rows`)
+and adds the spot variants itself where the catalog has a spot price and the pool's
+``spot`` preference allows them.  Instance ids are ``<cloud>-<n>``, never reused.
+
+Switches for testing what a real cloud does behind the SDK's back:
+
+* ``sticky_terminations=n`` (or the cloud's): each instance survives its first ``n``
+  terminate calls (it stays listed, running and billed), so "terminate is retried until
+  the provider no longer lists it" can be watched; :meth:`stick` sets it per instance.
+* :meth:`preempt` removes an instance now (a spot reclaim, a host failure): the machine
+  dies, the instance reads ``terminated`` and is no longer listed -- nothing tells the
+  SDK, so only a describe (a task failing on it, or the reconciler) finds out.
+* :meth:`stop` stops an instance (``ProviderState.STOPPED``: still listed, the machine
+  gone, no longer billed for compute).
 """
 
 from __future__ import annotations
@@ -24,6 +41,7 @@ from typing import Any
 from flowmesh_sdk import clock
 from flowmesh_sdk.errors import CapacityError, SpecError
 from flowmesh_sdk.provider import TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest, Provider, ProviderState
+from flowmesh_sdk.specs import check_number
 from flowmesh_sdk.remote.runner import Runner
 from flowmesh_sdk.specs import InstanceSpec, Offer
 
@@ -42,9 +60,17 @@ class SimVm:
     boots_at: float
     terminated_at: float | None = None
     interrupted: bool = False
+    stopped_at: float | None = None     # stop(): compute billing ends here
+    terminate_calls: int = 0
+    sticky: int = 0                     # terminate calls this instance survives
+
+    @property
+    def gone(self) -> bool:
+        return self.terminated_at is not None
 
     def billed_s(self, now: float, minimum: float) -> float:
-        end = self.terminated_at if self.terminated_at is not None else now
+        ends = [t for t in (self.terminated_at, self.stopped_at) if t is not None]
+        end = min(ends) if ends else now
         return max(minimum, end - self.launched_at)
 
 
@@ -52,14 +78,17 @@ class SimProvider(Provider):
     capabilities = Capabilities()   # replaced per instance from the cloud's profile
 
     def __init__(self, cloud: SimCloud, *, images: Mapping[str, int], seed: int = 0,
-                 types: Sequence[str] | None = None, spot: bool = False) -> None:
-        """``types`` limits the offers to those instance types; ``spot`` offers the spot
-        price of types that have one (instead of on-demand)."""
+                 types: Sequence[str] | None = None, sticky_terminations: int | None = None) -> None:
+        """``types`` limits the offers to those instance types; ``sticky_terminations``
+        overrides the cloud's (how many terminate calls each new instance survives).
+        Whether a pool runs on spot is the pool's ``spot`` preference, not the provider's."""
         self.cloud = cloud
         self.offered = tuple(types) if types is not None else tuple(t.name for t in cloud.types)
         for name in self.offered:
             cloud.type(name)
-        self.spot = spot
+        self.sticky_terminations = cloud.sticky_terminations if sticky_terminations is None \
+            else sticky_terminations
+        check_number("sim.sticky_terminations", self.sticky_terminations, lo=0, hi=1_000_000, integer=True)
         self.name = cloud.name  # type: ignore[misc]
         self.capabilities = Capabilities(spot=True, max_batch=cloud.max_batch, remote=True,  # type: ignore[misc]
                                          rates=cloud.rates)
@@ -78,23 +107,33 @@ class SimProvider(Provider):
 
     # ---- the contract ----------------------------------------------------------------
     async def offers(self, spec: InstanceSpec) -> list[Offer]:
+        """The offered types that fit ``spec``, as on-demand shapes without a price."""
         self.calls["offers"] += 1
         out = []
-        for name in self.offered:
+        for name in dict.fromkeys(self.offered):
             t = self.cloud.type(name)
-            spot = self.spot and t.spot_price_per_hour is not None
             o = Offer(provider=self.name, region=self.cloud.region, instance_type=t.name, cpus=t.cpus,
-                      memory_gb=t.memory_gb, spot=spot, source="simulated",
-                      price_per_hour=t.spot_price_per_hour if spot else t.price_per_hour)  # type: ignore[arg-type]
+                      memory_gb=t.memory_gb, spot=False, source="simulated", price_per_hour=None)
             if o.fits(spec):
                 out.append(o)
         return out
 
+    def explain_misfit(self, spec: InstanceSpec) -> str:
+        shapes = ", ".join(f"{t.name} ({t.cpus} vCPU, {t.memory_gb:g} GiB)"
+                           for t in (self.cloud.type(n) for n in dict.fromkeys(self.offered)))
+        return (f"no simulated {self.name} type has {spec.cpus} vCPUs, {spec.memory_gb:g} GiB"
+                f"{f', {spec.gpus} GPU(s)' if spec.gpus else ''}; offered: {shapes}")
+
     async def launch(self, request: LaunchRequest) -> list[Instance]:
         self.calls["launch"] += 1
         if request.request_id in self._by_request:      # idempotent by request id
-            return [self.vms[i].instance for i in self._by_request[request.request_id]]
-        t = self.cloud.type(request.offer.instance_type)
+            return [self._view(self.vms[i]) for i in self._by_request[request.request_id]]
+        offer = request.offer
+        if offer.provider != self.name or offer.region != self.cloud.region:
+            raise SpecError("launch.offer", f"an offer of {offer.provider}/{offer.region} was given to the "
+                                            f"simulated {self.name}/{self.cloud.region}")
+        t = self.cloud.type(offer.instance_type)
+        tags = self.capabilities.tags.encode({**request.tags, TAG_REQUEST: request.request_id})
         live = self.live[t.name]
         if live + request.count > t.capacity:
             raise CapacityError(f"{t.name}: {t.capacity - live} left, {request.count} asked",
@@ -108,11 +147,14 @@ class SimProvider(Provider):
             machine = SimMachine(iid, nic=Link(f"{iid}:nic", t.nic_gbps * GBIT), egress=self.egress,
                                  registry_sizes=self.registry_sizes,
                                  container_start_s=self.cloud.container_start_s)
+            billed = self.cloud.billed_price(t.name, offer.spot)
             inst = Instance(id=iid, provider=self.name, region=self.cloud.region, instance_type=t.name,
                             spec=request.spec, state=ProviderState.PENDING,
-                            tags={**request.tags, TAG_REQUEST: request.request_id}, launched_at=now,
-                            price_per_hour=request.offer.price_per_hour, address=iid)
-            vm = self.vms[iid] = SimVm(inst, t, request.offer.spot, machine, now, now + boot)
+                            tags=self.capabilities.tags.decode(tags), launched_at=now,
+                            price_per_hour=offer.price_per_hour if offer.price_per_hour is not None else billed,
+                            address=iid, zone=offer.zone)
+            vm = self.vms[iid] = SimVm(inst, t, offer.spot, machine, now, now + boot,
+                                       sticky=self.sticky_terminations)
             self.live[t.name] += 1
             if vm.spot and self.cloud.spot_interruptions_per_hour > 0:
                 after = self.rng.expovariate(self.cloud.spot_interruptions_per_hour / 3600.0)
@@ -127,19 +169,22 @@ class SimProvider(Provider):
 
     async def terminate(self, ids: Sequence[str]) -> None:
         self.calls["terminate"] += 1
-        now = clock.monotonic()
         for i in ids:
             vm = self.vms.get(i)
-            if vm is not None and vm.terminated_at is None:
-                vm.terminated_at = now
-                self.live[vm.type.name] -= 1
+            if vm is None or vm.gone:
+                continue
+            vm.terminate_calls += 1
+            if vm.terminate_calls > vm.sticky:
+                self._end(vm)
 
     async def list_tagged(self, tags: Mapping[str, str]) -> list[Instance]:
         self.calls["list"] += 1
-        live = [self._view(vm) for vm in self.vms.values() if vm.terminated_at is None]
+        codec = self.capabilities.tags
+        live = [self._view(vm) for vm in self.vms.values() if not vm.gone]
         if not tags:
             return [i for i in live if TAG_FLEET in i.tags]
-        return [i for i in live if all(i.tags.get(k) == v for k, v in tags.items())]
+        wanted = codec.encode(tags)
+        return [i for i in live if all(i.tags.get(k) == v for k, v in codec.decode(wanted).items())]
 
     def runner(self, instance: Instance) -> Runner:
         vm = self.vms.get(instance.id)
@@ -152,6 +197,8 @@ class SimProvider(Provider):
         now = clock.monotonic()
         if vm.terminated_at is not None:
             state = ProviderState.TERMINATED
+        elif vm.stopped_at is not None:
+            state = ProviderState.STOPPED
         elif now < vm.boots_at:
             state = ProviderState.PENDING
         else:
@@ -161,22 +208,64 @@ class SimProvider(Provider):
         vm.instance = replace(vm.instance, state=state)
         return vm.instance
 
+    def _end(self, vm: SimVm) -> None:
+        vm.terminated_at = clock.monotonic()
+        self.live[vm.type.name] -= 1
+        vm.machine.kill()
+
     def _interrupt(self, iid: str) -> None:
         vm = self.vms[iid]
-        if vm.terminated_at is None:
+        if not vm.gone:
             vm.interrupted = True
-            vm.terminated_at = clock.monotonic()
-            self.live[vm.type.name] -= 1
-            vm.machine.kill()
+            self._end(vm)
+
+    def _vm(self, instance_id: str) -> SimVm:
+        vm = self.vms.get(instance_id)
+        if vm is None:
+            raise SpecError("instance_id", f"{instance_id!r} is not an instance of the simulated {self.name}")
+        return vm
+
+    def preempt(self, instance_id: str) -> bool:
+        """Remove ``instance_id`` now, behind the SDK's back (a spot reclaim, a host
+        failure): its machine dies under whatever runs on it, it reads ``terminated``,
+        is no longer listed, and billing stops.  False when it was gone already."""
+        vm = self._vm(instance_id)
+        if vm.gone:
+            return False
+        self._interrupt(instance_id)
+        return True
+
+    def stop(self, instance_id: str) -> bool:
+        """Stop ``instance_id`` behind the SDK's back: it reads ``STOPPED`` and stays
+        listed, its machine is gone and its compute is no longer billed (a terminate
+        still ends it).  False when it was stopped or gone already."""
+        vm = self._vm(instance_id)
+        if vm.gone or vm.stopped_at is not None:
+            return False
+        vm.stopped_at = clock.monotonic()
+        vm.machine.kill()
+        return True
+
+    def stick(self, instance_id: str, calls: int) -> None:
+        """Make ``instance_id`` survive ``calls`` more terminate calls from now on."""
+        check_number("sim.stick.calls", calls, lo=0, hi=1_000_000, integer=True)
+        vm = self._vm(instance_id)
+        vm.sticky = vm.terminate_calls + calls
+
+    def terminate_calls(self, instance_id: str) -> int:
+        """How many terminate calls have named ``instance_id`` so far."""
+        return self._vm(instance_id).terminate_calls
 
     def cost(self, now: float | None = None) -> float:
-        """Dollars billed so far: each VM's price for its billed time (at least
-        ``billing_min_s``), launch to termination."""
+        """Dollars billed so far: each VM's price (what the cloud bills in the market it
+        was launched in) for its billed time (at least ``billing_min_s``), launch to
+        termination (or stop)."""
         t = clock.monotonic() if now is None else now
-        return sum(vm.instance.price_per_hour * vm.billed_s(t, self.cloud.billing_min_s) / 3600.0
-                   for vm in self.vms.values())
+        return sum(self.cloud.billed_price(vm.type.name, vm.spot) * vm.billed_s(t, self.cloud.billing_min_s)
+                   / 3600.0 for vm in self.vms.values())
 
     def stats(self) -> dict[str, Any]:
         return {"vms": len(self.vms), "interrupted": sum(vm.interrupted for vm in self.vms.values()),
+                "stopped": sum(vm.stopped_at is not None for vm in self.vms.values()),
                 "calls": dict(self.calls)}
 

@@ -22,16 +22,18 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from flowmesh_sdk import clock
 from flowmesh_sdk.control.events import EventKind
 from flowmesh_sdk.errors import ImageNotFoundError, SpecError
 from flowmesh_sdk.fleet import Fleet
 from flowmesh_sdk.images import ImageInfo, ImageResolver, LayerInfo, PullPolicy
-from flowmesh_sdk.specs import InstanceSpec, PhaseTimings, PoolSpec, SandboxSpec, Task, check_choice, check_number
+from flowmesh_sdk.specs import (SPOT_CHOICES, InstanceSpec, PhaseTimings, PoolSpec, SandboxSpec, Task, check_choice,
+                                check_number)
 
 from . import loop
-from .cloud import GBIT, SimCloud
+from .cloud import GBIT, SimCloud, sim_catalog
 from .provider import SimProvider
 
 REGISTRY = "registry.sim.invalid"   # never contacted: the simulated machines answer pulls
@@ -55,7 +57,7 @@ class Workload:
     sandbox_memory_gb: float = 1.0
     image_gb: float = 0.75
     distinct_images: bool = True       # SWE-style: every task its own image
-    spot: bool = False
+    spot: bool | str = False           # the pool's spot preference: never | prefer | only (True: prefer)
     prewarmed: bool = False            # persistent: instances up (and READY) before the clock starts
     disk_gb: int | None = None         # per instance; default: room for twice the images running at once
 
@@ -65,6 +67,9 @@ class Workload:
         check_choice("workload.mode", self.mode, ("ephemeral", "persistent"))
         check_number("workload.tasks_per_instance", self.tasks_per_instance, lo=1, integer=True)
         check_number("workload.image_gb", self.image_gb, lo=0)
+        if isinstance(self.spot, bool):
+            object.__setattr__(self, "spot", "prefer" if self.spot else "never")
+        check_choice("workload.spot", self.spot, SPOT_CHOICES)
         if self.mode == "ephemeral" and self.tasks_per_instance != 1:
             raise SpecError("workload.tasks_per_instance", "ephemeral pools run one task per instance")
 
@@ -122,17 +127,40 @@ class SimResolver(ImageResolver):
 
 @contextlib.asynccontextmanager
 async def sim_fleet(cloud: SimCloud, images: Mapping[str, int], *, home: str, seed: int = 0,
-                    types: Sequence[str] | None = None, spot: bool = False
-                    ) -> AsyncIterator[tuple[Fleet, SimProvider]]:
+                    types: Sequence[str] | None = None, sticky_terminations: int | None = None,
+                    **fleet_options: Any) -> AsyncIterator[tuple[Fleet, SimProvider]]:
     """A real :class:`Fleet` on a :class:`SimProvider` of ``cloud`` (call it under the
     virtual-time loop, :func:`.loop.run`): ``images`` maps image names in the simulated
-    registry (``sim/...``; sandboxes name them ``REGISTRY/sim/...``) to their bytes."""
+    registry (``sim/...``; sandboxes name them ``REGISTRY/sim/...``) to their bytes.
+    The fleet prices offers from the cloud's own catalog (:meth:`SimCloud.catalog`);
+    ``fleet_options`` go to :class:`Fleet` (``budget_per_hour``, ``reconcile_interval_s``, ...)."""
+    async with sim_clouds_fleet((cloud,), images, home=home, seed=seed,
+                                types={cloud.name: types} if types is not None else None,
+                                sticky_terminations=sticky_terminations, **fleet_options) as (fleet, provs):
+        yield fleet, provs[cloud.name]
+
+
+@contextlib.asynccontextmanager
+async def sim_clouds_fleet(clouds: Sequence[SimCloud], images: Mapping[str, int], *, home: str, seed: int = 0,
+                           types: Mapping[str, Sequence[str]] | None = None,
+                           sticky_terminations: int | None = None,
+                           **fleet_options: Any) -> AsyncIterator[tuple[Fleet, dict[str, SimProvider]]]:
+    """A real :class:`Fleet` over several simulated clouds at once (one
+    :class:`SimProvider` each, named by the cloud; a pool spans them with
+    ``PoolSpec(infra=(...))``), priced from all their catalogs together.  Cloud ``i``
+    draws from ``seed + i``; ``types`` limits a cloud's offers (by cloud name)."""
+    names = [c.name for c in clouds]
+    if not clouds or len(set(names)) != len(names):
+        raise SpecError("sim.clouds", f"give one or more clouds with distinct names, got {names}")
     resolver = SimResolver(dict(images))
-    prov = SimProvider(cloud, images={resolver.digest(n): size for n, size in images.items()}, seed=seed,
-                       types=types, spot=spot)
-    async with Fleet("sim", home=home, providers={cloud.name: prov}, images=resolver,
-                     pull_policy=SIM_PULL_POLICY, bootstrap_timeout_s=24 * 3600.0) as fleet:
-        yield fleet, prov
+    sizes = {resolver.digest(n): size for n, size in images.items()}
+    provs = {c.name: SimProvider(c, images=sizes, seed=seed + i, types=(types or {}).get(c.name),
+                                 sticky_terminations=sticky_terminations)
+             for i, c in enumerate(clouds)}
+    options: dict[str, Any] = {"pull_policy": SIM_PULL_POLICY, "bootstrap_timeout_s": 24 * 3600.0,
+                               "catalog": sim_catalog(*clouds), **fleet_options}
+    async with Fleet("sim", home=home, providers=dict(provs), images=resolver, **options) as fleet:
+        yield fleet, provs
 
 
 def run_scenario(cloud: SimCloud, w: Workload, *, seed: int = 0,
@@ -158,10 +186,9 @@ async def _run(cloud: SimCloud, w: Workload, seed: int, home: str, types: tuple[
                                                                                    * w.image_gb))),
                     max_instances=w.instances, min_instances=w.instances if w.prewarmed else 0,
                     sandboxes_per_instance=w.tasks_per_instance if w.mode == "persistent" else 1,
-                    warm_per_image=0, idle_timeout_s=3600.0, task_attempts=5)
+                    warm_per_image=0, idle_timeout_s=3600.0, task_attempts=5, spot=str(w.spot))
     counts = {"redispatched": 0, "failovers": 0}
-    async with sim_fleet(cloud, {n: size for n in names}, home=home, seed=seed, types=types,
-                         spot=w.spot) as (fleet, prov):
+    async with sim_fleet(cloud, {n: size for n in names}, home=home, seed=seed, types=types) as (fleet, prov):
         fleet.bus.on(lambda e: counts.__setitem__("redispatched", counts["redispatched"] + 1),
                      EventKind.TASK_REDISPATCHED)
         fleet.bus.on(lambda e: counts.__setitem__("failovers", counts["failovers"] + 1),

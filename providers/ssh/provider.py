@@ -74,6 +74,10 @@ class SshProvider(SlicedProvider):
                           for h in self.hosts.values())
         return f"no machine in the inventory is that large ({sizes})"
 
+    def _port_of(self, address: str | None) -> int | None:
+        host = self.hosts.get(address or "")
+        return host.port if host is not None else None
+
     # ---- where slices go, and how they are cleared ---------------------------------------
     def _place(self, live: list[Instance], request: LaunchRequest) -> list[str | None]:
         spec = request.spec

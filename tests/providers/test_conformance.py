@@ -1,6 +1,13 @@
-"""The provider conformance suite: every provider must pass it (today `local` and `ec2`
-against moto in server mode with the real boto3).  A later provider adds itself to
-``ENVIRONMENTS`` in conftest.py."""
+"""The provider conformance suite: every provider must pass it (today `local`, `ssh` on a
+loopback sshd, and `ec2` against moto in server mode with the real boto3).  A later
+provider adds itself to ``ENVIRONMENTS`` in conftest.py.
+
+The contract it checks (flowmesh_sdk/provider.py): capabilities declared as
+:class:`Capabilities`, with a :class:`~flowmesh_sdk.tags.TagCodec`; offers are shapes
+(``price_per_hour`` None) unless the provider is ``free`` (0.0) or the offer is a
+marketplace machine (``offer_id``, its quoted price); SDK tags survive the provider's
+codec (launch -> describe / list_tagged); ids are never reused; ``Instance.zone`` and
+``Instance.port`` are typed."""
 
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from flowmesh_sdk.errors import CapacityError, FlowMeshError, ProviderError, Spe
 from flowmesh_sdk.provider import (TAG_FLEET, TAG_OWNER, TAG_POOL, TAG_REQUEST, Capabilities,
                                    LaunchRequest, Provider, ProviderState)
 from flowmesh_sdk.provisioning import Provisioner, RetryPolicy
+from flowmesh_sdk.tags import TagCodec
 
 HERE = Path(__file__).parent
 
@@ -66,8 +74,83 @@ class CountingProvider(Provider):
 async def test_capabilities_are_declared(env):
     caps = env.provider.capabilities
     assert isinstance(caps, Capabilities) and caps.max_batch >= 1
+    assert isinstance(caps.tags, TagCodec)
+    assert all(isinstance(getattr(caps, f), bool) for f in ("spot", "gpus", "stop_start", "remote",
+                                                             "nested_containers", "free"))
     assert env.provider.name == env.name
     assert env.offer.provider == env.name and env.offer.fits(env.spec)
+
+
+async def test_offers_are_shapes_unless_free_or_a_marketplace_quote(env):
+    caps = env.provider.capabilities
+    offers = await env.provider.offers(env.spec)
+    assert offers and all(o.provider == env.name and o.fits(env.spec) for o in offers)
+    for o in offers:
+        if caps.free:
+            assert o.price_per_hour == 0.0, o          # the user's own machines cost nothing
+        elif o.offer_id is None:
+            assert o.price_per_hour is None, o         # priced by the fleet, from the catalog
+        else:
+            assert isinstance(o.offer_id, str) and o.offer_id
+            assert o.price_per_hour is None or o.price_per_hour >= 0
+        assert o.reliability is None or 0 < o.reliability <= 1, o
+        assert o.available is None or (isinstance(o.available, int) and o.available >= 0), o
+        assert o.zone is None or (isinstance(o.zone, str) and o.zone)
+    assert caps.spot or not any(o.spot for o in offers)
+
+
+async def test_sdk_tags_survive_the_providers_codec(env):
+    """What the provider encodes with its codec, describe and list_tagged hand back as the
+    SDK's tags; a filter with SDK tags finds the instance."""
+    codec = env.provider.capabilities.tags
+    fleet = f"c-{uuid.uuid4().hex[:6]}"
+    tags = {**_tags(fleet), TAG_POOL: "Conf_Pool.A-1", "flowmesh:note": "x y/z:1"}
+    assert codec.decode(codec.encode(tags)) == tags     # the codec itself is reversible on these
+    rid = f"codec-{uuid.uuid4().hex[:8]}"
+    (inst,) = await env.provider.launch(LaunchRequest(offer=env.offer, spec=env.spec, count=1, request_id=rid,
+                                                      tags={**tags, TAG_REQUEST: rid}))
+    try:
+        assert {**tags, TAG_REQUEST: rid}.items() <= inst.tags.items(), inst.tags
+        (seen,) = await env.provider.describe([inst.id])
+        assert {**tags, TAG_REQUEST: rid}.items() <= seen.tags.items(), seen.tags
+        for query in ({TAG_FLEET: fleet}, {TAG_POOL: "Conf_Pool.A-1", TAG_FLEET: fleet}, {TAG_REQUEST: rid}):
+            assert [i.id for i in await env.provider.list_tagged(query)] == [inst.id], query
+            assert all(i.tags.get(TAG_POOL) == "Conf_Pool.A-1" for i in await env.provider.list_tagged(query))
+        assert await env.provider.list_tagged({TAG_FLEET: fleet, TAG_POOL: "conf_pool.a-1"}) == []
+        assert inst.id in {i.id for i in await env.provider.list_tagged({})}
+    finally:
+        await env.provider.terminate([inst.id])
+
+
+async def test_ids_are_never_reused(env):
+    fleet = f"c-{uuid.uuid4().hex[:6]}"
+    first = await env.provider.launch(_req(env, 1, fleet))
+    await env.provider.terminate([i.id for i in first])
+    second = await env.provider.launch(_req(env, 1, fleet))          # a new request id
+    try:
+        assert not {i.id for i in first} & {i.id for i in second}
+        assert [i.id for i in await env.provider.list_tagged({TAG_FLEET: fleet})] == [i.id for i in second]
+        gone = [i for i in await env.provider.describe([i.id for i in first])
+                if i.state is not ProviderState.TERMINATED]
+        assert gone == []                                             # the old id names only the old one
+    finally:
+        await env.provider.terminate([i.id for i in second])
+
+
+async def test_instance_zone_and_port_are_typed(env):
+    launched = await env.provider.launch(_req(env, 1, f"c-{uuid.uuid4().hex[:6]}"))
+    try:
+        for inst in launched + await env.provider.describe([i.id for i in launched]):
+            assert inst.zone is None or (isinstance(inst.zone, str) and inst.zone), inst
+            assert inst.port is None or (isinstance(inst.port, int) and not isinstance(inst.port, bool)
+                                         and 1 <= inst.port <= 65535), inst
+            assert isinstance(inst.price_per_hour, float) and inst.price_per_hour >= 0
+            if env.name == "ssh":
+                assert inst.port == env.provider.hosts[inst.address].port and inst.zone is None
+            if env.name == "ec2":
+                assert inst.zone and inst.zone.startswith(inst.region)   # Placement.AvailabilityZone
+    finally:
+        await env.provider.terminate([i.id for i in launched])
 
 
 async def test_launch_describe_terminate_round_trip(env):

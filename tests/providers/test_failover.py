@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 
 import pytest
 
+from flowmesh_sdk.catalog import Catalog
 from flowmesh_sdk.control import InProcessBackend
 from flowmesh_sdk.errors import AuthError, QuotaError
 from flowmesh_sdk.provider import TAG_FLEET, TAG_OWNER, TAG_POOL
@@ -33,8 +35,18 @@ def _tags() -> dict[str, str]:
     return {TAG_FLEET: f"f-{uuid.uuid4().hex[:6]}", TAG_POOL: "p", TAG_OWNER: "tests"}
 
 
+CATALOG = Catalog.load(["ec2"], use_cache=False, warn=False)
+
+
 async def _offers(prov, k: int):
-    offers = [o for o in await prov.offers(SPEC) if not o.spot]
+    """The provider's shapes priced from the catalog (the one source of prices; the
+    provider reports None), cheapest first, one per type."""
+    prices = {(r.region, r.instance_type): r.on_demand_per_hour for r in CATALOG.rows
+              if r.provider == "ec2" and r.on_demand_per_hour is not None}
+    offers = sorted((replace(o, price_per_hour=prices[(o.region, o.instance_type)])
+                     for o in await prov.offers(SPEC)
+                     if not o.spot and o.price_per_hour is None and (o.region, o.instance_type) in prices),
+                    key=lambda o: (o.price_per_hour, o.instance_type))
     types = []
     for o in offers:
         if o.instance_type not in {t.instance_type for t in types}:
@@ -111,11 +123,16 @@ async def test_throttling_storm_is_retried_none_lost_and_the_bucket_holds(ec2, e
 async def test_fleet_publishes_failovers_with_price_delta(fm_home, ec2, ec2_proxy, busybox_image):
     from flowmesh_sdk import EventKind, Fleet, PoolSpec
     from flowmesh_sdk.remote.local import LocalRunner
-    offers = await _offers(ec2, 2)
-    ec2_proxy.fail("RunInstances", "InsufficientInstanceCapacity", times=None,
-                   when=lambda p: p.get("InstanceType") == offers[0].instance_type)
     ec2.runner_factory = lambda inst: LocalRunner()   # stand-in: moto has no machines
-    async with Fleet("fo", home=fm_home, providers={"ec2": ec2}) as fleet:
+    async with Fleet("fo", home=fm_home, providers={"ec2": ec2}, catalog=CATALOG) as fleet:
+        # the fleet's own ranking of the catalog-priced offers, from a pool that launches nothing
+        probe = await fleet.pool(PoolSpec(name="probe", provider="ec2", instance=SPEC, min_instances=0,
+                                          warm_per_image=0))
+        offers = list(probe.offers[:2])
+        await probe.drain()
+        assert all(o.price_per_hour is not None for o in offers)
+        ec2_proxy.fail("RunInstances", "InsufficientInstanceCapacity", times=None,
+                       when=lambda p: p.get("InstanceType") == offers[0].instance_type)
         events = fleet.bus.subscribe(EventKind.LAUNCH_FAILOVER)
         pool = await fleet.pool(PoolSpec(name="fo", provider="ec2", instance=SPEC, min_instances=1,
                                          warm_per_image=0))
