@@ -123,71 +123,86 @@ class Provisioner:
                                  before_sleep=before_sleep)
 
     # ---- launch with failover ------------------------------------------------------
+    def usable(self, offer: Offer) -> str | None:
+        """Why ``offer`` is skipped for the rest of the run (its provider failed
+        authentication, or its region ran out of quota), or None."""
+        if offer.provider in self.auth_failed:
+            return "auth (skipped)"
+        if (offer.provider, offer.region) in self.skipped:
+            return "quota (skipped)"
+        return None
+
+    async def attempt(self, providers: Mapping[str, Provider], offer: Offer, spec: InstanceSpec, count: int,
+                      tags: Mapping[str, str], *, request_prefix: str = "fm") -> list[Instance]:
+        """One launch call for ``count`` (at most ``max_batch``) instances of ``offer``,
+        within its rate limits and retried while throttled; raises the classified error.
+        An ``AuthError`` marks the provider, a ``QuotaError`` the (provider, region),
+        skipped for the rest of the run."""
+        prov = providers[offer.provider]
+        request_id = f"{request_prefix}-{uuid.uuid4().hex[:16]}"
+        req = LaunchRequest(offer=offer, spec=spec, count=min(count, prov.capabilities.max_batch),
+                            request_id=request_id, tags={**tags, TAG_REQUEST: request_id})
+        try:
+            return await self.call(prov, offer.region, "launch", lambda: prov.launch(req), instances=req.count)
+        except AuthError as exc:
+            self.auth_failed[offer.provider] = exc
+            raise
+        except QuotaError:
+            self.skipped.add((offer.provider, offer.region))
+            raise
+
     async def launch(self, providers: Mapping[str, Provider], offers: Sequence[Offer],
                      spec: InstanceSpec, count: int, tags: Mapping[str, str], *,
-                     request_prefix: str = "fm",
-                     spec_for: Callable[[Offer], InstanceSpec] | None = None) -> LaunchOutcome:
+                     request_prefix: str = "fm") -> LaunchOutcome:
         """Launch ``count`` instances of the first offer that can, in preference order
-        (offers may belong to different providers: failover crosses clouds).
-        ``spec_for`` gives the instance size to ask each offer for (default ``spec``)."""
+        (offers may belong to different providers: failover crosses clouds).  Pools fill
+        down their ranked offers with :meth:`attempt` instead (``Machines._fill``)."""
         if not offers:
             raise SpecError("offers", "no offer to launch")
         failovers: list[Failover] = []
         errors: list[FlowMeshError] = []
         for i, offer in enumerate(offers):
             nxt = offers[i + 1] if i + 1 < len(offers) else None
-            key = (offer.provider, offer.region)
-            if offer.provider in self.auth_failed:
-                self._failover(failovers, Failover(request_prefix, offer, "auth (skipped)", str(self.auth_failed[offer.provider]),
-                                                   _delta(offer, nxt)), nxt)
+            skipped = self.usable(offer)
+            if skipped is not None:
+                why = (str(self.auth_failed[offer.provider]) if skipped.startswith("auth")
+                       else "region out of quota earlier in this run")
+                self.failed_over(failovers, Failover(request_prefix, offer, skipped, why, price_delta(offer, nxt)), nxt)
                 continue
-            if key in self.skipped:
-                self._failover(failovers, Failover(request_prefix, offer, "quota (skipped)", "region out of quota "
-                                                   "earlier in this run", _delta(offer, nxt)), nxt)
-                continue
-            prov = providers[offer.provider]
-            request_id = f"{request_prefix}-{uuid.uuid4().hex[:16]}"
-            req = LaunchRequest(offer=offer, spec=spec_for(offer) if spec_for else spec,
-                                count=min(count, prov.capabilities.max_batch),
-                                request_id=request_id, tags={**tags, TAG_REQUEST: request_id})
             try:
-                launched = await self.call(prov, offer.region, "launch", lambda: prov.launch(req),
-                                           instances=req.count)
+                launched = await self.attempt(providers, offer, spec, count, tags, request_prefix=request_prefix)
                 return LaunchOutcome(tuple(launched), offer, tuple(failovers))
             except SpecError:
                 raise
-            except AuthError as exc:
-                # that provider is skipped for the run, its error kept; others may still serve
-                self.auth_failed[offer.provider] = exc
+            except (AuthError, QuotaError, CapacityError, ThrottledError, ProviderUnavailableError) as exc:
                 errors.append(exc)
-                self._failover(failovers, Failover(request_prefix, offer, "auth", str(exc), _delta(offer, nxt)), nxt)
-            except QuotaError as exc:
-                self.skipped.add(key)
-                errors.append(exc)
-                self._failover(failovers, Failover(request_prefix, offer, "quota", str(exc), _delta(offer, nxt)), nxt)
-            except CapacityError as exc:
-                errors.append(exc)
-                self._failover(failovers, Failover(request_prefix, offer, "capacity", str(exc), _delta(offer, nxt)), nxt)
-            except (ThrottledError, ProviderUnavailableError) as exc:  # retries spent: next offer
-                errors.append(exc)
-                self._failover(failovers, Failover(request_prefix, offer, "throttled", str(exc), _delta(offer, nxt)), nxt)
+                self.failed_over(failovers, Failover(request_prefix, offer, reason_of(exc), str(exc),
+                                                     price_delta(offer, nxt)), nxt)
+        raise self.exhausted(offers, failovers, errors, f"{count} x {spec.cpus} cpus / {spec.memory_gb:g} GB")
+
+    def exhausted(self, offers: Sequence[Offer], failovers: Sequence[Failover], errors: Sequence[FlowMeshError],
+                  what: str) -> FlowMeshError:
+        """The error for "no offer could launch ``what``": an ``AuthError`` when every
+        failure was authentication, a ``QuotaError`` when every one was quota, else a
+        ``CapacityError`` listing what was tried (the last error chained)."""
         tried = "; ".join(f"{f.offer.provider}/{f.offer.region}/{f.offer.instance_type}"
                           f"{' spot' if f.offer.spot else ''}: {f.reason}" for f in failovers)
-        if errors and all(isinstance(e, AuthError) for e in errors):
+        last = errors[-1] if errors else None
+        if errors and all(isinstance(e, AuthError) for e in errors) or (
+                not errors and self.auth_failed and all(o.provider in self.auth_failed for o in offers)):
             if len(errors) == 1:
-                raise errors[0]
-            raise AuthError("no provider accepted its credentials: " + "; ".join(
-                f"{p}: {e}" for p, e in self.auth_failed.items()), code="AllAuthFailed") from errors[-1]
-        if not errors and self.auth_failed and all(o.provider in self.auth_failed for o in offers):
-            raise AuthError(f"every provider of these offers failed authentication earlier in this run; "
-                            f"tried {tried}", code="AllAuthFailed") from next(iter(self.auth_failed.values()))
-        cls = QuotaError if errors and all(isinstance(e, QuotaError) for e in errors) or not errors \
-            else CapacityError
-        err = cls(f"no offer could launch {count} x {spec.cpus} cpus / {spec.memory_gb:g} GB; "
-                  f"tried {tried}", code="AllOffersFailed")
-        raise err from (errors[-1] if errors else None)
+                return errors[0]
+            err: FlowMeshError = AuthError("no provider accepted its credentials: " + "; ".join(
+                f"{p}: {e}" for p, e in self.auth_failed.items()), code="AllAuthFailed")
+        else:
+            cls = QuotaError if errors and all(isinstance(e, QuotaError) for e in errors) or not errors \
+                else CapacityError
+            err = cls(f"no offer could launch {what}; tried {tried}", code="AllOffersFailed")
+        err.__cause__ = last or (next(iter(self.auth_failed.values())) if self.auth_failed else None)
+        return err
 
-    def _failover(self, out: list[Failover], f: Failover, nxt: Offer | None) -> None:
+    def failed_over(self, out: list[Failover], f: Failover, nxt: Offer | None) -> None:
+        """Record, log and publish (``on_failover``) one offer given up on."""
         out.append(f)
         where = (f"next: {nxt.provider}/{nxt.region}/{nxt.instance_type} at ${nxt.price_per_hour or 0:.4f}/h "
                  f"({f.price_delta:+.4f} $/h)") if nxt else "no offer left"
@@ -197,5 +212,16 @@ class Provisioner:
             self.on_failover(f, nxt)
 
 
-def _delta(offer: Offer, nxt: Offer | None) -> float:
+def reason_of(exc: BaseException) -> str:
+    """The failover reason of a launch error: auth, quota, capacity or throttled."""
+    if isinstance(exc, AuthError):
+        return "auth"
+    if isinstance(exc, QuotaError):
+        return "quota"
+    if isinstance(exc, CapacityError):
+        return "capacity"
+    return "throttled"
+
+
+def price_delta(offer: Offer, nxt: Offer | None) -> float:
     return ((nxt.price_per_hour or 0.0) - (offer.price_per_hour or 0.0)) if nxt else 0.0

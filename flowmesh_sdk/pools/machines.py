@@ -24,11 +24,13 @@ from typing import TYPE_CHECKING, Any
 from .. import clock
 from ..backoff import backoff_delay
 from ..control.events import EventKind
-from ..errors import (BudgetExceededError, CapacityError, ContainerRuntimeError, FlowMeshError, InstanceLost,
-                      ProviderUnavailableError, SandboxClosedError, SandboxTimeout)
+from ..errors import (AuthError, BudgetExceededError, CapacityError, ContainerRuntimeError, FlowMeshError,
+                      InstanceLost, ProviderUnavailableError, QuotaError, SandboxClosedError, SandboxTimeout,
+                      ThrottledError)
 from ..lifecycle import InstanceState
 from ..placement.ranking import Candidate, Placement
 from ..provider import TAG_FLEET, TAG_OWNER, TAG_POOL, Instance, Provider, ProviderState
+from ..provisioning import Failover, price_delta, reason_of
 from ..specs import InstanceSpec, Offer, PoolSpec
 from .bootstrap import Bootstrapper
 from .instance import ManagedInstance
@@ -89,20 +91,14 @@ class Machines:
 
     def _affordable(self, count: int) -> tuple[list[Candidate], int]:
         """The candidates a launch of up to ``count`` may use under the budgets, and how many
-        the best of them allows; :class:`BudgetExceededError` when none allows one."""
-        ledger = self.ctx.spend
+        the best of them allows; :class:`BudgetExceededError` (and ``launch.refused``) when
+        none allows one."""
         usable: list[Candidate] = []
         fit = 0
         first_error: BudgetExceededError | None = None
         for c in self.placement.candidates:
-            price = c.offer.price_per_hour or 0.0
             try:
-                n = ledger.admit(count, price, c.offer.provider, pool=self.pool, counted=self.budget_pools,
-                                 budget_per_hour=self.spec.budget_per_hour, budget_total=self.spec.budget_total,
-                                 pending_per_hour=self._pending_per_hour)
-                n = ledger.admit(n, price, c.offer.provider, pool=self.ctx.fleet, scope="fleet",
-                                 budget_per_hour=self.ctx.fleet_budget_per_hour,
-                                 budget_total=self.ctx.fleet_budget_total, pending_per_hour=self._pending_per_hour)
+                n = self._admit(count, c)
             except BudgetExceededError as exc:
                 first_error = first_error or exc
                 continue
@@ -119,22 +115,22 @@ class Machines:
 
     async def launch(self, count: int, *, replace: bool = True,
                      on_ready: Callable[[ManagedInstance], None] | None = None) -> list[ManagedInstance]:
-        """Launch up to ``count`` instances in the calls :meth:`Provisioner.launch_sizes` plans
-        (they go out together; the rate limits space them), failing over down the ranked
-        offers.  Fewer are launched when the budgets allow fewer.  Each instance is
-        bootstrapped as soon as its provider says it runs and handed to ``on_ready`` the
-        moment it is READY.  Instances that fail bootstrap are terminated and, with
-        ``replace``, launched again once.  Returns the READY ones; raises only when none
-        came up."""
+        """Launch ``count`` instances' worth of slots of the best offer, in the calls
+        :meth:`Provisioner.launch_sizes` plans (they go out together; the rate limits space
+        them), each filled down the ranked offers (:meth:`_fill`), cut to what the budgets
+        allow.  Each instance is bootstrapped as soon as its provider says it runs and
+        handed to ``on_ready`` the moment it is READY.  Instances that fail bootstrap are
+        terminated and, with ``replace``, launched again once.  Returns the READY ones;
+        raises only when none came up."""
         usable, fit = self._affordable(count)
         count = min(count, fit)
-        best = usable[0].offer
-        provider = self.providers[best.provider]
-        sizes = self.ctx.provisioner.launch_sizes(provider, best.region, count)
+        best = usable[0]
+        provider = self.providers[best.offer.provider]
+        sizes = self.ctx.provisioner.launch_sizes(provider, best.offer.region, count)
         decision = self.placement.decide(self.pool, count, self.spec.policy, usable)  # type: ignore[arg-type]
         self._publish(EventKind.LAUNCH_DECIDED, detail=decision.to_json())
         log.info("pool %s: %s", self.pool, decision.explain())
-        results = await asyncio.gather(*(self._launch_fitting(n, usable, on_ready) for n in sizes),
+        results = await asyncio.gather(*(self._fill(n * best.slots, usable, on_ready) for n in sizes),
                                        return_exceptions=True)
         ready = [mi for r in results if not isinstance(r, BaseException) for mi in r[0]]
         errors = [e for r in results for e in ([r] if isinstance(r, BaseException) else r[1])]
@@ -152,64 +148,126 @@ class Machines:
                 raise e
         return ready
 
-    async def _launch_fitting(self, count: int, usable: Sequence[Candidate],
-                              on_ready: Callable[[ManagedInstance], None] | None
-                              ) -> tuple[list[ManagedInstance], list[BaseException]]:
-        """:meth:`_launch_call`, and when no offer has room for all ``count`` (a
-        ``CapacityError`` down the whole list), what fits: the first half, then the
-        second, each walking the offers again (so one call's worth of instances may land
-        on several offers and providers).  Raises only when not one instance launched."""
+    async def _fill(self, slots: int, usable: Sequence[Candidate],
+                    on_ready: Callable[[ManagedInstance], None] | None
+                    ) -> tuple[list[ManagedInstance], list[BaseException]]:
+        """Launch instances holding ``slots`` sandboxes, best offer first: as many of it as
+        it has room for (a launch refused for capacity is halved until one goes through or
+        one is refused), then the next offer for the rest -- so one burst may land on
+        several offers and providers, cheapest first, as the ranking wants.  Each offer
+        given up on is a failover (reason, price delta).  Returns (READY instances,
+        bootstrap errors); raises only when not one instance launched."""
+        remaining = slots
+        bring_ups: list[asyncio.Future[tuple[list[ManagedInstance], list[BaseException]]]] = []
+        failovers: list[Failover] = []
+        errors: list[FlowMeshError] = []
+        launched = 0
+        for i, cand in enumerate(usable):
+            if remaining <= 0:
+                break
+            nxt = usable[i + 1].offer if i + 1 < len(usable) else None
+            skipped = self.ctx.provisioner.usable(cand.offer)
+            if skipped is not None:
+                self.ctx.provisioner.failed_over(failovers, Failover(self.pool, cand.offer, skipped,
+                                                                     "skipped for this run", price_delta(cand.offer, nxt)),
+                                                 nxt)
+                continue
+            n = -(-remaining // cand.slots)
+            error: FlowMeshError | None = None
+            while remaining > 0 and n >= 1:
+                n = min(n, max(0, self.spec.max_instances - len(self.instances)))  # type: ignore[operator]
+                if n < 1:
+                    break
+                try:
+                    n = self._admit(n, cand)
+                    managed = await self._launch_call(n, cand)
+                except CapacityError as exc:
+                    error = exc
+                    n //= 2          # what fits of this offer
+                    continue
+                except (BudgetExceededError, AuthError, QuotaError, ThrottledError, ProviderUnavailableError) as exc:
+                    error = exc
+                    break
+                # brought up while the rest is launched
+                bring_ups.append(asyncio.ensure_future(self._bring_up(managed, on_ready)))
+                launched += len(managed)
+                remaining -= len(managed) * cand.slots
+                n = min(n, -(-remaining // cand.slots))
+            if remaining > 0 and error is not None:
+                errors.append(error)
+                reason = "budget" if isinstance(error, BudgetExceededError) else reason_of(error)
+                self.ctx.provisioner.failed_over(failovers, Failover(self.pool, cand.offer, reason, str(error),
+                                                                     price_delta(cand.offer, nxt)), nxt)
+        ready: list[ManagedInstance] = []
+        boot_errors: list[BaseException] = []
         try:
-            return await self._launch_call(count, usable, on_ready)
-        except CapacityError:
-            if count == 1 or self.closing:
-                raise
-        half = count // 2
-        ready, errors = await self._launch_fitting(half, usable, on_ready)   # raises if none fits
-        try:
-            more, more_errors = await self._launch_fitting(count - half, usable, on_ready)
-        except CapacityError as exc:
-            log.info("pool %s: %d of %d instance(s) launched; no capacity for the rest: %s",
-                     self.pool, half, count, exc)
-            return ready, errors
-        return ready + more, errors + more_errors
+            for got, errs in await asyncio.gather(*bring_ups):
+                ready += got
+                boot_errors += errs
+        except BaseException:
+            for b in bring_ups:
+                b.cancel()
+            raise
+        if not launched:
+            budget = [e for e in errors if isinstance(e, BudgetExceededError)]
+            if budget and len(budget) == len(errors):
+                raise budget[0]
+            raise self.ctx.provisioner.exhausted([c.offer for c in usable], failovers, errors,
+                                                 f"{slots} sandbox slot(s)")
+        if remaining > 0:
+            log.info("pool %s: %d of %d slot(s) launched; no offer had room for the rest", self.pool,
+                     slots - remaining, slots)
+        return ready, boot_errors
 
-    async def _launch_call(self, count: int, usable: Sequence[Candidate],
-                           on_ready: Callable[[ManagedInstance], None] | None
-                           ) -> tuple[list[ManagedInstance], list[BaseException]]:
-        """One launch call and the bring-up of what it returned: (ready, bootstrap errors)."""
+    def _admit(self, n: int, cand: Candidate) -> int:
+        """``n`` cut to what the pool's and the fleet's budgets allow at ``cand``'s price."""
+        price = cand.offer.price_per_hour or 0.0
+        ledger = self.ctx.spend
+        n = ledger.admit(n, price, cand.offer.provider, pool=self.pool, counted=self.budget_pools,
+                         budget_per_hour=self.spec.budget_per_hour, budget_total=self.spec.budget_total,
+                         pending_per_hour=self._pending_per_hour)
+        return ledger.admit(n, price, cand.offer.provider, pool=self.ctx.fleet, scope="fleet",
+                            budget_per_hour=self.ctx.fleet_budget_per_hour, budget_total=self.ctx.fleet_budget_total,
+                            pending_per_hour=self._pending_per_hour)
+
+    async def _launch_call(self, count: int, cand: Candidate) -> list[ManagedInstance]:
+        """One launch call of ``cand``: the instances it returned, recorded (REQUESTED) and
+        accruing cost."""
         tags = {TAG_FLEET: self.ctx.fleet, TAG_POOL: self.pool, TAG_OWNER: self.ctx.owner}
-        offers = [c.offer for c in usable]
-        price = usable[0].offer.price_per_hour or 0.0
+        offer = cand.offer
+        price = offer.price_per_hour or 0.0
         self._pending_per_hour += price * count
         try:
-            outcome = await self.ctx.provisioner.launch(self.providers, offers, self._launch_spec(usable[0]),
-                                                        count, tags, request_prefix=self.pool,
-                                                        spec_for=lambda o: self._launch_spec_of(o, usable))
+            launched = await self.ctx.provisioner.attempt(self.providers, offer, self._launch_spec(offer), count,
+                                                          tags, request_prefix=self.pool)
         finally:
             self._pending_per_hour -= price * count
-        provider = self.providers[outcome.offer.provider]
-        slots = next(c.slots for c in usable if c.offer == outcome.offer)
-        launched = list(outcome.instances)
+        provider = self.providers[offer.provider]
         for inst in launched:
-            self.ctx.spend.start(inst.id, pool=self.pool, provider=provider.name,
-                                 price_per_hour=outcome.offer.price_per_hour or 0.0)
+            self.ctx.spend.start(inst.id, pool=self.pool, provider=provider.name, price_per_hour=price)
         try:
             runners = [provider.runner(inst) for inst in launched]
         except BaseException:
             # no way to reach them: give them back now rather than leave them to gc
-            await self._terminate_ids(provider, outcome.offer.region, [i.id for i in launched])
+            await self._terminate_ids(provider, offer.region, [i.id for i in launched])
+            for inst in launched:
+                self.ctx.spend.end(inst.id)
             raise
         managed = []
         for inst, runner in zip(launched, runners):
-            mi = ManagedInstance(inst, self.ctx.runtime_for(runner), slots, provider=provider,
-                                 offer=outcome.offer)
+            mi = ManagedInstance(inst, self.ctx.runtime_for(runner), cand.slots, provider=provider, offer=offer)
             self.instances[mi.id] = mi
             self._publish(EventKind.INSTANCE_REQUESTED, instance_id=mi.id, detail=json.dumps(
                 {"provider": provider.name, "region": inst.region, "zone": inst.zone, "type": inst.instance_type,
-                 "spot": outcome.offer.spot, "price_per_hour": outcome.offer.price_per_hour or 0.0,
-                 "slots": slots}, sort_keys=True))
+                 "spot": offer.spot, "price_per_hour": price, "slots": cand.slots}, sort_keys=True))
             managed.append(mi)
+        return managed
+
+    async def _bring_up(self, managed: list[ManagedInstance], on_ready: Callable[[ManagedInstance], None] | None
+                        ) -> tuple[list[ManagedInstance], list[BaseException]]:
+        """Wait until each of one call's instances runs, bootstrap it, hand it to
+        ``on_ready``: (READY instances, bootstrap errors)."""
+        provider = managed[0].provider
         running = {mi.id: asyncio.get_running_loop().create_future() for mi in managed}
 
         async def bring_up(mi: ManagedInstance) -> ManagedInstance:
@@ -234,10 +292,7 @@ class Machines:
         return ([r for r in results if not isinstance(r, BaseException)],
                 [r for r in results if isinstance(r, BaseException)])
 
-    def _launch_spec(self, cand: Candidate) -> InstanceSpec:
-        return self._launch_spec_of(cand.offer, [cand])
-
-    def _launch_spec_of(self, offer: Offer, usable: Sequence[Candidate]) -> InstanceSpec:
+    def _launch_spec(self, offer: Offer) -> InstanceSpec:
         """The instance size to ask a provider for: the pool's fixed size, or (when the bidder
         chooses the shape) the offer's own."""
         if self.spec.sandbox_size is None:
