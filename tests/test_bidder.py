@@ -315,3 +315,272 @@ def test_megaflow_replay_shows_the_papers_32_percent(shipped) -> None:
     # the durations the estimator derived: ~100 and ~110 minutes, as the paper reports
     assert dist.phases.makespan_s / 60 == pytest.approx(100, abs=3)
     assert base.phases.makespan_s / 60 == pytest.approx(110, abs=3)
+
+
+# --------------------------------------------------------------------------- #
+# the vectorised gates, scores and packer against straightforward references
+# --------------------------------------------------------------------------- #
+
+from flowmesh_sdk.bidder import RowTable  # noqa: E402
+from flowmesh_sdk.bidder import planner as _planner  # noqa: E402
+from flowmesh_sdk.bidder.gates import GATES, GateResult, check, requirements  # noqa: E402
+from flowmesh_sdk.catalog.gpus import gpu_spec  # noqa: E402
+from flowmesh_sdk.catalog.records import gpu_key  # noqa: E402
+
+
+def _reference_check(rows, demand, affinities=None):
+    """The gates as one loop over rows x markets (the implementation before the
+    vectorised one): ``(rows, markets, slots, considered, gates)``."""
+    affinity = (affinities or {}).get(demand.tenant)
+    removed = dict.fromkeys(GATES, 0)
+    examples = {g: [] for g in GATES}
+    out_rows, out_markets = [], []
+    want_gpu = gpu_key(demand.gpu_name) if demand.gpu_name else None
+    model = demand.model
+    providers, regions = set(demand.providers), set(demand.regions)
+    cpus, mem, gpus, arch, cap = demand.cpus, demand.memory_gb, demand.gpus, demand.arch, demand.max_price
+    considered = 0
+
+    def drop(gate, row, market):
+        removed[gate] += 1
+        if len(examples[gate]) < 3:
+            examples[gate].append(f"{row.key} ({market})")
+
+    for row in rows:
+        for market in demand.markets:
+            considered += 1
+            price = row.on_demand_per_hour if market == "on-demand" else row.spot_per_hour
+            if price is None:
+                drop("price", row, market)
+                continue
+            if row.cpus + 1e-9 < cpus:
+                drop("cpus", row, market)
+                continue
+            if row.memory_gb + 1e-9 < mem:
+                drop("memory", row, market)
+                continue
+            if gpus:
+                if row.gpus < gpus:
+                    drop("gpus", row, market)
+                    continue
+                if want_gpu is not None and row.gpu_model != want_gpu:
+                    drop("gpu_model", row, market)
+                    continue
+                if model is not None:
+                    per_gpu = (row.gpu_memory_gb / row.gpus) if row.gpu_memory_gb else None
+                    spec = gpu_spec(row.gpu_name, per_gpu)
+                    if per_gpu is None and spec is not None:
+                        per_gpu = spec.memory_gb
+                    if per_gpu is None or per_gpu * gpus + 1e-9 < model.vram_gb:
+                        drop("vram", row, market)
+                        continue
+                    if spec is None:
+                        drop("gpu_spec", row, market)
+                        continue
+            elif row.gpus and not demand.gpu_hosts:
+                drop("gpu_host", row, market)
+                continue
+            if arch is not None and row.arch != arch:
+                drop("arch", row, market)
+                continue
+            if cap is not None and price > cap + 1e-12:
+                drop("max_price", row, market)
+                continue
+            if providers and row.provider not in providers:
+                drop("provider", row, market)
+                continue
+            if regions and row.region not in regions:
+                drop("region", row, market)
+                continue
+            if affinity is not None and not affinity.allows(row.provider, row.region):
+                drop("affinity", row, market)
+                continue
+            if row.available == 0:
+                drop("capacity", row, market)
+                continue
+            out_rows.append(row)
+            out_markets.append(market)
+    req = requirements(demand, affinity)
+    gates = tuple(GateResult(g, removed[g], req[g], tuple(examples[g])) for g in GATES)
+    slots = [demand.slots(r.cpus, r.memory_gb, r.gpus) for r in out_rows]
+    return out_rows, out_markets, slots, considered, gates
+
+
+_GPUS = (None, "H100", "h100-80gb", "A100", "A100-80GB", "NVIDIA A10G", "T4", "L4", "RTX 4090", "B200", "MI300X")
+
+
+def _random_rows(rng: random.Random, n: int) -> list[CatalogRow]:
+    rows = []
+    for i in range(n):
+        prov = rng.choice(("ec2", "gce", "azure", "alibaba", "vast"))
+        cpus = rng.choice((0.25, 1, 2, 4, 8, 16, 32, 48, 96))
+        gpus = rng.choice((0, 0, 0, 1, 2, 4, 8))
+        name = rng.choice(_GPUS) if gpus else None
+        per_gpu = rng.choice((None, 16, 24, 40, 80, 141))
+        price = round(cpus * rng.uniform(0.01, 0.08) + gpus * rng.uniform(0.3, 3.0), 4)
+        rows.append(CatalogRow(
+            provider=prov, region=rng.choice(("r1", "r2", "r3", "Texas, US")), instance_type=f"t{i % 50}",
+            zone=rng.choice((None, None, f"z{i}")), cpus=cpus, memory_gb=cpus * rng.choice((0.5, 1, 2, 4, 8)),
+            on_demand_per_hour=rng.choice((price, price, price, None)),
+            spot_per_hour=rng.choice((None, round(price * rng.uniform(0.2, 0.8), 4))),
+            gpus=gpus, gpu_name=name, gpu_memory_gb=per_gpu * gpus if (gpus and per_gpu) else None,
+            arch=rng.choice(("x86_64", "x86_64", "arm64")), source="test", fetched_at="2026-11-29",
+            reliability=rng.uniform(0.8, 1.0) if prov == "vast" and rng.random() < 0.8 else None,
+            available=rng.choice((None, None, 0, 1, 3, 20))))
+    return rows
+
+
+def _random_demand(rng: random.Random) -> Demand:
+    kind = rng.random()
+    gpu = kind < 0.4
+    model = ModelSpec(params_b=rng.choice((1, 8, 40, 70)), kv_cache_gb=rng.choice((0, 8, 30))) \
+        if gpu and rng.random() < 0.6 else None
+    return Demand(
+        count=rng.choice((1, 5, 40)), cpus=rng.choice((0.5, 1, 2, 4, 8)), memory_gb=rng.choice((1, 2, 8, 16, 32)),
+        gpus=rng.choice((0, 1, 2)) if gpu else 0, gpu_name=rng.choice((None, "H100", "a100", "T4")) if gpu else None,
+        model=model, arch=rng.choice((None, "x86_64", "arm64")), max_price=rng.choice((None, 0.5, 5.0)),
+        providers=tuple(rng.sample(("ec2", "gce", "azure", "vast"), rng.choice((0, 0, 1, 3)))),
+        regions=tuple(rng.sample(("r1", "r2", "Texas, US"), rng.choice((0, 0, 2)))),
+        tenant=rng.choice(("default", "acme")), market=rng.choice(("on-demand", "spot", "any")),
+        mode=rng.choice(("ephemeral", "persistent")), gpu_hosts=rng.random() < 0.3,
+        resident=tuple(rng.sample(("ec2", "gce/r1", "vast/Texas, US", "azure/r2/t3", "ec2/r1/z3/t3"),
+                                  rng.choice((0, 1, 3)))),
+        max_per_instance=rng.choice((None, None, 3)))
+
+
+def test_vectorised_gates_match_the_per_row_reference() -> None:
+    rng = random.Random(5)
+    affinities = {"acme": TenantAffinity("acme", providers=("ec2", "vast"), regions=("r1", "Texas, US"))}
+    for case in range(150):
+        rows = _random_rows(rng, rng.choice((1, 7, 60, 300)))
+        table = RowTable(rows)
+        demand = _random_demand(rng)
+        aff = affinities if rng.random() < 0.5 else None
+        want = _reference_check(rows, demand, aff)
+        for source in (rows, tuple(rows), table):
+            got = check(source, demand, aff)
+            assert [id(r) for r in got.rows] == [id(r) for r in want[0]], case
+            assert got.markets == want[1] and got.slots.tolist() == want[2], case
+            assert got.considered == want[3] and got.gates == want[4], case
+            assert [rows[i] for i in got.index.tolist()] == got.rows
+            assert got.spot.tolist() == [m == "spot" for m in got.markets]
+
+
+def test_vectorised_scores_match_the_per_row_reference() -> None:
+    rng = random.Random(9)
+    done = 0
+    for case in range(150):
+        rows = _random_rows(rng, rng.choice((5, 40, 200)))
+        demand = _random_demand(rng)
+        caps = {r.key: rng.choice((0, 1, 2)) for r in rng.sample(rows, min(5, len(rows)))} \
+            if rng.random() < 0.5 else None
+        try:
+            scored = score(rows, demand, PRESETS["balanced"], caps=caps)
+        except NoFeasibleOffer:
+            continue
+        done += 1
+        again = Bidder(rows, PRESETS["balanced"]).score(demand, caps)      # through the Bidder's table
+        for name in ("slots", "t", "price", "cost", "g", "cap", "utility"):
+            assert np.array_equal(getattr(again, name), getattr(scored, name), equal_nan=True), (case, name)
+        assert again.bids == scored.bids
+        for i, (row, market) in enumerate(zip(scored.feasible.rows, scored.feasible.markets)):
+            k = int(scored.slots[i])
+            assert scored.t[i] == pytest.approx(t_eff(row, demand, k) or 0.0), case
+            listed, eff, bid = effective_price(row, market, demand.hours)
+            assert (scored.price[i], scored.bids[i]) == (listed, bid) and scored.cost[i] == pytest.approx(eff)
+            assert scored.g[i] == float(demand.is_resident(row.provider, row.region, row.instance_type))
+            cap = -1 if row.available is None else row.available
+            extra = (caps or {}).get(row.key)
+            if extra is not None:
+                cap = extra if cap < 0 else min(cap, extra)
+            assert scored.cap[i] == cap, case
+    assert done > 40
+
+
+def test_rows_are_validated_once_per_table() -> None:
+    good = _row("ok.2xl")
+    for bad in ([good, "ec2/us-east-1/x"], (good, good, None)):
+        with pytest.raises(SpecError, match=rf"rows\[{len(bad) - 1}\]"):
+            Bidder(bad)
+        with pytest.raises(SpecError, match=rf"rows\[{len(bad) - 1}\]"):
+            score(bad, Demand(), PRESETS["cost"])
+        with pytest.raises(SpecError, match=rf"rows\[{len(bad) - 1}\]"):
+            RowTable(bad)
+    with pytest.raises(SpecError, match="rows"):
+        check("not rows", Demand())                          # type: ignore[arg-type]
+    bidder = Bidder([good])
+    assert bidder.plan(Demand(count=3, cpus=4, memory_gb=8)).instances == 2
+
+
+def _reference_pack(n, k, a, b, cap):
+    """The packer before the partial sort: every offer sorted up front."""
+    m = len(k)
+    k = k.astype(np.int64)
+    need = -(-n // k)
+    capx = np.where(cap < 0, need, np.minimum(cap, need)).astype(np.int64)
+    x = np.zeros(m, dtype=np.int64)
+    r = a - b / k
+    order = np.lexsort((b / k, -r))
+    live = capx > 0
+    window = min(n, _planner.WINDOW * int(k[live].max()))
+    rem, kmin = n, int(k[live].min())
+    for j in order:
+        if rem - window < kmin:
+            break
+        kj = int(k[j])
+        room = (rem - window) // kj
+        take = min(int(capx[j]), room)
+        if take > 0:
+            x[j] += take
+            rem -= take * kj
+        if take == room:
+            break
+    if rem == 0:
+        return x, x * k, None
+    left = capx - x
+    avail = order[left[order] > 0]
+    chosen = dict.fromkeys(avail[:_planner.TOP_BY_VALUE].tolist())
+    chosen.update(dict.fromkeys(avail[np.argsort(b[avail], kind="stable")[:_planner.TOP_BY_PRICE]].tolist()))
+    rest = avail
+    for _ in range(_planner.PER_SLOT_SIZE):
+        if not len(rest):
+            break
+        _, first = np.unique(k[rest], return_index=True)
+        chosen.update(dict.fromkeys(rest[first].tolist()))
+        keep = np.ones(len(rest), dtype=bool)
+        keep[first] = False
+        rest = rest[keep]
+    cand = list(chosen)
+    assert _planner._candidates(-r, b / k, k, b, left) == cand
+    xt, part = _planner._solve_tail(rem, cand, k, a, b, left)
+    x += xt
+    y = x * k
+    if part is not None:
+        x[part[0]] += 1
+        y[part[0]] += part[1]
+    return x, y, cand
+
+
+def test_partial_sorting_packer_equals_sorting_every_offer() -> None:
+    rng = np.random.default_rng(3)
+    for case in range(120):
+        m = int(rng.choice((3, 50, 400, 3000)))
+        sizes = int(rng.choice((1, 4, 12, 100)))            # > 64 slot counts: the one-sort branch
+        k = rng.integers(1, sizes + 1, m)
+        coarse = rng.random() < 0.5                          # many exact ties in value and price
+        a = rng.choice((0.0, 0.5, 1.0), m) if coarse else rng.uniform(0, 1.5, m)
+        b = k * (rng.choice((0.5, 1.0, 2.0), m) if coarse else rng.uniform(0.2, 2.0, m))
+        cap = np.where(rng.random(m) < 0.5, -1, rng.integers(0, 4, m))
+        n = int(rng.choice((1, 17, 250, 5000)))
+        need = -(-n // k)
+        if int((np.where(cap < 0, need, np.minimum(cap, need)) * k).sum()) < n:
+            continue
+        x, y = pack(n, k, a, b, cap)
+        xr, yr, _ = _reference_pack(n, k, a, b, cap)
+        assert np.array_equal(x, xr) and np.array_equal(y, yr), case
+    # the greedy running past its sorted prefix (every offer capped at one instance)
+    k = np.ones(2000, dtype=np.int64)
+    a, b, cap = np.zeros(2000), np.linspace(1, 2, 2000), np.ones(2000, dtype=np.int64)
+    x, y = pack(1500, k, a, b, cap)
+    xr, yr, _ = _reference_pack(1500, k, a, b, cap)
+    assert np.array_equal(x, xr) and np.array_equal(y, yr) and int(y.sum()) == 1500

@@ -20,7 +20,7 @@ from .cost import BID_MARGIN, OUTBID_PER_HOUR, bid_price, effective_price, hazar
 from .demand import MODES, Demand, ModelSpec, TenantAffinity
 from .estimate import (CHEAPEST, Estimate, Infeasible, PhaseEstimate, centralized, estimate, estimate_plan,
                        launch_times, phase_estimate)
-from .gates import GATES, GateResult, NoFeasibleOffer, check_rows
+from .gates import GATES, GateResult, NoFeasibleOffer, RowTable, check_rows
 from .planner import Plan, PlanLine, pack, plan
 from .policy import PRESETS, Policy
 from .scoring import Score, Scored, score
@@ -36,7 +36,7 @@ class Bidder:
                                                  or not hasattr(catalog, "__iter__")):
             raise SpecError("catalog", f"must be a Catalog or catalog rows, got {type(catalog).__name__}")
         self.rows: tuple[CatalogRow, ...] = tuple(catalog.rows if isinstance(catalog, Catalog) else catalog)
-        check_rows(self.rows)
+        self.table = RowTable(self.rows)        # validates the rows; the columns every decision reads
         if policy is not None and not isinstance(policy, Policy):
             raise SpecError("policy", f"must be a Policy (e.g. Policy.preset('cost')), got {policy!r}")
         self.policy = policy or PRESETS["balanced"]
@@ -49,14 +49,14 @@ class Bidder:
         self.affinities: dict[str, TenantAffinity] = {a.tenant: a for a in affinities}
 
     def score(self, demand: Demand, caps: Mapping[str, int] | None = None) -> Scored:
-        return score(self.rows, demand, self.policy, self.affinities, caps)
+        return score(self.table, demand, self.policy, self.affinities, caps)
 
     def rank(self, demand: Demand, limit: int | None = None) -> list[Score]:
         """Feasible offers, best U first; :class:`NoFeasibleOffer` says which gate removed what."""
         return self.score(demand).ranking(limit)
 
     def plan(self, demand: Demand, caps: Mapping[str, int] | None = None) -> Plan:
-        return plan(self.rows, demand, self.policy, self.affinities, caps)
+        return plan(self.table, demand, self.policy, self.affinities, caps)
 
     def estimate(self, demand: Demand) -> tuple[list[Estimate], list[Infeasible]]:
         return estimate(self.rows, demand, affinities=self.affinities)
@@ -67,7 +67,7 @@ def rows_of(catalog: Catalog | Sequence[CatalogRow]) -> tuple[CatalogRow, ...]:
 
 
 __all__ = ["BID_MARGIN", "Bidder", "CHEAPEST", "Demand", "Estimate", "GATES", "GateResult", "Infeasible", "MODES",
-           "ModelSpec", "NoFeasibleOffer", "OUTBID_PER_HOUR", "PRESETS", "PhaseEstimate", "Plan", "PlanLine",
+           "ModelSpec", "NoFeasibleOffer", "OUTBID_PER_HOUR", "PRESETS", "PhaseEstimate", "Plan", "PlanLine", "RowTable",
            "Policy", "Score", "Scored", "TenantAffinity", "bid_price", "centralized", "effective_price",
            "estimate", "estimate_plan", "hazard_per_hour", "interruption_factor", "launch_times", "pack",
            "phase_estimate", "plan", "pull_seconds", "score", "startup_seconds", "t_eff", "tokens_per_second"]

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..catalog.records import CatalogRow
 from .demand import Demand, TenantAffinity
-from .gates import GateResult, NoFeasibleOffer, describe
+from .gates import GateResult, NoFeasibleOffer, RowTable, describe
 from .policy import Policy
 from .scoring import Score, Scored, score
 
@@ -47,6 +47,7 @@ TOP_BY_VALUE = 40     # tail candidates: best value per slot ...
 TOP_BY_PRICE = 12     # ... cheapest instances (good for a small remainder) ...
 PER_SLOT_SIZE = 2     # ... and the best few of every slot count
 SPLITS_CHECKED = 32   # full/partial splits re-checked against the caps
+GREEDY_PREFIX = 64    # offers sorted before the greedy starts (more are sorted if it needs them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,13 +107,22 @@ def pack(n: int, k: np.ndarray, a: np.ndarray, b: np.ndarray, cap: np.ndarray) -
     if int((capx * k).sum()) < n:
         raise _unplaceable(n, m, f"the offers' caps hold {int((capx * k).sum())} sandboxes, fewer than {n}")
     x = np.zeros(m, dtype=np.int64)
-    r = a - b / k
-    order = np.lexsort((b / k, -r))
+    bk = b / k
+    r = a - bk
+    neg_r = -r
+    # the offers by value per slot (best first; ties: cheaper per slot, then lower index);
+    # the greedy rarely goes past the first few, so only a prefix is sorted at first
+    order = _best(neg_r, bk, None, GREEDY_PREFIX)
     live = capx > 0
     window = min(n, WINDOW * int(k[live].max()))
     rem = n
     kmin = int(k[live].min())
-    for j in order:
+    pos = 0
+    while pos < m:
+        if pos == len(order):           # past the prefix: the whole order (it starts with the prefix)
+            order = _best(neg_r, bk, None, m)
+        j = int(order[pos])
+        pos += 1
         if rem - window < kmin:
             break
         kj = int(k[j])
@@ -126,7 +136,7 @@ def pack(n: int, k: np.ndarray, a: np.ndarray, b: np.ndarray, cap: np.ndarray) -
     if rem == 0:
         return x, x * k
     left = capx - x
-    cand = _candidates(order, k, b, r, left)
+    cand = _candidates(neg_r, bk, k, b, left)
     xt, part = _solve_tail(rem, cand, k, a, b, left)
     x += xt
     y = x * k
@@ -137,19 +147,50 @@ def pack(n: int, k: np.ndarray, a: np.ndarray, b: np.ndarray, cap: np.ndarray) -
     return x, y
 
 
-def _candidates(order: np.ndarray, k: np.ndarray, b: np.ndarray, r: np.ndarray, left: np.ndarray) -> list[int]:
-    avail = order[left[order] > 0]
-    chosen: dict[int, None] = dict.fromkeys(avail[:TOP_BY_VALUE].tolist())
-    chosen.update(dict.fromkeys(avail[np.argsort(b[avail], kind="stable")[:TOP_BY_PRICE]].tolist()))
-    rest = avail
-    for _ in range(PER_SLOT_SIZE):          # the best offers of every slot count
-        if not len(rest):
-            break
-        _, first = np.unique(k[rest], return_index=True)
-        chosen.update(dict.fromkeys(rest[first].tolist()))
-        keep = np.ones(len(rest), dtype=bool)
-        keep[first] = False
-        rest = rest[keep]
+def _best(key: np.ndarray, then: np.ndarray, among: np.ndarray | None, count: int) -> np.ndarray:
+    """The first ``count`` or more offers of ``among`` (ascending indices; ``None``: all)
+    in the order ``np.lexsort((then, key))`` -- by ``key``, then ``then``, then index --
+    exactly as a prefix of sorting them all (every tie of the ``count``-th key is kept)."""
+    idx = np.arange(len(key)) if among is None else among
+    if len(idx) > 4 * count + 64:
+        sub = key[idx]
+        v = np.partition(sub, count - 1)[count - 1]
+        if v == v:                      # NaN keys sort last; a NaN here: sort everything
+            idx = idx[sub <= v]
+    return idx[np.lexsort((then[idx], key[idx]))]
+
+
+def _candidates(neg_r: np.ndarray, bk: np.ndarray, k: np.ndarray, b: np.ndarray, left: np.ndarray) -> list[int]:
+    """The offers the tail DP may use, in this order: the ``TOP_BY_VALUE`` best by value
+    per slot, the ``TOP_BY_PRICE`` cheapest instances (ties: the better value first),
+    then the best of every slot count (smallest count first), then the second best of
+    every slot count, ... (``PER_SLOT_SIZE`` rounds); offers with no instance left are
+    not candidates.  ``tests/test_bidder.py`` checks this against sorting every offer."""
+    avail = np.flatnonzero(left > 0)
+    if not len(avail):
+        return []
+    chosen: dict[int, None] = dict.fromkeys(_best(neg_r, bk, avail, TOP_BY_VALUE)[:TOP_BY_VALUE].tolist())
+    cheap = avail
+    if len(cheap) > 4 * TOP_BY_PRICE + 64:
+        sub = b[cheap]
+        v = np.partition(sub, TOP_BY_PRICE - 1)[TOP_BY_PRICE - 1]
+        if v == v:
+            cheap = cheap[sub <= v]
+    cheap = cheap[np.lexsort((bk[cheap], neg_r[cheap], b[cheap]))]
+    chosen.update(dict.fromkeys(cheap[:TOP_BY_PRICE].tolist()))
+    ka = k[avail]
+    top = int(ka.max())                         # the slot counts, smallest first:
+    sizes = np.flatnonzero(np.bincount(ka)) if top <= 4 * len(ka) + 1024 else np.unique(ka)
+    if len(sizes) > 64:                         # many sizes: one sort by slot count, then by value
+        ranked = avail[np.lexsort((bk[avail], neg_r[avail], ka))]
+        kr = k[ranked]
+        starts = np.searchsorted(kr, sizes, side="left").tolist()
+        ends = np.searchsorted(kr, sizes, side="right").tolist()
+        groups = [ranked[s:min(e, s + PER_SLOT_SIZE)] for s, e in zip(starts, ends)]
+    else:
+        groups = [_best(neg_r, bk, avail[ka == size], PER_SLOT_SIZE)[:PER_SLOT_SIZE] for size in sizes.tolist()]
+    for rank in range(PER_SLOT_SIZE):
+        chosen.update(dict.fromkeys(int(g[rank]) for g in groups if len(g) > rank))
     return list(chosen)
 
 
@@ -240,10 +281,11 @@ def coefficients(scored: Scored) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-def plan(rows: Sequence[CatalogRow], demand: Demand, policy: Policy,
+def plan(rows: Sequence[CatalogRow] | RowTable, demand: Demand, policy: Policy,
          affinities: Mapping[str, TenantAffinity] | None = None,
          caps: Mapping[str, int] | None = None) -> Plan:
-    """The plan that maximises total utility for ``demand.count`` sandboxes."""
+    """The plan that maximises total utility for ``demand.count`` sandboxes (``rows``:
+    catalog rows or their :class:`~.gates.RowTable`)."""
     scored = score(rows, demand, policy, affinities, caps)
     a, b = coefficients(scored)
     try:

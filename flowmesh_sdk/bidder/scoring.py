@@ -32,7 +32,7 @@ from ..specs import Offer, check_number
 from ..catalog.profiles import profile
 from .cost import BID_MARGIN, OUTBID_PER_HOUR
 from .demand import Demand, TenantAffinity, check_caps
-from .gates import Feasible, GateResult, NoFeasibleOffer, check, describe
+from .gates import Feasible, GateResult, NoFeasibleOffer, RowTable, check, describe
 from .policy import Policy
 from .throughput import CONTAINER_START_S, PULL_MBPS_CAP, PULL_MBPS_PER_8_VCPU, tokens_per_second
 
@@ -120,13 +120,14 @@ class Scored:
         return [self.score(int(i)) for i in order]
 
 
-def score(rows: Sequence[CatalogRow], demand: Demand, policy: Policy,
+def score(rows: Sequence[CatalogRow] | RowTable, demand: Demand, policy: Policy,
           affinities: Mapping[str, TenantAffinity] | None = None,
           caps: Mapping[str, int] | None = None) -> Scored:
     """Gate, then score every feasible offer; :class:`NoFeasibleOffer` when none is left.
 
-    ``caps`` limits how many instances of a row (by :attr:`CatalogRow.key`) may be used,
-    on top of the row's own ``available``."""
+    ``rows`` are catalog rows or their :class:`~.gates.RowTable` (what a :class:`Bidder`
+    passes, so the columns are built once).  ``caps`` limits how many instances of a row
+    (by :attr:`CatalogRow.key`) may be used, on top of the row's own ``available``."""
     if not isinstance(policy, Policy):
         raise SpecError("policy", f"must be a Policy (e.g. Policy.preset('cost')), got {policy!r}")
     check_caps(caps)
@@ -134,15 +135,18 @@ def score(rows: Sequence[CatalogRow], demand: Demand, policy: Policy,
     n = len(feasible.rows)
     if n == 0:
         raise NoFeasibleOffer(describe(demand), feasible.considered, feasible.gates)
-    rows_ok, markets = feasible.rows, feasible.markets
+    table, index, spot = _origin(feasible)
     slots = feasible.slots
-    t, price, cost, bids, g = _terms(rows_ok, markets, slots, demand)
-    cap = np.fromiter((-1 if r.available is None else r.available for r in rows_ok), np.int64, n)
+    t, price, cost, bids, g = _terms(table, index, spot, slots, demand)
+    cap = table.available[index]
     if caps:
-        for i, row in enumerate(rows_ok):
-            extra = caps.get(row.key)
-            if extra is not None:
-                cap[i] = extra if cap[i] < 0 else min(int(cap[i]), extra)
+        extra = np.full(table.n, -1, dtype=np.int64)        # -1: no cap from ``caps``
+        for key, limit in caps.items():
+            hit = table.rows_with_key(key)
+            if hit:
+                extra[hit] = limit
+        extra = extra[index]
+        cap = np.where(extra < 0, cap, np.where(cap < 0, extra, np.minimum(cap, extra)))
     t_max = float(t.max()) if n else 0.0
     t_norm = t / t_max if t_max > 0 else np.zeros(n)
     per_slot = cost / slots
@@ -153,24 +157,33 @@ def score(rows: Sequence[CatalogRow], demand: Demand, policy: Policy,
                   bids=bids, g=g, cap=cap, t_norm=t_norm, c_norm=c_norm, utility=utility)
 
 
-def _terms(rows: Sequence[CatalogRow], markets: Sequence[str], slots: np.ndarray, demand: Demand
+def _origin(feasible: Feasible) -> tuple[RowTable, np.ndarray, np.ndarray]:
+    """The table, row indices and spot flags of the feasible offers (rebuilt from the
+    rows for a :class:`Feasible` made by hand)."""
+    if feasible.table is not None and feasible.index is not None and feasible.spot is not None:
+        return feasible.table, feasible.index, feasible.spot
+    table = RowTable(feasible.rows)
+    n = len(feasible.rows)
+    return table, np.arange(n), np.fromiter((m == "spot" for m in feasible.markets), bool, n)
+
+
+def _terms(table: RowTable, index: np.ndarray, spot: np.ndarray, slots: np.ndarray, demand: Demand
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[float | None], np.ndarray]:
-    """T_eff, listed price, C and bid of every offer, and G_loc: the same arithmetic as
-    :func:`.throughput.t_eff` and :func:`.cost.effective_price` (the reference, per row;
-    ``tests/test_bidder.py`` checks the two agree), done on arrays so that 10,000
-    offers score in milliseconds."""
-    n = len(rows)
+    """T_eff, listed price, C and bid of every offer (row ``index[i]`` of ``table``, on
+    spot where ``spot[i]``), and G_loc: the same arithmetic as :func:`.throughput.t_eff`
+    and :func:`.cost.effective_price` (the reference, per row; ``tests/test_bidder.py``
+    checks the two agree), done on the table's columns so that 10,000 offers score in
+    milliseconds."""
+    n = len(index)
     hours = demand.hours
-    spot = np.fromiter((m == "spot" for m in markets), bool, n)
-    nan = float("nan")
-    od = np.fromiter((nan if r.on_demand_per_hour is None else r.on_demand_per_hour for r in rows), float, n)
-    sp = np.fromiter((nan if r.spot_per_hour is None else r.spot_per_hour for r in rows), float, n)
+    od = table.on_demand[index]
+    sp = table.spot[index]
     listed = np.where(spot, sp, od)
-    provider = [r.provider for r in rows]
-    vast = np.fromiter((p == "vast" for p in provider), bool, n)
-    rel = np.fromiter((r.reliability or 1.0 for r in rows), float, n)
-    spot_lam = {p: profile(p).spot_hazard_per_hour for p in set(provider)}
-    cloud_lam = np.fromiter((spot_lam[p] for p in provider), float, n)
+    names = table.provider.names
+    provider = table.provider.codes[index]
+    vast = provider == _code(names, "vast")
+    rel = table.reliability[index]
+    cloud_lam = np.array([profile(p).spot_hazard_per_hour for p in names], dtype=float)[provider]
     lam = np.where(vast, -np.log(rel) / 24.0 + spot * OUTBID_PER_HOUR, np.where(spot, cloud_lam, 0.0))
     raw_bid = np.round(sp * (1.0 + BID_MARGIN), 6)
     bid_arr = np.where(vast & spot, np.where(np.isnan(od), raw_bid, np.minimum(raw_bid, od)), np.nan)
@@ -180,23 +193,28 @@ def _terms(rows: Sequence[CatalogRow], markets: Sequence[str], slots: np.ndarray
     with np.errstate(divide="ignore", invalid="ignore"):
         factor = np.where(x <= 0, 1.0, np.where(x < 1e-6, 1.0 + x / 2.0, np.expm1(x) / np.where(x > 0, x, 1.0)))
     cost = paid * factor
-    bids: list[float | None] = [float(v) if ok else None for v, ok in zip(bid_arr, has_bid)]
-    g = np.zeros(n)
-    if demand.resident:
-        g = np.fromiter((demand.is_resident(r.provider, r.region, r.instance_type) for r in rows), float, n)
+    bids: list[float | None] = [None] * n
+    where = np.flatnonzero(has_bid)
+    for i, v in zip(where.tolist(), bid_arr[where].tolist()):
+        bids[i] = v
+    g = table.resident(demand.resident)[index].astype(float) if demand.resident else np.zeros(n)
     if demand.model is not None:
-        t = np.fromiter(((tokens_per_second(r, demand) or 0.0) for r in rows), float, n)
+        rows = table.rows
+        t = np.fromiter(((tokens_per_second(rows[i], demand) or 0.0) for i in index.tolist()), float, n)
     else:
-        cpus = np.fromiter((r.cpus for r in rows), float, n)
+        cpus = table.cpus[index]
         mbps = np.minimum(PULL_MBPS_CAP, PULL_MBPS_PER_8_VCPU * np.maximum(1.0, cpus / 8.0))
         pull = np.where(g > 0, 0.0, demand.image_gb * 8000.0 / (mbps / np.maximum(slots, 1))) \
             if demand.image_gb > 0 else np.zeros(n)
         startup = pull + CONTAINER_START_S
         if demand.mode == "ephemeral":
-            boot = {p: profile(p).boot_s for p in set(provider)}
-            startup = startup + np.fromiter((boot[p] for p in provider), float, n)
+            startup = startup + np.array([profile(p).boot_s for p in names], dtype=float)[provider]
         t = 3600.0 / (startup + demand.minutes * 60.0)
     return t, listed, cost, bids, g
+
+
+def _code(names: list[str], name: str) -> int:
+    return names.index(name) if name in names else -1
 
 
 __all__ = ["Score", "Scored", "score"]
