@@ -4,9 +4,9 @@
 
 The pool's search space is ``("local", "ec2/us-east-1")``.  Offers from both are priced
 from the catalog (``local`` costs nothing: the machine is yours) and ranked by
-U = w_t*T - w_c*C + w_l*G_loc; the pool keeps one instance warm and grows on demand.
-This host holds one instance of the pool's size, so the next launch fails over (the
-reason and the price delta are published) to the best EC2 offer, and the batch runs on
+U = w_t*T - w_c*C + w_l*G_loc; the pool keeps two instances warm.  This host holds one
+instance of the pool's size, so the launch fills it and fails over (the reason and the
+price delta are published) to the best EC2 offer for the other, and the batch runs on
 both.  It prints every launch decision with the winner's and runner-up's terms, which
 tasks ran where, and what the run cost per provider.
 
@@ -67,9 +67,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def pool_spec(registry: str, budget_per_hour: float) -> PoolSpec:
-    # 2-cpu instances, two sandboxes each; one kept warm, a second when the batch queues
+    # two warm 2-cpu instances, two sandboxes each: this host holds one, EC2 the other
     return PoolSpec(name="swe-multi", mode="persistent", infra=("local", "ec2/us-east-1"),
-                    instance=InstanceSpec(cpus=2, memory_gb=4), min_instances=1, max_instances=2,
+                    instance=InstanceSpec(cpus=2, memory_gb=4), min_instances=2, max_instances=2,
                     sandboxes_per_instance=2, warm_per_image=0, policy="cost",
                     budget_per_hour=budget_per_hour, warm_images=(f"{registry}/{job.BASE_IMAGE.removeprefix('localhost/')}",))
 
