@@ -8,7 +8,8 @@ GPUs) and ``B`` the demand.  For each feasible offer:
   offers: the fastest slot scores 1, one half as fast 0.5.
 * ``C`` -- the instance's expected $/h after interruptions (:mod:`.cost`), divided by
   its slots: $ per slot-hour.  ``C^ = C / min C`` over the feasible offers: the
-  cheapest slot scores 1, one twice as dear 2.
+  cheapest slot scores 1, one twice as dear 2 (free slots -- the user's own machines --
+  score 0, and the paid ones are taken against the cheapest paid slot).
 * ``G_loc`` -- 1 when the image (or the model's weights) is already resident where the
   offer runs (``Demand.resident``), else 0.
 
@@ -50,7 +51,7 @@ class Score:
     t_eff: float                   # per slot: sandboxes/hour, or tokens/s for a model
     t_unit: str                    # "sandboxes/h" or "tokens/s"
     t_norm: float                  # T^ in [0, 1]
-    c_norm: float                  # C^ >= 1: per-slot cost / the cheapest feasible per-slot cost
+    c_norm: float                  # C^: per-slot cost / the cheapest feasible (paid) per-slot cost; 0 if free
     g_loc: float                   # 0 or 1
     utility: float                 # U = w_t*T^ - w_c*C^ + w_l*G_loc
     available: int | None = None   # how many of this offer can be had (None: not limited)
@@ -150,8 +151,7 @@ def score(rows: Sequence[CatalogRow] | RowTable, demand: Demand, policy: Policy,
     t_max = float(t.max()) if n else 0.0
     t_norm = t / t_max if t_max > 0 else np.zeros(n)
     per_slot = cost / slots
-    c_min = float(per_slot.min())
-    c_norm = per_slot / c_min if c_min > 0 else np.where(per_slot > 0, np.inf, 1.0)
+    c_norm = _cost_ratio(per_slot)
     utility = policy.w_t * t_norm - policy.w_c * c_norm + policy.w_l * g
     return Scored(demand=demand, policy=policy, feasible=feasible, slots=slots, t=t, price=price, cost=cost,
                   bids=bids, g=g, cap=cap, t_norm=t_norm, c_norm=c_norm, utility=utility)
@@ -165,6 +165,19 @@ def _origin(feasible: Feasible) -> tuple[RowTable, np.ndarray, np.ndarray]:
     table = RowTable(feasible.rows)
     n = len(feasible.rows)
     return table, np.arange(n), np.fromiter((m == "spot" for m in feasible.markets), bool, n)
+
+
+def _cost_ratio(per_slot: np.ndarray) -> np.ndarray:
+    """C^: per-slot cost over the cheapest feasible per-slot cost.  When the cheapest is
+    free (machines the user owns: ``local``, ``ssh``), over the cheapest paid one, the
+    free ones scoring 0 -- so paid offers keep finite, comparable terms beside them."""
+    c_min = float(per_slot.min())
+    if c_min > 0:
+        return per_slot / c_min
+    paid = per_slot[per_slot > 0]
+    if not paid.size:
+        return np.ones_like(per_slot)
+    return per_slot / float(paid.min())
 
 
 def _terms(table: RowTable, index: np.ndarray, spot: np.ndarray, slots: np.ndarray, demand: Demand
