@@ -21,7 +21,9 @@ import threading
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
+from .errors import SpecError
 from .fleet import Fleet
+from .pools.auto import AutoPool, AutoStats
 from .pools.base import Pool, PoolStats
 from .sandbox import DEFAULT_OUTPUT_CAP, FILE_CAP, Sandbox
 from .specs import ExecResult, PoolSpec, SandboxSpec, Task, TaskResult
@@ -90,9 +92,9 @@ class SyncSandbox:
         self.sandbox = sandbox
 
     def exec(self, cmd: str, *, timeout_s: float | None = None, env: Mapping[str, str] | None = None,
-             cwd: str | None = None, output_cap: int = DEFAULT_OUTPUT_CAP) -> ExecResult:
+             cwd: str | None = None, output_cap: int = DEFAULT_OUTPUT_CAP, binary: bool = False) -> ExecResult:
         return self._loop.call(self.sandbox.exec(cmd, timeout_s=timeout_s, env=env, cwd=cwd,
-                                                 output_cap=output_cap))
+                                                 output_cap=output_cap, binary=binary))
 
     def read_file(self, path: str, *, max_bytes: int = FILE_CAP) -> bytes:
         return self._loop.call(self.sandbox.read_file(path, max_bytes=max_bytes))
@@ -108,14 +110,22 @@ class SyncSandbox:
 
 
 class SyncPool:
-    def __init__(self, loop: _Loop, pool: Pool) -> None:
+    def __init__(self, loop: _Loop, pool: Pool | AutoPool) -> None:
         self._loop = loop
         self.pool = pool
 
     @contextlib.contextmanager
     def sandbox(self, spec: SandboxSpec | None = None, *, image: str | None = None,
-                tenant: str = "default", name: str | None = None) -> Iterator[SyncSandbox]:
-        cm = self.pool.sandbox(spec, image=image, tenant=tenant, name=name)
+                tenant: str = "default", name: str | None = None,
+                isolation: str | None = None) -> Iterator[SyncSandbox]:
+        """``isolation`` is for a ``mode="auto"`` pool (strict | shared)."""
+        if isolation is not None:
+            if not isinstance(self.pool, AutoPool):
+                raise SpecError("isolation", "is for a mode='auto' pool; this pool's mode is "
+                                             f"{self.pool.spec.mode.value}")
+            cm = self.pool.sandbox(spec, image=image, tenant=tenant, name=name, isolation=isolation)
+        else:
+            cm = self.pool.sandbox(spec, image=image, tenant=tenant, name=name)
         sb = self._loop.call(cm.__aenter__())
         try:
             yield SyncSandbox(self._loop, sb)
@@ -136,7 +146,7 @@ class SyncPool:
     def default_sandbox(self, image: str) -> SandboxSpec:
         return self.pool.default_sandbox(image)
 
-    def stats(self) -> PoolStats:
+    def stats(self) -> PoolStats | AutoStats:
         return self.pool.stats()
 
     def drain(self, timeout_s: float | None = None) -> None:
