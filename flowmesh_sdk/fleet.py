@@ -17,35 +17,31 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import gc
+from .catalog.loader import Catalog
 from .config import Owner, home_dir
 from .control.backend import ControlBackend, InProcessBackend
 from .control.events import Event, EventBus, EventKind
 from .control.limits import QuotaLimits
+from .control.spend import SpendLedger, SpendSummary
 from .control.store import MetadataStore
-from .errors import SpecError
+from .errors import FlowMeshError, SpecError
 from .images import (DefaultResolver, ImageResolver, LocalStoreResolver, PullBudget, PullPolicy,
                      RegistryResolver)
+from .placement import Placement, place, providers_named
+from .pools.auto import AutoPool
+from .pools.base import Pool, PoolContext
+from .pools.bootstrap import BootstrapPolicy
+from .pools.ephemeral import EphemeralPool
+from .pools.machines import ReconcileResult
+from .pools.persistent import PersistentPool
+from .provider import TAG_FLEET, Provider, available_providers, load_provider
+from .provisioning import Failover, Provisioner, RetryPolicy
 from .registry.auth import Credentials, env_credentials, write_auth_file
 from .registry.client import RegistryClient
-from .provider import TAG_FLEET, Provider, load_provider
-from .provisioning import Failover, Provisioner, RetryPolicy
 from .remote.local import LocalRunner
 from .remote.runner import Runner
 from .remote.runtime import ContainerRuntime, RuntimeConfig
-from .bidder.gates import NoFeasibleOffer
-from .catalog.loader import Catalog
-from .control.spend import SpendLedger, SpendSummary
-from .errors import FlowMeshError
-from .placement.infra import providers_named
-from .placement.ranking import Placement, PriceBook, priced_offers, query_spec, rank, registry_locality
-from .provider import available_providers
 from .specs import Offer, PoolMode, PoolSpec, check_name, check_number
-from .pools.auto import AutoPool
-from .pools.base import Pool, PoolContext
-from .pools.machines import ReconcileResult
-from .pools.bootstrap import BootstrapPolicy
-from .pools.ephemeral import EphemeralPool
-from .pools.persistent import PersistentPool
 
 if TYPE_CHECKING:
     from .reuse import ResultReuse
@@ -135,7 +131,7 @@ class Fleet:
             self.quota.set(tenant, limits)
         self.bootstrap_timeout_s = bootstrap_timeout_s
         self.bootstrap = bootstrap or BootstrapPolicy()
-        self.pools: dict[str, Pool] = {}
+        self.pools: dict[str, Pool | AutoPool] = {}
         self._closed = False
         self._results: ResultReuse | None = None   # behind .results, made on first use
 
@@ -186,7 +182,7 @@ class Fleet:
             rt = self._runtimes[id(runner)] = ContainerRuntime(runner, self.runtime_config)
         return rt
 
-    async def pool(self, spec: PoolSpec | None = None, **kwargs: Any) -> Pool:
+    async def pool(self, spec: PoolSpec | None = None, **kwargs: Any) -> Pool | AutoPool:
         """Create (and start) a pool; ``kwargs`` are PoolSpec fields when no spec is given.
 
         The pool's offers are gathered from every provider of its search space
@@ -222,57 +218,15 @@ class Fleet:
         return pool
 
     async def _placement(self, spec: PoolSpec) -> tuple[dict[str, Provider], Placement]:
-        """The providers of ``spec``'s search space and its ranked offers."""
-        space = spec.search_space
-        names = providers_named(space, set(available_providers()) | set(self._providers))
+        """The providers of ``spec``'s search space (loaded by name on first use) and its
+        ranked offers (:func:`flowmesh_sdk.placement.place`)."""
+        installed = set(available_providers()) | set(self._providers)
+        names = providers_named(spec.search_space, installed)
         if not names:
             raise SpecError("pool.infra", f"{', '.join(spec.infra)} matches no installed provider; installed: "
-                                          f"{', '.join(sorted(set(available_providers()) | set(self._providers)))}")
+                                          f"{', '.join(sorted(installed))}")
         providers = {n: self.provider(n) for n in names}
-        why_not: list[str] = []
-        if spec.mode is not PoolMode.EPHEMERAL:
-            for n in [n for n, p in providers.items() if not p.capabilities.nested_containers]:
-                why_not.append(f"{n}: its instances are containers themselves (nested_containers=False), so "
-                               f"they cannot hold a {spec.mode.value} pool's sandboxes; use it for GPU workers "
-                               "or an ephemeral pool (one sandbox per instance)")
-                del providers[n]
-        if spec.spot == "only":
-            for n in [n for n, p in providers.items() if not p.capabilities.spot]:
-                why_not.append(f"{n}: sells no spot instances, and pool.spot is 'only'")
-                del providers[n]
-        if not providers:
-            raise SpecError("pool.infra", "no provider of the search space can serve this pool: " + "; ".join(why_not))
-        qspec = query_spec(spec)
-        found = await asyncio.gather(*(p.offers(qspec) for p in providers.values()))
-        raw = dict(zip(providers, found))
-        for i, entry in enumerate(space):
-            if not any(entry.matches_provider(n) for n in providers):
-                continue   # explained by why_not
-            if not any(entry.matches(o.provider, o.region, o.zone) for n, offers in raw.items() for o in offers):
-                prov = providers.get(entry.provider)
-                why = getattr(prov, "explain_misfit", None) if prov else None
-                where = f" in region {entry.region!r}" if entry.region != "*" else ""
-                where += f" zone {entry.zone!r}" if entry.zone != "*" else ""
-                field = "pool.instance" if len(space) == 1 else f"pool.infra[{i}]"
-                raise SpecError(field, f"no offer of provider {entry.provider!r}{where} fits"
-                                       + (f": {why(qspec)}" if why and where == "" else "")
-                                       + ("" if len(space) == 1 else f" (entry {str(entry)!r} matches nothing)"))
-        need_prices = any(not p.capabilities.free for p in providers.values())
-        book = PriceBook(self.catalog.rows if need_prices else ())
-        priced, excluded = priced_offers(raw, free={n: p.capabilities.free for n, p in providers.items()},
-                                         spot_capable={n: p.capabilities.spot for n, p in providers.items()},
-                                         book=book, spot=spec.spot, space=space)
-        resident = tuple(dict.fromkeys(e for image in spec.warm_images for e in registry_locality(image)))
-        try:
-            ranked = rank(priced, spec, resident=resident)
-        except NoFeasibleOffer as exc:
-            raise SpecError("pool.instance", f"no offer fits this pool: {exc}") from exc
-        if not ranked:
-            raise SpecError("pool.instance", "no priced offer in the search space "
-                                             f"{', '.join(spec.infra)}: " + "; ".join(excluded[:10] + why_not))
-        for line in excluded + why_not:
-            log.info("pool %s: excluded %s", spec.name, line)
-        return providers, Placement(ranked, excluded + why_not)
+        return await place(spec, providers, lambda: self.catalog)
 
     @property
     def catalog(self) -> Catalog:

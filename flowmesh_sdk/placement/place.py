@@ -1,0 +1,81 @@
+"""Placing a pool: from its search space and the providers it names to the ranked,
+priced offers its instances are launched from.
+
+1. Providers that cannot serve the pool are left out, each with the reason: instances
+   that are containers themselves (``nested_containers=False``) hold no persistent or
+   auto pool's sandboxes; a provider without spot serves no ``spot="only"`` pool.
+2. Every provider left is asked for the shapes that fit (:func:`.ranking.query_spec`);
+   each search-space entry must match at least one offer (else a :class:`SpecError`
+   naming the entry).
+3. The offers are priced from the catalog (:func:`.ranking.priced_offers`) and ranked by
+   the bidder (:func:`.ranking.rank`), with the warm images' registry region as the
+   locality term.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+
+from ..bidder.gates import NoFeasibleOffer
+from ..catalog.loader import Catalog
+from ..errors import SpecError
+from ..provider import Provider
+from ..specs import PoolMode, PoolSpec
+from .ranking import Placement, PriceBook, priced_offers, query_spec, rank, registry_locality
+
+log = logging.getLogger("flowmesh.placement")
+
+
+async def place(spec: PoolSpec, providers: Mapping[str, Provider],
+                catalog: Callable[[], Catalog]) -> tuple[dict[str, Provider], Placement]:
+    """The providers that can serve ``spec`` and its :class:`Placement`; ``catalog`` is
+    called only when some provider's offers need pricing."""
+    providers = dict(providers)
+    space = spec.search_space
+    why_not: list[str] = []
+    if spec.mode is not PoolMode.EPHEMERAL:
+        for n in [n for n, p in providers.items() if not p.capabilities.nested_containers]:
+            why_not.append(f"{n}: its instances are containers themselves (nested_containers=False), so "
+                           f"they cannot hold a {spec.mode.value} pool's sandboxes; use it for GPU workers "
+                           "or an ephemeral pool (one sandbox per instance)")
+            del providers[n]
+    if spec.spot == "only":
+        for n in [n for n, p in providers.items() if not p.capabilities.spot]:
+            why_not.append(f"{n}: sells no spot instances, and pool.spot is 'only'")
+            del providers[n]
+    if not providers:
+        raise SpecError("pool.infra", "no provider of the search space can serve this pool: " + "; ".join(why_not))
+    qspec = query_spec(spec)
+    found = await asyncio.gather(*(p.offers(qspec) for p in providers.values()))
+    raw = dict(zip(providers, found))
+    for i, entry in enumerate(space):
+        if not any(entry.matches_provider(n) for n in providers):
+            continue   # explained by why_not
+        if not any(entry.matches(o.provider, o.region, o.zone) for offers in raw.values() for o in offers):
+            prov = providers.get(entry.provider)
+            why = getattr(prov, "explain_misfit", None) if prov else None
+            where = f" in region {entry.region!r}" if entry.region != "*" else ""
+            where += f" zone {entry.zone!r}" if entry.zone != "*" else ""
+            field = "pool.instance" if len(space) == 1 else f"pool.infra[{i}]"
+            raise SpecError(field, f"no offer of provider {entry.provider!r}{where} fits"
+                                   + (f": {why(qspec)}" if why and where == "" else "")
+                                   + ("" if len(space) == 1 else f" (entry {str(entry)!r} matches nothing)"))
+    need_prices = any(not p.capabilities.free for p in providers.values())
+    book = PriceBook(catalog().rows if need_prices else ())
+    priced, excluded = priced_offers(raw, free={n: p.capabilities.free for n, p in providers.items()},
+                                     spot_capable={n: p.capabilities.spot for n, p in providers.items()},
+                                     book=book, spot=spec.spot, space=space)
+    resident = tuple(dict.fromkeys(e for image in spec.warm_images for e in registry_locality(image)))
+    try:
+        ranked = rank(priced, spec, resident=resident)
+    except NoFeasibleOffer as exc:
+        raise SpecError("pool.instance", f"no offer fits this pool: {exc}") from exc
+    if not ranked:
+        raise SpecError("pool.instance", "no priced offer in the search space "
+                                         f"{', '.join(spec.infra)}: " + "; ".join(excluded[:10] + why_not))
+    for line in excluded + why_not:
+        log.info("pool %s: excluded %s", spec.name, line)
+    return providers, Placement(ranked, excluded + why_not)
+
