@@ -190,7 +190,7 @@ class Provisioner:
         last = errors[-1] if errors else None
         if errors and all(isinstance(e, AuthError) for e in errors) or (
                 not errors and self.auth_failed and all(o.provider in self.auth_failed for o in offers)):
-            if len(errors) == 1:
+            if len(errors) == 1 and len(self.auth_failed) <= 1:
                 return errors[0]
             err: FlowMeshError = AuthError("no provider accepted its credentials: " + "; ".join(
                 f"{p}: {e}" for p, e in self.auth_failed.items()), code="AllAuthFailed")

@@ -236,3 +236,33 @@ def test_2000_tasks_across_three_clouds_with_capacity_limits_and_spot_interrupti
             assert pool.spend().spent == pytest.approx(sum(p.cost() for p in provs.values()), rel=0.02)
             await pool.drain()
     run(main())
+
+
+def test_auth_failure_skips_that_provider_keeps_its_error_and_fails_only_when_nothing_is_left(tmp_path):
+    from flowmesh_sdk import AuthError
+
+    def refuse(prov):
+        async def launch(request):   # fault injection on the real simulated provider: credentials refused
+            prov.calls["launch"] += 1
+            raise AuthError(f"{prov.name}: the access key was refused", provider=prov.name, code="AuthFailure")
+        prov.launch = launch
+
+    async def main():
+        async with sim_clouds_fleet(clouds(), SIZES, home=str(tmp_path)) as (fleet, provs):
+            failovers = collect(fleet, EventKind.LAUNCH_FAILOVER)
+            refuse(provs["alpha"])
+            pool = await fleet.pool(spec(infra=("alpha", "beta"), min_instances=1, max_instances=3))
+            assert {mi.provider.name for mi in pool.instances.values()} == {"beta"}
+            assert "alpha" in fleet.provisioner.auth_failed
+            assert any("alpha/a-1/a.2x auth" in e.detail and "access key was refused" in e.detail
+                       for e in failovers), [e.detail for e in failovers]
+            res = await pool.map(tasks(6, 60))          # scaling up skips alpha: no second call to it
+            assert all(r.ok for r in res)
+            assert provs["alpha"].calls["launch"] == 1
+            await pool.drain()
+            refuse(provs["beta"])
+            with pytest.raises(AuthError, match="no provider accepted its credentials") as ei:
+                await fleet.pool(spec(name="none", infra=("alpha", "beta"), min_instances=1, max_instances=1))
+            assert "alpha: [alpha] alpha: the access key was refused" in str(ei.value)
+            assert "beta: [beta] beta: the access key was refused" in str(ei.value)
+    run(main())

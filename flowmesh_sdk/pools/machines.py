@@ -97,6 +97,8 @@ class Machines:
         fit = 0
         first_error: BudgetExceededError | None = None
         for c in self.placement.candidates:
+            if self.ctx.provisioner.usable(c.offer) is not None:
+                continue   # its provider failed auth, or its region quota, earlier in this run
             try:
                 n = self._admit(count, c)
             except BudgetExceededError as exc:
@@ -105,6 +107,10 @@ class Machines:
             if not usable:
                 fit = n
             usable.append(c)
+        if not usable and first_error is None:
+            raise self.ctx.provisioner.exhausted([c.offer for c in self.placement.candidates], [], [],
+                                                 f"{count} instance(s) for pool {self.pool!r} (every offer's "
+                                                 "provider or region was skipped earlier in this run)")
         if not usable:
             assert first_error is not None
             self._publish(EventKind.LAUNCH_REFUSED, detail=json.dumps(
