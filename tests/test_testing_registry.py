@@ -451,5 +451,6 @@ async def test_proxy_async_api_and_tls_probe(busybox_image: str) -> None:
         # answers in plain HTTP at once, so the client falls back to http.
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as s:
             s.sendall(b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + os.urandom(32))
-            assert s.recv(64).startswith(b"HTTP/1.1 400 ")
+            first = s.recv(64)   # aiohttp answers an unparseable request as HTTP/1.0
+            assert first.startswith((b"HTTP/1.1 400 ", b"HTTP/1.0 400 ")), first
         assert fetch("GET", f"{proxy.url}/v2/")[0] == 200

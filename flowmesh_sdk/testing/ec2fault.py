@@ -28,23 +28,27 @@ family and ``InternalError`` 500; ``AuthFailure`` 401, ``UnauthorizedOperation``
 every other (client) code 400.  Pass ``status=`` to override.
 
 It is a fixture for tests, not a general proxy: plain HTTP, one upstream, the whole
-request body read into memory.  Runs a stdlib ``ThreadingHTTPServer`` in a daemon thread,
-so it keeps answering while the test's event loop (or a worker thread) waits; the fault
+request body read into memory.  It is an :class:`~flowmesh_sdk.testing.httpserver.HttpServer`
+(aiohttp, its own event loop in a daemon thread; a delay is an ``asyncio.sleep`` there, so
+other calls go on), so it keeps answering while the test's event loop (or a worker thread) waits; the fault
 and counter methods are thread-safe.
 """
 
 from __future__ import annotations
 
-import http.client
+import asyncio
 import threading
-import time
 import urllib.parse
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from xml.sax.saxutils import escape
+
+import aiohttp
+from aiohttp import web
+
+from .httpserver import HttpServer
 
 __all__ = ["Ec2Call", "Ec2FaultProxy", "STATUS", "error_body"]
 
@@ -111,19 +115,20 @@ class _State:
     log: list[Ec2Call] = field(default_factory=list)
 
 
-class Ec2FaultProxy:
+class Ec2FaultProxy(HttpServer):
     """A fault-injecting HTTP proxy in front of an EC2 endpoint (a test fixture)."""
+
+    name = "ec2-fault-proxy"
 
     def __init__(self, upstream: str, *, port: int = 0) -> None:
         parsed = urllib.parse.urlsplit(upstream)
         if parsed.scheme != "http" or not parsed.hostname:
             raise ValueError(f"upstream must be an http:// URL, got {upstream!r}")
-        self._upstream = (parsed.hostname, parsed.port or 80)
-        self._port = port
+        super().__init__(port=port)
+        self._upstream = f"http://{parsed.hostname}:{parsed.port or 80}"
         self._lock = threading.Lock()
         self._state = _State()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._session: aiohttp.ClientSession | None = None
         self.endpoint_url = ""
 
     # ---- faults --------------------------------------------------------------------
@@ -190,87 +195,49 @@ class Ec2FaultProxy:
             self._state.log.append(Ec2Call(action, dict(params), fault.code if fault else None))
             return fault, wait
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        proxy = self
+    # ---- the request path (the server's loop) ---------------------------------------
+    async def on_start(self) -> None:
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True),
+                                              auto_decompress=False, timeout=aiohttp.ClientTimeout(total=120))
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True   # headers and body go out at once (no 40 ms ACK stall)
+    async def on_stop(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - quiet
-                return
+    @staticmethod
+    def _xml(status: int, data: bytes) -> web.Response:
+        return web.Response(status=status, body=data, headers={"Content-Type": "text/xml;charset=UTF-8"})
 
-            def _relay(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
-                form = dict(urllib.parse.parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
-                if not form:
-                    form = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
-                action = form.get("Action", "")
-                fault, wait = proxy._decide(action, form)
-                if wait > 0:
-                    time.sleep(wait)
-                if fault is not None:
-                    data = error_body(fault.code, fault.message)
-                    self.send_response(fault.status)
-                    self.send_header("Content-Type", "text/xml;charset=UTF-8")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                    return
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
-                headers["Content-Length"] = str(len(body))
-                headers["Connection"] = "close"
-                conn = http.client.HTTPConnection(*proxy._upstream, timeout=120)
-                try:
-                    conn.request(self.command, self.path, body=body, headers=headers)
-                    resp = conn.getresponse()
-                    data = resp.read()
-                    self.send_response(resp.status, resp.reason)
-                    for k, v in resp.getheaders():
-                        if k.lower() not in _HOP_BY_HOP:
-                            self.send_header(k, v)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except OSError as exc:
-                    data = error_body("InternalError", f"fault proxy: upstream failed: {exc}")
-                    self.send_response(502)
-                    self.send_header("Content-Type", "text/xml;charset=UTF-8")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                finally:
-                    conn.close()
-
-            do_POST = _relay
-            do_GET = _relay
-
-        return Handler
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        form = dict(urllib.parse.parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+        if not form:
+            form = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(request.raw_path).query))
+        action = form.get("Action", "")
+        fault, wait = self._decide(action, form)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        if fault is not None:
+            return self._xml(fault.status, error_body(fault.code, fault.message))
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        assert self._session is not None
+        try:
+            async with self._session.request(request.method, self._upstream + request.raw_path, data=body,
+                                             headers=headers, allow_redirects=False,
+                                             skip_auto_headers=("Accept-Encoding", "User-Agent",
+                                                                "Content-Type")) as resp:
+                data = await resp.read()
+                out = web.Response(status=resp.status, reason=resp.reason, body=data)
+                for k, v in resp.headers.items():
+                    if k.lower() not in _HOP_BY_HOP:
+                        out.headers.add(k, v)
+                return out
+        except (aiohttp.ClientError, OSError) as exc:
+            return self._xml(502, error_body("InternalError", f"fault proxy: upstream failed: {exc}"))
 
     # ---- lifecycle -----------------------------------------------------------------
     def start(self) -> Ec2FaultProxy:
-        if self._server is not None:
-            return self
-        server = ThreadingHTTPServer(("127.0.0.1", self._port), self._handler())
-        server.daemon_threads = True
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="ec2-fault-proxy", daemon=True)
-        self._thread.start()
-        self.endpoint_url = f"http://127.0.0.1:{server.server_address[1]}"
+        super().start()
+        self.endpoint_url = self.url
         return self
-
-    def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-
-    def __enter__(self) -> Ec2FaultProxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

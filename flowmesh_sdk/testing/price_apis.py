@@ -45,8 +45,9 @@ that sends the wrong request fails here too.
   ``vast-ai/vast-python`` ``vast.py`` ``search__offers`` and its sample output
   ``search.json``.
 
-Each emulator runs a ``ThreadingHTTPServer`` in a daemon thread (so blocking clients such
-as boto3 and async ones both work), records every request (``.requests``; credentials
+Each emulator is an :class:`~flowmesh_sdk.testing.httpserver.HttpServer` (aiohttp on a
+loop of its own in a daemon thread, so blocking clients such as boto3 and async ones both
+work), records every request (``.requests``; credentials
 are kept out of the record) and can inject faults (:meth:`_Emulator.fail_next`).
 Use as a context manager; ``.url`` is the base URL.
 """
@@ -62,10 +63,12 @@ import urllib.parse
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from aiohttp import web
+
 from ..catalog.records import CatalogRow
+from .httpserver import HttpServer, json_response
 
 __all__ = ["AlibabaEcsEmulator", "AwsPricingEmulator", "AzureRetailPricesEmulator", "GceBillingCatalogEmulator",
            "Recorded", "VastSearchEmulator", "GCE_SERVICE_ID"]
@@ -93,88 +96,39 @@ class _Fault:
     times: int = 1
 
 
-class _Emulator:
-    """Base: an HTTP server on 127.0.0.1 with request recording and fault injection."""
+class _Emulator(HttpServer):
+    """Base: an :class:`~flowmesh_sdk.testing.httpserver.HttpServer` with request
+    recording and fault injection; a subclass answers in :meth:`answer`."""
 
     name = "emulator"
 
     def __init__(self) -> None:
+        super().__init__()
         self.requests: list[Recorded] = []
         self._faults: list[_Fault] = []
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
 
-    # ---- life cycle ---------------------------------------------------------------
-    def start(self) -> _Emulator:
-        emulator = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def _serve(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
-                split = urllib.parse.urlsplit(self.path)
-                query = urllib.parse.parse_qs(split.query, keep_blank_values=True)
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                shown = {k: (v.split(" ", 1)[0] + " ..." if k in _SECRET_HEADERS else v) for k, v in headers.items()}
-                with emulator._lock:
-                    emulator.requests.append(Recorded(self.command, split.path, query, shown, body))
-                    fault = emulator._faults[0] if emulator._faults else None
-                    if fault is not None:
-                        fault.times -= 1
-                        if fault.times <= 0:
-                            emulator._faults.pop(0)
-                if fault is not None:
-                    status, payload, extra = fault.status, fault.body, fault.headers
-                else:
-                    try:
-                        status, payload, extra = emulator.handle(self.command, split.path, query, headers, body,
-                                                                 raw_query=split.query)
-                    except Exception as exc:  # a bug in the emulator must show, not hang the client
-                        status, payload, extra = 500, {"error": f"emulator error: {exc!r}"}, {}
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", extra.pop("Content-Type", "application/json"))
-                for k, v in extra.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = _serve
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name=f"{self.name}-emulator",
-                                        daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> Any:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def port(self) -> int:
-        assert self._server is not None, "not started"
-        return int(self._server.server_address[1])
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        split = urllib.parse.urlsplit(request.raw_path)
+        query = urllib.parse.parse_qs(split.query, keep_blank_values=True)
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        shown = {k: (v.split(" ", 1)[0] + " ..." if k in _SECRET_HEADERS else v) for k, v in headers.items()}
+        with self._lock:
+            self.requests.append(Recorded(request.method, split.path, query, shown, body))
+            fault = self._faults[0] if self._faults else None
+            if fault is not None:
+                fault.times -= 1
+                if fault.times <= 0:
+                    self._faults.pop(0)
+        if fault is not None:
+            status, payload, extra = fault.status, fault.body, dict(fault.headers)
+        else:
+            status, payload, extra = self.answer(request.method, split.path, query, headers, body,
+                                                 raw_query=split.query)
+            extra = dict(extra)
+        content_type = extra.pop("Content-Type", "application/json")
+        return json_response(status, payload, extra, content_type=content_type)
 
     def fail_next(self, status: int, body: dict[str, Any] | None = None, *, times: int = 1,
                   headers: Mapping[str, str] | None = None) -> None:
@@ -182,7 +136,7 @@ class _Emulator:
         with self._lock:
             self._faults.append(_Fault(status, dict(body or {}), dict(headers or {}), times))
 
-    def handle(self, method: str, path: str, query: Mapping[str, list[str]], headers: Mapping[str, str],
+    def answer(self, method: str, path: str, query: Mapping[str, list[str]], headers: Mapping[str, str],
                body: bytes, *, raw_query: str) -> tuple[int, Any, dict[str, str]]:
         raise NotImplementedError
 
@@ -257,7 +211,7 @@ class AwsPricingEmulator(_Emulator):
     def _error(kind: str, message: str, status: int = 400) -> tuple[int, Any, dict[str, str]]:
         return status, {"__type": kind, "message": message}, {"Content-Type": "application/x-amz-json-1.1"}
 
-    def handle(self, method, path, query, headers, body, *, raw_query):  # type: ignore[override]
+    def answer(self, method, path, query, headers, body, *, raw_query):  # type: ignore[override]
         if method != "POST" or path != "/":
             return self._error("UnknownOperationException", f"{method} {path}", 404)
         if headers.get("x-amz-target") != self.TARGET:
@@ -351,7 +305,7 @@ class AzureRetailPricesEmulator(_Emulator):
         for row in rows:
             self.items.extend(azure_items(row))
 
-    def handle(self, method, path, query, headers, body, *, raw_query):  # type: ignore[override]
+    def answer(self, method, path, query, headers, body, *, raw_query):  # type: ignore[override]
         if method != "GET" or path.rstrip("/") != "/api/retail/prices":
             return 404, {"Error": {"Code": "NotFound", "Message": f"{method} {path}"}}, {}
         version = _one(query, "api-version")
@@ -419,7 +373,7 @@ class GceBillingCatalogEmulator(_Emulator):
         self.api_key = api_key
         self.page_size = page_size
 
-    def handle(self, method, path, query, headers, body, *, raw_query):  # type: ignore[override]
+    def answer(self, method, path, query, headers, body, *, raw_query):  # type: ignore[override]
         m = re.fullmatch(r"/v1/services/([^/]+)/skus", path)
         if method != "GET" or not m:
             return 404, {"error": {"code": 404, "message": f"{method} {path}", "status": "NOT_FOUND"}}, {}
@@ -503,7 +457,7 @@ class AlibabaEcsEmulator(_Emulator):
         return status, {"RequestId": str(uuid.uuid4()).upper(), "HostId": "ecs.aliyuncs.com", "Code": code,
                         "Message": message, "Recommend": "https://api.aliyun.com/troubleshoot"}, {}
 
-    def handle(self, method, path, query, headers, body, *, raw_query):  # type: ignore[override]
+    def answer(self, method, path, query, headers, body, *, raw_query):  # type: ignore[override]
         params = {k: v[0] for k, v in query.items()}
         if body and headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
             params.update({k: v[0] for k, v in urllib.parse.parse_qs(body.decode()).items()})
@@ -603,7 +557,7 @@ class VastSearchEmulator(_Emulator):
         self.offers = list(offers)
         self.api_key = api_key
 
-    def handle(self, method, path, query, headers, body, *, raw_query):  # type: ignore[override]
+    def answer(self, method, path, query, headers, body, *, raw_query):  # type: ignore[override]
         if path.rstrip("/") != "/api/v0/bundles":
             return 404, {"success": False, "error": "not_found", "msg": f"{method} {path}"}, {}
         if self.api_key is not None:

@@ -23,18 +23,16 @@ ways, all implemented here (``header=``):
 - ``"kid"``: the libtrust key ID of a key in the root bundle;
 - ``"jwk"``: the public key itself (with its libtrust ``kid``), which must be in the bundle.
 
-It listens on 127.0.0.1 only and runs its own event loop in a daemon thread, so it keeps
-answering while the caller blocks (e.g. in ``subprocess.run(["podman", "pull", ...])``).
+It is an :class:`~flowmesh_sdk.testing.httpserver.HttpServer` (127.0.0.1 only, its own
+event loop in a daemon thread), so it keeps answering while the caller blocks (e.g. in ``subprocess.run(["podman", "pull", ...])``).
 It is a fixture for tests: credentials are plain strings in memory, tokens are not
 revocable, and no TLS is spoken.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import concurrent.futures
 import hashlib
 import json
 import os
@@ -47,84 +45,17 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from aiohttp import web
+
+from .httpserver import HttpServer, json_response
 
 __all__ = ["TokenServer", "TokenRequest", "SigningKey", "libtrust_key_id", "make_signing_key"]
 
-T = TypeVar("T")
 
 _HEADER_MODES = ("x5c", "kid", "jwk")
-
-
-# --------------------------------------------------------------------------- #
-# A private event loop in a daemon thread (shared with testing.proxy)
-# --------------------------------------------------------------------------- #
-
-
-class _LoopThread:
-    """An asyncio event loop running in a daemon thread.
-
-    Fixtures that serve HTTP run on it so that they keep serving while the test's own
-    thread (or its event loop) is blocked in a subprocess call.
-    """
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        loop = asyncio.new_event_loop()
-        ready = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(loop)
-            loop.call_soon(ready.set)
-            try:
-                loop.run_forever()
-            finally:
-                try:
-                    pending = asyncio.all_tasks(loop)
-                    for task in pending:
-                        task.cancel()
-                    if pending:
-                        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-                    loop.run_until_complete(loop.shutdown_asyncgens())
-                finally:
-                    loop.close()
-
-        self.loop = loop
-        self._thread = threading.Thread(target=run, name=self._name, daemon=True)
-        self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError(f"{self._name}: event loop thread did not start")
-
-    def call(self, coro: Awaitable[T], timeout: float | None = 30.0) -> T:
-        """Run ``coro`` on the loop and wait for its result (from another thread)."""
-        if self.loop is None:
-            raise RuntimeError(f"{self._name} is not running")
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
-        try:
-            return fut.result(timeout)
-        except concurrent.futures.TimeoutError:
-            fut.cancel()
-            raise
-
-    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        if self.loop is not None and not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(fn, *args)
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self._thread is None or self.loop is None:
-            return
-        if not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout)
-        self._thread = None
-        self.loop = None
 
 
 # --------------------------------------------------------------------------- #
@@ -330,7 +261,7 @@ def _parse_scope(scope: str) -> dict[str, Any] | None:
     return {"type": scope[:first], "name": scope[first + 1:last], "actions": actions}
 
 
-class TokenServer:
+class TokenServer(HttpServer):
     """A test fixture: Docker token-auth server on 127.0.0.1 (see the module docstring).
 
     ``users`` maps user names to passwords.  A client with valid credentials gets every
@@ -357,23 +288,15 @@ class TokenServer:
         self._key_dir_arg = Path(key_dir) if key_dir is not None else None
         self._tmpdir: Path | None = None
         self.key: SigningKey | None = None
-        self._loop = _LoopThread("flowmesh-tokenserver")
-        self._server: asyncio.AbstractServer | None = None
-        self._port: int | None = None
+        super().__init__()
         self._lock = threading.Lock()
         self._requests: list[TokenRequest] = []
 
     def __repr__(self) -> str:
-        state = f"realm={self.realm!r}" if self._port else "stopped"
+        state = f"realm={self.realm!r}" if self.running else "stopped"
         return f"TokenServer({state}, service={self.service!r}, users={sorted(self._users)!r})"
 
     # ---- lifecycle -------------------------------------------------------- #
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("the token server is not running")
-        return self._port
 
     @property
     def realm(self) -> str:
@@ -387,7 +310,7 @@ class TokenServer:
         return self.key.cert_path
 
     def start(self) -> "TokenServer":
-        if self._port is not None:
+        if self.running:
             return self
         if self._key_dir_arg is not None:
             key_dir = self._key_dir_arg
@@ -396,45 +319,17 @@ class TokenServer:
             key_dir = self._tmpdir
         try:
             self.key = make_signing_key(key_dir)
-            self._loop.start()
-            self._port = self._loop.call(self._listen())
+            super().start()
         except BaseException:
             self.stop()
             raise
         return self
 
-    async def _listen(self) -> int:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return self._server.sockets[0].getsockname()[1]
-
-    async def _close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-
     def stop(self) -> None:
-        if self._loop.loop is not None:
-            try:
-                self._loop.call(self._close(), timeout=5)
-            except Exception:
-                pass
-        self._loop.stop()
-        self._port = None
+        super().stop()
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
-
-    def __enter__(self) -> "TokenServer":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> "TokenServer":
-        return await asyncio.to_thread(self.start)
-
-    async def __aexit__(self, *exc: object) -> None:
-        await asyncio.to_thread(self.stop)
 
     # ---- users and records ------------------------------------------------ #
 
@@ -516,70 +411,27 @@ class TokenServer:
 
     # ---- HTTP ------------------------------------------------------------- #
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            try:
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
-            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError,
-                    ConnectionError):
-                return
-            lines = head.decode("latin-1").split("\r\n")
-            parts = lines[0].split(" ")
-            if len(parts) != 3:
-                await self._respond(writer, 400, {"errors": [{"code": "BAD_REQUEST"}]})
-                return
-            method, target, _ = parts
-            headers = {}
-            for line in lines[1:]:
-                if ":" in line:
-                    k, v = line.split(":", 1)
-                    headers[k.strip().lower()] = v.strip()
-            length = int(headers.get("content-length", "0") or 0)
-            if length:
-                await reader.readexactly(length)
-            url = urlsplit(target)
-            if url.path != "/token":
-                await self._respond(writer, 404, {"errors": [{"code": "NOT_FOUND"}]})
-                return
-            if method != "GET":
-                await self._respond(writer, 405, {"errors": [{"code": "UNSUPPORTED"}]})
-                return
-            query = parse_qs(url.query)
-            scopes = [s for value in query.get("scope", []) for s in value.split(" ") if s]
-            service = (query.get("service") or [None])[0]
-            ok, account = self._check_credentials(headers.get("authorization"))
-            if not ok:
-                with self._lock:
-                    self._requests.append(TokenRequest(None, service, tuple(scopes), (), 401))
-                await self._respond(writer, 401, {"errors": [{"code": "UNAUTHORIZED",
-                                                              "message": "invalid credentials"}]},
-                                    extra={"WWW-Authenticate": 'Basic realm="flowmesh-token"'})
-                return
-            access = self._grant(account, scopes)
-            token = self.issue(account, access)
-            with self._lock:
-                self._requests.append(TokenRequest(account, service, tuple(scopes), tuple(access), 200))
-            issued = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            await self._respond(writer, 200, {"token": token, "access_token": token,
-                                              "expires_in": self.expires_in, "issued_at": issued})
-        except Exception:  # a fixture: never let one bad request take the server down
-            try:
-                await self._respond(writer, 500, {"errors": [{"code": "UNKNOWN"}]})
-            except Exception:
-                pass
-        finally:
-            writer.close()
+    def routes(self, app: web.Application) -> None:
+        app.router.add_route("*", "/{tail:.*}", self.handle)
 
-    @staticmethod
-    async def _respond(writer: asyncio.StreamWriter, status: int, body: dict[str, Any],
-                       extra: dict[str, str] | None = None) -> None:
-        reasons = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
-                   405: "Method Not Allowed", 500: "Internal Server Error"}
-        data = json.dumps(body).encode()
-        head = [f"HTTP/1.1 {status} {reasons.get(status, 'Error')}",
-                "Content-Type: application/json", f"Content-Length: {len(data)}",
-                "Connection: close"]
-        for k, v in (extra or {}).items():
-            head.append(f"{k}: {v}")
-        writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + data)
-        await writer.drain()
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.path != "/token":
+            return json_response(404, {"errors": [{"code": "NOT_FOUND"}]})
+        if request.method != "GET":
+            return json_response(405, {"errors": [{"code": "UNSUPPORTED"}]})
+        query = parse_qs(urlsplit(request.raw_path).query)
+        scopes = [s for value in query.get("scope", []) for s in value.split(" ") if s]
+        service = (query.get("service") or [None])[0]
+        ok, account = self._check_credentials(request.headers.get("authorization"))
+        if not ok:
+            with self._lock:
+                self._requests.append(TokenRequest(None, service, tuple(scopes), (), 401))
+            return json_response(401, {"errors": [{"code": "UNAUTHORIZED", "message": "invalid credentials"}]},
+                                 {"WWW-Authenticate": 'Basic realm="flowmesh-token"'})
+        access = self._grant(account, scopes)
+        token = self.issue(account, access)
+        with self._lock:
+            self._requests.append(TokenRequest(account, service, tuple(scopes), tuple(access), 200))
+        issued = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return json_response(200, {"token": token, "access_token": token,
+                                   "expires_in": self.expires_in, "issued_at": issued})
