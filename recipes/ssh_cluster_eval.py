@@ -25,11 +25,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.util
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from rich.table import Table
 
@@ -37,19 +35,10 @@ from flowmesh_sdk import EventKind, Fleet, InstanceSpec, PoolSpec
 from flowmesh_sdk.specs import BootstrapReport
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _main_job import load_main_job  # noqa: E402
 
-
-def _load_main_job() -> Any:
-    spec = importlib.util.spec_from_file_location("flowmesh_local_swe_eval", HERE / "local_swe_eval.py")
-    if spec is None or spec.loader is None:
-        raise RuntimeError("cannot load recipes/local_swe_eval.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod   # its dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-job = _load_main_job()
+job = load_main_job()
 console = job.console
 
 

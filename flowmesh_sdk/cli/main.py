@@ -62,7 +62,7 @@ def _find_recipe(name: str) -> Path:
         path = root / f"{name.removesuffix('.py')}.py"
         if path.is_file():
             return path
-    known = sorted({p.stem for r in roots if r.is_dir() for p in r.glob("*.py") if p.stem != "__init__"})
+    known = sorted({p.stem for r in roots if r.is_dir() for p in r.glob("*.py") if not p.stem.startswith("_")})
     raise typer.BadParameter(f"no recipe {name!r}; known: {', '.join(known) or 'none'}",
                              param_hint="RECIPE")
 
