@@ -97,16 +97,15 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from flowmesh_sdk.errors import AuthError, NotFoundError, ProviderError, SpecError
 from flowmesh_sdk.provider import (TAG_FLEET, TAG_POOL, TAG_REQUEST, Capabilities, Instance, LaunchRequest,
                                    Provider, ProviderState)
-from flowmesh_sdk.remote.cloudinit import CloudConfig, parse_user_data
-from flowmesh_sdk.remote.keys import (KNOWN_HOSTS_NAME, FleetKey, KnownHosts, PublicKey, generate_ed25519,
-                                      keys_dir)
+from flowmesh_sdk.remote.injection import KeyInjector
+from flowmesh_sdk.remote.injection import SshMode as _SshMode
+from flowmesh_sdk.remote.keys import PublicKey
 from flowmesh_sdk.remote.runner import Runner
 from flowmesh_sdk.specs import InstanceSpec, Offer
 from flowmesh_sdk.tags import PlainTags
@@ -148,56 +147,20 @@ _INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8}(?:[0-9a-f]{9})?$")
 _REGION = re.compile(r"^[a-z]{2}(?:-[a-z]+)+-\d+$")
 
 RunnerFactory = Callable[[Instance], Runner]
-AddressMap = Callable[[Instance], "tuple[str, int]"]
 PUBLIC_IP_WAIT_S = 120.0           # SSH mode, address="public": how long launch waits for public IPs
 
 
-@dataclass(frozen=True, slots=True)
-class SshMode:
-    """How the ``ec2`` provider reaches its instances over SSH, with keys injected at launch.
+class SshMode(_SshMode):
+    """:class:`flowmesh_sdk.remote.injection.SshMode` for EC2 (errors name ``ec2.ssh.*``).
 
-    ``user`` logs in (root by default: the runtime runs containers as root); ``port`` is
-    sshd's; ``address`` picks the instance's ``private`` IP (the coordinator runs in the
-    VPC) or its ``public`` one (launch then waits, up to 120 s, until EC2 has assigned
-    it); ``keys_dir`` holds the fleet key and the trust record (default
-    ``$FLOWMESH_HOME/keys``); ``imds_hop_limit`` is the IMDSv2 PUT response hop limit
-    (1: processes in containers cannot reach the metadata service, so cannot read the
-    user-data; raise it only if containers must use the instance role).  ``address_map``
-    replaces the address lookup with ``Instance -> (host, port)``: a test hook that points
-    instances at loopback sshd hosts (``flowmesh_sdk.testing.cloudinit``)."""
+    ``address="public"`` makes launch wait, up to 120 s, until EC2 has assigned public IPs;
+    ``imds_hop_limit`` is the IMDSv2 PUT response hop limit (1: processes in containers
+    cannot reach the metadata service, so cannot read the user-data; raise it only if
+    containers must use the instance role).  ``address_map``: a test hook
+    (``flowmesh_sdk.testing.cloudinit``)."""
 
-    user: str = "root"
-    port: int = 22
-    address: str = "private"
-    keys_dir: str | None = None
-    connect_timeout_s: float = 10.0
-    max_sessions: int = 10
-    imds_hop_limit: int = 1
-    address_map: AddressMap | None = field(default=None, compare=False)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.user, str) or not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", self.user):
-            raise SpecError("ec2.ssh.user",
-                            f"must be a login name like 'root' or 'ec2-user', got {self.user!r}")
-        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 1 <= self.port <= 65535:
-            raise SpecError("ec2.ssh.port", f"must be an integer in [1, 65535], got {self.port!r}")
-        if self.address not in ("private", "public"):
-            raise SpecError("ec2.ssh.address", f"must be 'private' or 'public', got {self.address!r}")
-        if not isinstance(self.connect_timeout_s, (int, float)) or not 0 < self.connect_timeout_s <= 600:
-            raise SpecError("ec2.ssh.connect_timeout_s",
-                            f"must be in (0, 600] seconds, got {self.connect_timeout_s!r}")
-        if isinstance(self.max_sessions, bool) or not isinstance(self.max_sessions, int) or \
-                not 1 <= self.max_sessions <= 1024:
-            raise SpecError("ec2.ssh.max_sessions",
-                            f"must be an integer in [1, 1024], got {self.max_sessions!r}")
-        # HttpPutResponseHopLimit: integers from 1 to 64 (EC2 API reference,
-        # InstanceMetadataOptionsRequest).
-        if isinstance(self.imds_hop_limit, bool) or not isinstance(self.imds_hop_limit, int) or \
-                not 1 <= self.imds_hop_limit <= 64:
-            raise SpecError("ec2.ssh.imds_hop_limit",
-                            f"must be an integer in [1, 64], got {self.imds_hop_limit!r}")
-        if self.address_map is not None and not callable(self.address_map):
-            raise SpecError("ec2.ssh.address_map", "must be a callable Instance -> (host, port)")
+    __slots__ = ()
+    field_prefix = "ec2.ssh"
 
 
 def trust_id(instance_id: str) -> str:
@@ -329,12 +292,7 @@ class Ec2Provider(Provider):
         if runner_factory is not None and not callable(runner_factory):
             raise SpecError("ec2.runner_factory", "must be a callable Instance -> Runner")
         self.runner_factory = runner_factory
-        if ssh is True:
-            ssh = SshMode()
-        elif ssh is False:
-            ssh = None
-        if ssh is not None and not isinstance(ssh, SshMode):
-            raise SpecError("ec2.ssh", f"must be an SshMode (or True), got {type(ssh).__name__}")
+        ssh = SshMode.coerce(ssh, "ec2.ssh")
         if ssh is not None and user_data is not None:
             raise SpecError("ec2.user_data", "cannot be combined with ssh=: in SSH mode the provider writes "
                                              "the user-data itself (the instance's host key and the fleet's "
@@ -342,11 +300,8 @@ class Ec2Provider(Provider):
         if ssh is not None and runner_factory is not None:
             raise SpecError("ec2.runner_factory", "cannot be combined with ssh=: SSH mode makes the runners")
         self.ssh = ssh
-        self._keys_dir = (Path(ssh.keys_dir) if ssh and ssh.keys_dir else None)
-        self._fleet_key: FleetKey | None = None
-        self._host_keys: dict[str, PublicKey] = {}                  # instance id -> injected host key
+        self._keys = KeyInjector(PROVIDER, ssh) if ssh is not None else None   # SSH mode's keys and runners
         self._ips: dict[str, tuple[str | None, str | None]] = {}    # instance id -> (private, public)
-        self._ssh_runners: dict[str, Runner] = {}
         self.partial_ok = bool(partial_ok)
         if instance_types is None:
             instance_types = DEFAULT_INSTANCE_TYPES
@@ -568,12 +523,8 @@ class Ec2Provider(Provider):
                                               "Ebs": {"VolumeSize": request.spec.disk_gb, "VolumeType": "gp3",
                                                       "DeleteOnTermination": True}}]
         host_key: PublicKey | None = None
-        if self.ssh is not None:
-            fleet = await self._fleet()
-            pair = generate_ed25519(f"flowmesh-host-{request.request_id}"[:64])
-            host_key = pair.public
-            params["UserData"] = CloudConfig(pair, (fleet.public,), self.ssh.user).render()
-            del pair   # the private host key lives on only in the request (and the instance)
+        if self.ssh is not None and self._keys is not None:
+            params["UserData"], host_key = await self._keys.user_data(request.request_id)
             params["MetadataOptions"] = {"HttpTokens": "required", "HttpEndpoint": "enabled",
                                          "HttpPutResponseHopLimit": self.ssh.imds_hop_limit}
         elif self._user_data is not None:
@@ -600,10 +551,8 @@ class Ec2Provider(Provider):
             self._spec_of[str(item["InstanceId"])] = request.spec
             out.append(self._to_instance(region, item, spec=request.spec, price=offer.price_per_hour,
                                          extra_tags=tags))
-        if host_key is not None and out:
-            for inst in out:
-                self._host_keys[inst.id] = host_key
-            await asyncio.to_thread(self._trust().pin_many, [(trust_id(i.id), host_key) for i in out])
+        if host_key is not None and out and self._keys is not None:
+            await self._keys.pin([i.id for i in out], host_key)
             out = await self._with_public_ips(region, out)
         log.info("ec2 launch %s: %d x %s in %s%s", request.request_id, len(out), offer.instance_type, region,
                  " (spot)" if offer.spot else "")
@@ -675,20 +624,13 @@ class Ec2Provider(Provider):
             for inst in await self.describe(unknown):   # locate them (records their region)
                 known.setdefault(inst.region, []).append(inst.id)
         await asyncio.gather(*(self._terminate_region(r, group) for r, group in known.items()))
-        if self.ssh is not None:
-            gone = [i for group in known.values() for i in group]
-            for iid in gone:
-                self._host_keys.pop(iid, None)
-                runner = self._ssh_runners.pop(iid, None)
-                if runner is not None:
-                    await runner.close()
-            if gone:
-                await asyncio.to_thread(self._trust().forget, [trust_id(i) for i in gone])
+        if self._keys is not None:
+            await self._keys.forget([i for group in known.values() for i in group])
 
     # ---- the rest ------------------------------------------------------------------
     def runner(self, instance: Instance) -> Runner:
-        if self.ssh is not None:
-            return self._ssh_runner(instance)
+        if self._keys is not None:
+            return self._keys.runner(instance, self._address)
         if self.runner_factory is not None:
             return self.runner_factory(instance)
         raise ProviderError("ec2 instances are reached over SSH: pass Ec2Provider(ssh=SshMode()) to inject "
@@ -696,42 +638,30 @@ class Ec2Provider(Provider):
                             provider=PROVIDER, code="NoRunner")
 
     async def close(self) -> None:
-        runners, self._ssh_runners = list(self._ssh_runners.values()), {}
-        for runner in runners:
-            await runner.close()
+        if self._keys is not None:
+            await self._keys.close()
         await self._client.close()
 
-    # ---- SSH mode ----------------------------------------------------------------------
-    def _trust(self) -> KnownHosts:
-        return KnownHosts((self._keys_dir or keys_dir()) / KNOWN_HOSTS_NAME)
-
-    async def _fleet(self) -> FleetKey:
-        if self._fleet_key is None:
-            self._fleet_key = await asyncio.to_thread(FleetKey.load_or_create, self._keys_dir)
-        return self._fleet_key
-
+    # ---- SSH mode (flowmesh_sdk.remote.injection) --------------------------------------
     async def _recover_host_keys(self, region: str, ids: list[str]) -> None:
-        """Host keys of instances an earlier call (maybe another process) launched: from the
-        trust record, else from the user-data EC2 holds for them (read with
-        DescribeInstanceAttribute, parsed, never logged).  Instances whose user-data is not
-        the SDK's keep no key, and so get no runner."""
-        trust = self._trust()
-        for iid in ids:
-            if iid in self._host_keys:
-                continue
-            key = await asyncio.to_thread(trust.get, trust_id(iid))
-            if key is None:
-                resp = await self._client.call(region, "describe_instance_attribute", InstanceId=iid,
-                                               Attribute="userData")
-                raw = ((resp.get("UserData") or {}).get("Value")) or ""
-                try:
-                    key = parse_user_data(base64.b64decode(raw)).host_public
-                except (SpecError, ValueError):
-                    log.warning("ec2 %s: its user-data carries no host key of this SDK; "
-                                "it gets no SSH runner", iid)
-                    continue
-                await asyncio.to_thread(trust.pin, trust_id(iid), key)
-            self._host_keys[iid] = key
+        """Host keys of instances an earlier call launched: from the trust record, else from
+        the user-data EC2 holds for them (DescribeInstanceAttribute)."""
+        assert self._keys is not None
+
+        async def fetch(iid: str) -> bytes:
+            resp = await self._client.call(region, "describe_instance_attribute", InstanceId=iid,
+                                           Attribute="userData")
+            raw = ((resp.get("UserData") or {}).get("Value")) or ""
+            try:
+                return base64.b64decode(raw)
+            except ValueError:
+                return b""
+        await self._keys.recover(ids, fetch)
+
+    def _address(self, instance: Instance) -> tuple[str | None, int]:
+        assert self.ssh is not None
+        private, public = self._ips.get(instance.id, (instance.address, None))
+        return (public if self.ssh.address == "public" else private or instance.address), self.ssh.port
 
     async def _with_public_ips(self, region: str, instances: list[Instance]) -> list[Instance]:
         """With ``address="public"``: wait (describe, backing off 1 s to 5 s, at most
@@ -753,37 +683,6 @@ class Ec2Provider(Provider):
             await asyncio.sleep(delay)
             delay = min(5.0, delay * 2)
             await self._describe_ids(region, missing)   # refreshes self._ips
-
-    def _ssh_runner(self, instance: Instance) -> Runner:
-        runner = self._ssh_runners.get(instance.id)
-        if runner is not None:
-            return runner
-        mode = self.ssh
-        assert mode is not None
-        key = self._host_keys.get(instance.id)
-        if key is None:
-            # not launched by this object: the trust record (a small local file) may know it
-            key = self._trust().get(trust_id(instance.id))
-        if key is None:
-            raise AuthError(f"ec2 instance {instance.id}: no injected host key is known for it (was it "
-                            "launched in SSH mode by this SDK?); refusing to connect: EC2 instances are "
-                            "never trusted on first use", provider=PROVIDER, code="NoHostKey")
-        if mode.address_map is not None:
-            host, port = mode.address_map(instance)
-        else:
-            private, public = self._ips.get(instance.id, (instance.address, None))
-            host, port = (public if mode.address == "public" else private or instance.address), mode.port
-        if not host:
-            raise ProviderError(f"ec2 instance {instance.id} has no {mode.address} IP address yet",
-                                provider=PROVIDER, code="NoAddress")
-        fleet = self._fleet_key
-        if fleet is None:   # a runner before any launch in this process: load the key once
-            fleet = self._fleet_key = FleetKey.load_or_create(self._keys_dir)
-        from flowmesh_sdk.remote.ssh import SshRunner, SshTarget   # paramiko is the [ssh] extra
-        runner = SshRunner(SshTarget(host, port, mode.user, fleet.private_path, key.line),
-                           connect_timeout_s=mode.connect_timeout_s, max_sessions=mode.max_sessions)
-        self._ssh_runners[instance.id] = runner
-        return runner
 
 
 __all__ = ["DEFAULT_INSTANCE_TYPES", "Ec2Provider", "ImageInfo", "SshMode", "TypeInfo", "client_token",
