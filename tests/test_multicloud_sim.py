@@ -266,3 +266,18 @@ def test_auth_failure_skips_that_provider_keeps_its_error_and_fails_only_when_no
             assert "alpha: [alpha] alpha: the access key was refused" in str(ei.value)
             assert "beta: [beta] beta: the access key was refused" in str(ei.value)
     run(main())
+
+
+def test_a_fleet_budget_bounds_all_its_pools_together(tmp_path):
+    async def main():
+        async with sim_clouds_fleet(clouds(), SIZES, home=str(tmp_path), budget_per_hour=0.25) as (fleet, provs):
+            a = await fleet.pool(spec(name="a", min_instances=2, max_instances=2))     # 0.20 $/h
+            with pytest.raises(BudgetExceededError, match=r"fleet 'sim'.*budget_per_hour is \$0\.2500/h") as ei:
+                await fleet.pool(spec(name="b", min_instances=1, max_instances=1))
+            assert ei.value.would_be == pytest.approx(0.30)
+            assert fleet.spend().burn_per_hour == pytest.approx(0.20) and fleet.spend().live == 2
+            await a.drain()
+            b = await fleet.pool(spec(name="b2", min_instances=1, max_instances=1))   # room again
+            assert fleet.spend().live == 1
+            await b.drain()
+    run(main())
