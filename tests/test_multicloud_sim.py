@@ -137,6 +137,7 @@ def test_spend_accrues_per_instance_launch_to_termination_as_a_hand_computation(
                                                                         json.loads(e.detail)["price_per_hour"])),
                          EventKind.INSTANCE_REQUESTED)
             fleet.bus.on(lambda e: ended.setdefault(e.instance_id, clock.monotonic()), EventKind.INSTANCE_TERMINATED)
+            ended_events = collect(fleet, EventKind.INSTANCE_TERMINATED)
             pool = await fleet.pool(spec(min_instances=1, max_instances=3))
             await pool.map(tasks(6, 1800))
             await pool.drain()
@@ -148,6 +149,10 @@ def test_spend_accrues_per_instance_launch_to_termination_as_a_hand_computation(
             assert pool.spend().spent == pytest.approx(billed, rel=0.01)
             by = dict(pool.stats().by_provider)
             assert set(by) == {"alpha"} and by["alpha"].spent == pytest.approx(hand)
+            # the events carry it too: each termination its cost, the pool's spend and burn after it
+            last = json.loads(ended_events[-1].detail)
+            assert last["pool_spent"] == pytest.approx(hand, abs=1e-5) and last["pool_burn_per_hour"] == 0
+            assert sum(json.loads(e.detail)["cost"] for e in ended_events) == pytest.approx(hand, abs=1e-4)
     run(main())
 
 

@@ -64,6 +64,11 @@ class SpendLedger:
         if c is not None and c.ended is None:
             c.ended = clock.monotonic()
 
+    def cost(self, instance_id: str) -> float:
+        """What one instance has cost so far ($; 0 for one the ledger never saw)."""
+        c = self._charges.get(instance_id)
+        return 0.0 if c is None else c.cost(clock.monotonic())
+
     def _select(self, pools: Collection[str] | None, provider: str | None) -> Iterable[Charge]:
         return (c for c in self._charges.values()
                 if (pools is None or c.pool in pools) and (provider is None or c.provider == provider))

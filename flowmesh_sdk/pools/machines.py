@@ -470,7 +470,11 @@ class Machines:
             mi.lifecycle.to(InstanceState.TERMINATED)
         self.instances.pop(mi.id, None)
         self.ctx.spend.end(mi.id)
-        self._publish(EventKind.INSTANCE_TERMINATED, instance_id=mi.id, detail=detail)
+        pool = self.ctx.spend.summary(pool=self.pool)
+        self._publish(EventKind.INSTANCE_TERMINATED, instance_id=mi.id, detail=json.dumps(
+            {"reason": detail or "terminated", "cost": round(self.ctx.spend.cost(mi.id), 6),
+             "pool_spent": round(pool.spent, 6), "pool_burn_per_hour": round(pool.burn_per_hour, 6)},
+            sort_keys=True))
 
     # ---- reconciling -------------------------------------------------------------------
     async def reconcile(self) -> ReconcileResult:
