@@ -28,7 +28,7 @@ from ..identity import digest_bytes, is_digest
 __all__ = ["CasCorruptError", "CasError", "CasNotFoundError", "ContentStore", "check_ref_name",
            "frame_ref", "unframe_ref"]
 
-_REF_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*(/[a-z0-9][a-z0-9._-]*)*$")
+_REF_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*(/[a-z0-9][a-z0-9._-]*)*", re.ASCII)
 _REF_MAGIC = b"fmref1 "
 
 
@@ -55,7 +55,7 @@ class CasCorruptError(CasError):
 
 def check_ref_name(name: object) -> str:
     """A ref name: lowercase path segments of ``[a-z0-9._-]``, no empty or dot-only parts."""
-    if not isinstance(name, str) or not _REF_NAME.match(name) or any(
+    if not isinstance(name, str) or not _REF_NAME.fullmatch(name) or any(
             part in (".", "..") for part in name.split("/")):
         raise SpecError("ref", f"must be lowercase path segments of [a-z0-9._-] separated by '/', "
                                f"got {name!r}")

@@ -22,13 +22,13 @@ CONTAINER_PORT = 8000
 #: train --recipe values the worker image's entrypoint accepts (entrypoint.py ``RECIPES``)
 RECIPES = ("sft", "dpo", "grpo")
 CHAT_ROLES = ("system", "user", "assistant", "tool")
-_GPUS = re.compile(r"^(all|none|\d+(,\d+)*)$")
+_GPUS = re.compile(r"(all|none|[0-9]+(,[0-9]+)*)", re.ASCII)
 _BAD_PATH_CHARS = (":", ",", "\n", "\x00")
 
 
 def check_gpus(field_name: str, value: object) -> str:
     """``all``, ``none`` or a comma list of GPU indices such as ``0,1``."""
-    if not isinstance(value, str) or not _GPUS.match(value):
+    if not isinstance(value, str) or not _GPUS.fullmatch(value):
         raise SpecError(field_name, f"must be 'all', 'none' or GPU indices like '0,1'; got {value!r}")
     return value
 
