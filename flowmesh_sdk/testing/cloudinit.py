@@ -35,7 +35,7 @@ from typing import Any
 
 from .sshd import LoopbackSshd
 
-__all__ = ["BootedVm", "CloudInitVms"]
+__all__ = ["BootedVm", "CloudInitHosts", "CloudInitVms"]
 
 
 class BootedVm:
@@ -53,13 +53,13 @@ class BootedVm:
         return f"BootedVm({self.instance_id} -> {self.sshd.host}:{self.sshd.port})"
 
 
-class CloudInitVms:
-    """A TEST FIXTURE: moto instances booted as loopback sshd hosts from their user-data."""
+class CloudInitHosts:
+    """A TEST FIXTURE: "boots" instances from their ``#cloud-config`` user-data as loopback
+    sshd hosts (what cloud-init's ``cc_ssh`` would do with the keys); shared by the EC2
+    stand-in (:class:`CloudInitVms`) and the GCE and Azure emulators."""
 
-    def __init__(self, moto: Any, *, region: str = "us-east-1", first_host: int = 40,
-                 ignore_injected_host_key: bool = False, **sshd_kwargs: Any) -> None:
-        self.moto = moto
-        self.region = region
+    def __init__(self, *, first_host: int = 40, ignore_injected_host_key: bool = False,
+                 **sshd_kwargs: Any) -> None:
         self.ignore_injected_host_key = ignore_injected_host_key
         self._next = first_host
         self._sshd_kwargs = sshd_kwargs
@@ -67,16 +67,9 @@ class CloudInitVms:
         self._lock = threading.Lock()
         self._tmp = Path(tempfile.mkdtemp(prefix="fm-cloudinit-"))
         os.chmod(self._tmp, 0o700)
-        self._client: Any = None
 
     def __repr__(self) -> str:
-        return f"CloudInitVms({len(self._vms)} booted)"
-
-    # ---- the provider's address hook -------------------------------------------------
-    def address(self, instance: Any) -> tuple[str, int]:
-        """``SshMode.address_map``: boot ``instance`` (once) and return its sshd's address."""
-        sshd = self._boot(instance.id).sshd
-        return sshd.host, sshd.port
+        return f"{type(self).__name__}({len(self._vms)} booted)"
 
     def vm(self, instance_id: str) -> BootedVm:
         return self._vms[instance_id]
@@ -85,23 +78,17 @@ class CloudInitVms:
     def vms(self) -> dict[str, BootedVm]:
         return dict(self._vms)
 
-    # ---- booting ----------------------------------------------------------------------
-    def user_data(self, instance_id: str) -> str:
-        """The instance's user-data as EC2 returns it (DescribeInstanceAttribute), decoded."""
-        if self._client is None:
-            self._client = self.moto.client(self.region)
-        resp = self._client.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
-        raw = (resp.get("UserData") or {}).get("Value") or ""
-        return base64.b64decode(raw).decode()
+    def booted(self, instance_id: str) -> BootedVm | None:
+        return self._vms.get(instance_id)
 
-    def _boot(self, instance_id: str) -> BootedVm:
+    def boot(self, instance_id: str, text: str, *, extra_authorized: tuple[str, ...] = ()) -> BootedVm:
+        """Boot ``instance_id`` (once) from its user-data ``text``."""
         with self._lock:
             vm = self._vms.get(instance_id)
             if vm is not None:
                 return vm
             import yaml  # cloud-init parses cloud-config with PyYAML's safe_load
 
-            text = self.user_data(instance_id)
             if not text.startswith("#cloud-config"):
                 raise RuntimeError(f"{instance_id}: user-data is not #cloud-config; cloud-init would "
                                    "not configure SSH from it")
@@ -113,7 +100,8 @@ class CloudInitVms:
             if not cfg.get("ssh_deletekeys", True):
                 raise RuntimeError(f"{instance_id}: ssh_deletekeys is false: the emulated image has no "
                                    "host keys of its own to keep")
-            authorized = [str(k) for k in cfg.get("ssh_authorized_keys") or []]
+            authorized = list(dict.fromkeys([str(k) for k in cfg.get("ssh_authorized_keys") or []]
+                                            + list(extra_authorized)))
             home = self._tmp / instance_id
             home.mkdir(mode=0o700)
             key_path = None
@@ -134,7 +122,13 @@ class CloudInitVms:
             self._vms[instance_id] = vm
             return vm
 
-    # ---- teardown --------------------------------------------------------------------
+    def halt(self, instance_id: str) -> None:
+        """The VM is gone (deleted): its sshd stops."""
+        with self._lock:
+            vm = self._vms.pop(instance_id, None)
+        if vm is not None:
+            vm.sshd.stop(cleanup=True)
+
     def close(self) -> None:
         with self._lock:
             vms, self._vms = list(self._vms.values()), {}
@@ -142,8 +136,33 @@ class CloudInitVms:
             vm.sshd.stop(cleanup=True)
         shutil.rmtree(self._tmp, ignore_errors=True)
 
-    def __enter__(self) -> CloudInitVms:
+    def __enter__(self) -> Any:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class CloudInitVms(CloudInitHosts):
+    """A TEST FIXTURE: moto instances booted as loopback sshd hosts from their user-data."""
+
+    def __init__(self, moto: Any, *, region: str = "us-east-1", first_host: int = 40,
+                 ignore_injected_host_key: bool = False, **sshd_kwargs: Any) -> None:
+        super().__init__(first_host=first_host, ignore_injected_host_key=ignore_injected_host_key, **sshd_kwargs)
+        self.moto = moto
+        self.region = region
+        self._client: Any = None
+
+    # ---- the provider's address hook -------------------------------------------------
+    def address(self, instance: Any) -> tuple[str, int]:
+        """``SshMode.address_map``: boot ``instance`` (once) and return its sshd's address."""
+        vm = self.booted(instance.id) or self.boot(instance.id, self.user_data(instance.id))
+        return vm.sshd.host, vm.sshd.port
+
+    def user_data(self, instance_id: str) -> str:
+        """The instance's user-data as EC2 returns it (DescribeInstanceAttribute), decoded."""
+        if self._client is None:
+            self._client = self.moto.client(self.region)
+        resp = self._client.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
+        raw = (resp.get("UserData") or {}).get("Value") or ""
+        return base64.b64decode(raw).decode()

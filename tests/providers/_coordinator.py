@@ -20,6 +20,12 @@ def build(recipe: dict):
     if recipe["provider"] == "ssh":
         from flowmesh_providers.ssh import SshProvider
         return SshProvider(inventory=recipe["inventory"], state_dir=recipe["state_dir"])
+    if recipe["provider"] == "gce":   # the GCE emulator (flowmesh_sdk.testing.gce)
+        from google.auth.credentials import AnonymousCredentials
+
+        from flowmesh_providers.gce import GceProvider
+        return GceProvider(project=recipe["project"], zones=recipe["zones"], endpoint=recipe["endpoint"],
+                           credentials=AnonymousCredentials())
     from flowmesh_providers.ec2 import Ec2Provider
     return Ec2Provider(regions=["us-east-1"], endpoint_url=recipe["endpoint_url"],
                        image_id=recipe["image_id"], session_kwargs=recipe["session"])

@@ -47,7 +47,15 @@ def ec2_proxy(moto_ec2):
         yield p
 
 
-ENVIRONMENTS = ["local", "ec2", "ssh"]
+ENVIRONMENTS = ["local", "ec2", "ssh", "gce"]
+
+
+@pytest.fixture(scope="session")
+def gce_emulator():
+    pytest.importorskip("google.cloud.compute_v1")
+    from flowmesh_sdk.testing.gce import GceEmulator
+    with GceEmulator() as emu:
+        yield emu
 
 
 @pytest.fixture(scope="session")
@@ -91,6 +99,24 @@ async def env(request, tmp_path: Path) -> AsyncIterator[ProviderEnv]:
             "cpus": 16, "memory_gb": 64}]}))
         recipe = json.dumps({"provider": "ssh", "inventory": str(inventory), "state_dir": str(state)})
         yield ProviderEnv("ssh", prov, spec, offer, exhaust, recipe)
+        await prov.terminate([i.id for i in await prov.list_tagged({})])
+        await prov.close()
+    elif request.param == "gce":
+        emu = request.getfixturevalue("gce_emulator")
+        prov = emu.provider()
+        offer = next(o for o in await prov.offers(spec) if not o.spot)
+
+        @contextlib.contextmanager
+        def exhaust_gce() -> Iterator[None]:
+            emu.exhaust(zone=offer.zone)
+            try:
+                yield
+            finally:
+                emu.restore()
+
+        recipe = json.dumps({"provider": "gce", "endpoint": emu.url, "project": emu.project,
+                             "zones": list(emu.zones)})
+        yield ProviderEnv("gce", prov, spec, offer, exhaust_gce, recipe)
         await prov.terminate([i.id for i in await prov.list_tagged({})])
         await prov.close()
     else:

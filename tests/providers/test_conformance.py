@@ -1,5 +1,6 @@
 """The provider conformance suite: every provider must pass it (today `local`, `ssh` on a
-loopback sshd, and `ec2` against moto in server mode with the real boto3).  A later
+loopback sshd, `ec2` against moto in server mode with the real boto3, and `gce` against
+the Compute Engine emulator with the real google-cloud-compute).  A later
 provider adds itself to ``ENVIRONMENTS`` in conftest.py.
 
 The contract it checks (flowmesh_sdk/provider.py): capabilities declared as
@@ -149,6 +150,8 @@ async def test_instance_zone_and_port_are_typed(env):
                 assert inst.port == env.provider.hosts[inst.address].port and inst.zone is None
             if env.name == "ec2":
                 assert inst.zone and inst.zone.startswith(inst.region)   # Placement.AvailabilityZone
+            if env.name == "gce":
+                assert inst.zone == env.offer.zone and inst.region == inst.zone.rsplit("-", 1)[0]
     finally:
         await env.provider.terminate([i.id for i in launched])
 

@@ -1,0 +1,592 @@
+"""A TEST FIXTURE emulating the Compute Engine REST API (v1) on 127.0.0.1, for the ``gce``
+provider and for users' own offline tests.  It is not Compute Engine: it answers exactly the
+calls the provider makes, in the real JSON shapes (int64 fields as strings, ``Operation``
+resources, ``{"error": {"code", "message", "errors": [{"reason", ...}]}}`` bodies), and the
+real ``google-cloud-compute`` client is pointed at it::
+
+    with GceEmulator() as gce:
+        provider = gce.provider(ssh=True)      # GceProvider(endpoint=gce.url, AnonymousCredentials)
+        ...
+
+Calls: ``GET .../zones/Z/machineTypes``; ``POST .../zones/Z/instances/bulkInsert``
+(``count``, ``minCount``, ``namePattern``, ``instanceProperties``; ``requestId``
+idempotent); ``GET .../zones/Z/instances`` and ``GET .../aggregated/instances`` with
+``filter`` (``(labels.k = "v") AND ...``, ``(id = N) OR ...``, ``labels.k:*``),
+``maxResults`` and ``pageToken``; ``GET``/``DELETE .../zones/Z/instances/NAME``;
+``GET .../zones/Z/operations/OP`` and ``POST .../operations/OP/wait`` (held until done or
+``wait_hold_s``).  Another project answers 404 ``The resource 'projects/X' was not found``;
+labels are validated as Compute Engine does (lowercase letters, digits, ``_`` and ``-``,
+keys starting with a letter, 63 characters), so an unencoded SDK tag fails here too.
+
+Every created instance can be a real machine: :meth:`address` (the provider's
+``SshMode(address_map=...)`` hook) boots it, once, from its ``user-data`` metadata (the
+``#cloud-config`` cloud-init would read) as a loopback sshd host
+(:class:`~flowmesh_sdk.testing.cloudinit.CloudInitHosts`); deleting it stops that sshd.
+
+Switchable per test: :meth:`exhaust` (bulkInsert operations end in
+``ZONE_RESOURCE_POOL_EXHAUSTED``), :meth:`set_cpu_quota` (``QUOTA_EXCEEDED``, with its
+region), :meth:`fail` (an HTTP error with a reason, e.g. 403 ``rateLimitExceeded``),
+:meth:`slow_operations` (operations done after N seconds, or never), :meth:`delete_behind`
+(an instance deleted behind the SDK's back) and :meth:`deny` (403 on every call).
+Sources for the shapes: the Compute Engine API reference (instances, zoneOperations,
+machineTypes) and "Troubleshooting bulk VM creation"
+(cloud.google.com/compute/docs/troubleshooting/troubleshooting-bulk-vm-creation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import itertools
+import json
+import re
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from .cloudinit import CloudInitHosts
+from .httpserver import HttpServer, json_response
+
+__all__ = ["GceEmulator", "DEFAULT_MACHINE_TYPES"]
+
+API = "https://www.googleapis.com/compute/v1"
+_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+
+# (name, vCPUs, memory MiB, accelerator type or None, accelerator count)
+DEFAULT_MACHINE_TYPES: tuple[tuple[str, int, int, str | None, int], ...] = (
+    ("e2-standard-2", 2, 8192, None, 0),
+    ("e2-standard-4", 4, 16384, None, 0),
+    ("e2-standard-8", 8, 32768, None, 0),
+    ("n2-standard-2", 2, 8192, None, 0),
+    ("n2-standard-4", 4, 16384, None, 0),
+    ("n2-standard-8", 8, 32768, None, 0),
+    ("n2-standard-16", 16, 65536, None, 0),
+    ("g2-standard-4", 4, 16384, "nvidia-l4", 1),
+    ("a2-highgpu-1g", 12, 87040, "nvidia-tesla-a100", 1),
+)
+
+
+@dataclass
+class _Op:
+    name: str
+    id: str
+    zone: str
+    kind: str                       # bulkInsert, delete
+    target: str
+    created: float
+    done_at: float | None           # monotonic; None: never
+    apply: Any = None               # called once when done: returns error entries or []
+    errors: list[dict[str, str]] = field(default_factory=list)
+    http_status: int = 0
+    applied: bool = False
+
+    def done(self, now: float) -> bool:
+        return self.done_at is not None and now >= self.done_at
+
+
+@dataclass
+class _Fault:
+    method: str
+    status: int
+    reason: str
+    message: str
+    times: int | None
+
+
+def _now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _error(status: int, reason: str, message: str) -> web.Response:
+    return json_response(status, {"error": {"code": status, "message": message,
+                                            "errors": [{"message": message, "domain": "global", "reason": reason}]}})
+
+
+# ---- list filters -------------------------------------------------------------------
+_TOKEN = re.compile(r'\s*(?:(\()|(\))|(AND|OR)\b|([A-Za-z_][\w.]*)\s*(!=|=|:)\s*("(?:[^"\\]|\\.)*"|[^\s()]+))')
+
+
+def _parse_filter(text: str) -> list[Any]:
+    """Tokens of a Compute Engine list filter: '(', ')', 'AND', 'OR', or (field, op, value)."""
+    out: list[Any] = []
+    pos = 0
+    text = text.strip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            raise ValueError(f"Invalid list filter expression near {text[pos:pos + 20]!r}")
+        pos = m.end()
+        if m.group(1):
+            out.append("(")
+        elif m.group(2):
+            out.append(")")
+        elif m.group(3):
+            out.append(m.group(3))
+        else:
+            value = m.group(6)
+            if value.startswith('"'):
+                value = json.loads(value)
+            out.append((m.group(4), m.group(5), value))
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    return out
+
+
+def _field(inst: Mapping[str, Any], name: str) -> str | None:
+    if name.startswith("labels."):
+        return (inst.get("labels") or {}).get(name[7:])
+    value = inst.get(name)
+    return None if value is None else str(value)
+
+
+def _eval(tokens: list[Any], inst: Mapping[str, Any]) -> bool:
+    pos = 0
+
+    def term() -> bool:
+        nonlocal pos
+        tok = tokens[pos]
+        pos += 1
+        if tok == "(":
+            value = expr()
+            pos += 1   # ')'
+            return value
+        name, op, want = tok
+        have = _field(inst, name)
+        if op == ":":
+            return have is not None if want == "*" else have is not None and want in have
+        if op == "=":
+            return have == want
+        return have != want
+
+    def expr() -> bool:
+        nonlocal pos
+        value = term()
+        while pos < len(tokens) and tokens[pos] != ")":
+            op = tokens[pos]
+            if op in ("AND", "OR"):
+                pos += 1
+            else:
+                op = "AND"   # juxtaposition is AND
+            rhs = term()
+            value = (value and rhs) if op == "AND" else (value or rhs)
+        return value
+
+    return True if not tokens else expr()
+
+
+class GceEmulator(HttpServer):
+    """A TEST FIXTURE: Compute Engine's REST API for the calls the ``gce`` provider makes."""
+
+    name = "gce-emulator"
+
+    def __init__(self, *, project: str = "flowmesh-test", zones: Sequence[str] = ("us-central1-a", "us-central1-b"),
+                 machine_types: Sequence[tuple[str, int, int, str | None, int]] = DEFAULT_MACHINE_TYPES,
+                 page_size: int = 500, wait_hold_s: float = 0.5, first_host: int = 60, port: int = 0,
+                 **sshd_kwargs: Any) -> None:
+        super().__init__(port=port)
+        self.project = project
+        self.zones = tuple(zones)
+        self.machine_types = tuple(machine_types)
+        self.page_size = page_size
+        self.wait_hold_s = wait_hold_s
+        self.hosts = CloudInitHosts(first_host=first_host, **sshd_kwargs)
+        self._lock = threading.Lock()
+        self._instances: dict[str, dict[str, Any]] = {}     # id -> instance resource
+        self._ops: dict[str, _Op] = {}
+        self._request_ops: dict[str, str] = {}              # requestId -> op name
+        self._ids = itertools.count(4_200_000_000_000_000_001)
+        self._exhausted: list[tuple[str | None, str | None]] = []
+        self._cpu_quota: dict[str, int] = {}
+        self._faults: list[_Fault] = []
+        self._op_delay: dict[str, float | None] = {}
+        self._deny = 0
+        self.calls: list[tuple[str, str]] = []              # (method name, path)
+
+    # ---- switches --------------------------------------------------------------------
+    def exhaust(self, zone: str | None = None, machine_type: str | None = None) -> None:
+        """bulkInsert operations in ``zone`` (any) for ``machine_type`` (any) end in
+        ``ZONE_RESOURCE_POOL_EXHAUSTED`` until :meth:`restore`."""
+        with self._lock:
+            self._exhausted.append((zone, machine_type))
+
+    def restore(self) -> None:
+        with self._lock:
+            self._exhausted.clear()
+
+    def set_cpu_quota(self, region: str, limit: int | None) -> None:
+        """The project's ``CPUS`` quota in ``region`` (None: unlimited)."""
+        with self._lock:
+            if limit is None:
+                self._cpu_quota.pop(region, None)
+            else:
+                self._cpu_quota[region] = limit
+
+    def fail(self, method: str, status: int, reason: str, message: str | None = None, *,
+             times: int | None = 1) -> None:
+        """Answer the next ``times`` calls of ``method`` (bulkInsert, list, aggregatedList,
+        get, delete, machineTypes, wait, operation) with an HTTP error."""
+        with self._lock:
+            self._faults.append(_Fault(method, status, reason, message or f"injected: {reason}", times))
+
+    def slow_operations(self, seconds: float | None, kinds: Sequence[str] = ("bulkInsert", "delete")) -> None:
+        """Operations of ``kinds`` are done ``seconds`` after they start (None: never; 0: at once)."""
+        with self._lock:
+            for k in kinds:
+                self._op_delay[k] = seconds
+
+    def deny(self, on: bool = True) -> None:
+        """Every call answers 403 (the credential lacks permission)."""
+        with self._lock:
+            self._deny = 403 if on else 0
+
+    def clear(self) -> None:
+        """Every switch back to normal."""
+        with self._lock:
+            self._exhausted.clear()
+            self._cpu_quota.clear()
+            self._faults.clear()
+            self._op_delay.clear()
+            self._deny = 0
+
+    def delete_behind(self, instance_id: str) -> None:
+        """Delete an instance behind the SDK's back (preempted, or a user's console click)."""
+        with self._lock:
+            self._instances.pop(str(instance_id), None)
+        self.hosts.halt(str(instance_id))
+
+    # ---- views -----------------------------------------------------------------------
+    @property
+    def instances(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [json.loads(json.dumps(i)) for i in self._instances.values()]
+
+    def count(self, method: str) -> int:
+        with self._lock:
+            return sum(1 for m, _ in self.calls if m == method)
+
+    def address(self, instance: Any) -> tuple[str, int]:
+        """``SshMode.address_map``: boot the instance (once) from its ``user-data`` and
+        ``ssh-keys`` metadata, and return its sshd's address."""
+        iid = str(instance.id)
+        vm = self.hosts.booted(iid)
+        if vm is None:
+            with self._lock:
+                inst = self._instances.get(iid)
+                items = {m["key"]: m["value"] for m in (inst or {}).get("metadata", {}).get("items", [])}
+            if inst is None:
+                raise RuntimeError(f"instance {iid} does not exist (deleted?)")
+            extra = tuple(line.split(":", 1)[1] for line in items.get("ssh-keys", "").splitlines() if ":" in line)
+            vm = self.hosts.boot(iid, items.get("user-data", ""), extra_authorized=extra)
+        return vm.sshd.host, vm.sshd.port
+
+    def provider(self, **kwargs: Any) -> Any:
+        """A ``GceProvider`` pointed at this emulator (anonymous credentials); with
+        ``ssh=True`` its runners reach the loopback hosts (``address_map``)."""
+        from google.auth.credentials import AnonymousCredentials
+
+        from flowmesh_providers.gce import GceProvider, SshMode
+        ssh = kwargs.pop("ssh", None)
+        if ssh is True:
+            ssh = SshMode(address_map=self.address)
+        kwargs.setdefault("zones", list(self.zones))
+        return GceProvider(project=kwargs.pop("project", self.project), endpoint=self.url,
+                           credentials=AnonymousCredentials(), ssh=ssh, **kwargs)
+
+    def stop(self) -> None:
+        super().stop()
+        self.hosts.close()
+
+    # ---- HTTP ------------------------------------------------------------------------
+    def routes(self, app: web.Application) -> None:
+        base = "/compute/v1/projects/{project}"
+        r = app.router
+        r.add_get(base + "/zones/{zone}/machineTypes", self._machine_types)
+        r.add_post(base + "/zones/{zone}/instances/bulkInsert", self._bulk_insert)
+        r.add_get(base + "/zones/{zone}/instances", self._list)
+        r.add_get(base + "/zones/{zone}/instances/{name}", self._get)
+        r.add_delete(base + "/zones/{zone}/instances/{name}", self._delete)
+        r.add_get(base + "/aggregated/instances", self._aggregated)
+        r.add_get(base + "/zones/{zone}/operations/{op}", self._operation)
+        r.add_post(base + "/zones/{zone}/operations/{op}/wait", self._wait)
+
+    def _gate(self, request: web.Request, method: str) -> web.Response | None:
+        """Records the call; answers a project/zone/deny/fault error, or None to go on."""
+        project = request.match_info["project"]
+        zone = request.match_info.get("zone")
+        with self._lock:
+            self.calls.append((method, request.path))
+            self._tick()
+            if self._deny:
+                return _error(self._deny, "forbidden",
+                              f"Required 'compute.instances.{method}' permission for 'projects/{project}'")
+            for f in self._faults:
+                if f.method == method and (f.times is None or f.times > 0):
+                    if f.times is not None:
+                        f.times -= 1
+                    self._faults = [x for x in self._faults if x.times is None or x.times > 0]
+                    return _error(f.status, f.reason, f.message)
+        if project != self.project:
+            return _error(404, "notFound", f"The resource 'projects/{project}' was not found")
+        if zone is not None and zone not in self.zones:
+            return _error(404, "notFound", f"The resource 'projects/{project}/zones/{zone}' was not found")
+        return None
+
+    def _page(self, request: web.Request, items: list[Any]) -> tuple[list[Any], str | None]:
+        start = int(request.query.get("pageToken") or 0)
+        size = min(int(request.query.get("maxResults") or self.page_size), self.page_size)
+        nxt = start + size
+        return items[start:nxt], (str(nxt) if nxt < len(items) else None)
+
+    def _filtered(self, request: web.Request, zone: str | None) -> list[dict[str, Any]] | web.Response:
+        try:
+            tokens = _parse_filter(request.query.get("filter", ""))
+        except ValueError as exc:
+            return _error(400, "invalid", str(exc))
+        with self._lock:
+            return [json.loads(json.dumps(i)) for i in self._instances.values()
+                    if (zone is None or i["_zone"] == zone) and _eval(tokens, i)]
+
+    @staticmethod
+    def _public(inst: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in inst.items() if not k.startswith("_")}
+
+    async def _machine_types(self, request: web.Request) -> web.StreamResponse:
+        if (err := self._gate(request, "machineTypes")) is not None:
+            return err
+        zone = request.match_info["zone"]
+        items = [{"kind": "compute#machineType", "id": str(1000 + n), "name": name, "guestCpus": cpus,
+                  "memoryMb": mem, "zone": zone, "isSharedCpu": False,
+                  "selfLink": f"{API}/projects/{self.project}/zones/{zone}/machineTypes/{name}",
+                  **({"accelerators": [{"guestAcceleratorType": acc, "guestAcceleratorCount": count}]}
+                     if acc else {})}
+                 for n, (name, cpus, mem, acc, count) in enumerate(self.machine_types)]
+        page, nxt = self._page(request, items)
+        body: dict[str, Any] = {"kind": "compute#machineTypeList", "items": page}
+        if nxt:
+            body["nextPageToken"] = nxt
+        return json_response(200, body)
+
+    async def _list(self, request: web.Request) -> web.StreamResponse:
+        if (err := self._gate(request, "list")) is not None:
+            return err
+        found = self._filtered(request, request.match_info["zone"])
+        if isinstance(found, web.Response):
+            return found
+        page, nxt = self._page(request, [self._public(i) for i in found])
+        body: dict[str, Any] = {"kind": "compute#instanceList", "items": page}
+        if nxt:
+            body["nextPageToken"] = nxt
+        return json_response(200, body)
+
+    async def _aggregated(self, request: web.Request) -> web.StreamResponse:
+        if (err := self._gate(request, "aggregatedList")) is not None:
+            return err
+        found = self._filtered(request, None)
+        if isinstance(found, web.Response):
+            return found
+        page, nxt = self._page(request, found)
+        items: dict[str, Any] = {f"zones/{z}": {"warning": {"code": "NO_RESULTS_ON_PAGE",
+                                                            "message": "There are no results for scope"}}
+                                 for z in self.zones}
+        for inst in page:
+            scope = items.setdefault(f"zones/{inst['_zone']}", {})
+            scope.pop("warning", None)
+            scope.setdefault("instances", []).append(self._public(inst))
+        body: dict[str, Any] = {"kind": "compute#instanceAggregatedList", "items": items,
+                                "id": f"projects/{self.project}/aggregated/instances"}
+        if nxt:
+            body["nextPageToken"] = nxt
+        return json_response(200, body)
+
+    def _by_name(self, zone: str, name: str) -> dict[str, Any] | None:
+        return next((i for i in self._instances.values() if i["_zone"] == zone and i["name"] == name), None)
+
+    async def _get(self, request: web.Request) -> web.StreamResponse:
+        if (err := self._gate(request, "get")) is not None:
+            return err
+        zone, name = request.match_info["zone"], request.match_info["name"]
+        with self._lock:
+            inst = self._by_name(zone, name)
+            if inst is None:
+                return _error(404, "notFound", f"The resource 'projects/{self.project}/zones/{zone}/instances/"
+                                               f"{name}' was not found")
+            return json_response(200, self._public(inst))
+
+    # ---- operations ------------------------------------------------------------------
+    def _new_op(self, zone: str, kind: str, target: str, apply: Any) -> _Op:
+        delay = self._op_delay.get(kind, 0.0)
+        now = time.monotonic()
+        op = _Op(name=f"operation-{int(time.time() * 1000)}-{uuid.uuid4().hex[:12]}", id=str(next(self._ids)),
+                 zone=zone, kind=kind, target=target, created=now,
+                 done_at=None if delay is None else now + delay, apply=apply)
+        self._ops[op.name] = op
+        return op
+
+    def _tick(self) -> None:
+        """Complete every due operation (under the lock)."""
+        now = time.monotonic()
+        for op in self._ops.values():
+            if not op.applied and op.done(now):
+                op.applied = True
+                op.errors, op.http_status = op.apply() if op.apply else ([], 0)
+
+    def _op_json(self, op: _Op) -> dict[str, Any]:
+        done = op.applied
+        body: dict[str, Any] = {
+            "kind": "compute#operation", "id": op.id, "name": op.name, "operationType": op.kind,
+            "zone": f"{API}/projects/{self.project}/zones/{op.zone}", "targetLink": op.target,
+            "status": "DONE" if done else "RUNNING", "progress": 100 if done else 0,
+            "insertTime": _now_iso(), "startTime": _now_iso(),
+            "selfLink": f"{API}/projects/{self.project}/zones/{op.zone}/operations/{op.name}"}
+        if done:
+            body["endTime"] = _now_iso()
+        if done and op.errors:
+            body["error"] = {"errors": op.errors}
+            body["httpErrorStatusCode"] = op.http_status
+            body["httpErrorMessage"] = "SERVICE UNAVAILABLE" if op.http_status == 503 else "FORBIDDEN"
+        return body
+
+    def _find_op(self, request: web.Request) -> _Op | web.Response:
+        op = self._ops.get(request.match_info["op"])
+        if op is None or op.zone != request.match_info["zone"]:
+            return _error(404, "notFound", f"The resource 'projects/{self.project}/zones/"
+                                           f"{request.match_info['zone']}/operations/{request.match_info['op']}' "
+                                           "was not found")
+        return op
+
+    async def _operation(self, request: web.Request) -> web.StreamResponse:
+        if (err := self._gate(request, "operation")) is not None:
+            return err
+        with self._lock:
+            op = self._find_op(request)
+            return op if isinstance(op, web.Response) else json_response(200, self._op_json(op))
+
+    async def _wait(self, request: web.Request) -> web.StreamResponse:
+        if (err := self._gate(request, "wait")) is not None:
+            return err
+        end = time.monotonic() + self.wait_hold_s
+        while True:
+            with self._lock:
+                self._tick()
+                op = self._find_op(request)
+                if isinstance(op, web.Response):
+                    return op
+                if op.applied or time.monotonic() >= end:
+                    return json_response(200, self._op_json(op))
+            await asyncio.sleep(0.02)
+
+    # ---- mutations -------------------------------------------------------------------
+    async def _bulk_insert(self, request: web.Request) -> web.StreamResponse:
+        if (err := self._gate(request, "bulkInsert")) is not None:
+            return err
+        zone = request.match_info["zone"]
+        try:
+            body = await request.json()
+            count = int(body["count"])
+            min_count = int(body.get("minCount") or count)
+            pattern = str(body["namePattern"])
+            props = dict(body["instanceProperties"])
+            mtype = str(props["machineType"]).rsplit("/", 1)[-1]
+        except (ValueError, KeyError, TypeError) as exc:
+            return _error(400, "invalid", f"Invalid value for the bulk insert request: {exc!r}")
+        if not 1 <= min_count <= count <= 1000 or pattern.count("#") < 1:
+            return _error(400, "invalid", "Invalid value for field 'resource.count' / 'resource.namePattern'")
+        labels = dict(props.get("labels") or {})
+        for k, v in labels.items():
+            if not _LABEL_KEY.match(k) or not _LABEL_VALUE.match(str(v)):
+                return _error(400, "invalid", f"Invalid value for field 'resource.instanceProperties.labels': "
+                                              f"'{k}={v}'. Label keys and values may contain only lowercase "
+                                              "letters, digits, '_' and '-', and keys must start with a letter")
+        mt = next((m for m in self.machine_types if m[0] == mtype), None)
+        if mt is None:
+            return _error(400, "invalid", f"Invalid value for field 'resource.instanceProperties.machineType': "
+                                          f"'{mtype}'. Machine type with name '{mtype}' does not exist in zone '{zone}'.")
+        request_id = request.query.get("requestId")
+        with self._lock:
+            if request_id and request_id in self._request_ops:
+                return json_response(200, self._op_json(self._ops[self._request_ops[request_id]]))
+
+            def apply() -> tuple[list[dict[str, str]], int]:
+                return self._create(zone, mt, count, pattern, props)
+            op = self._new_op(zone, "bulkInsert", f"{API}/projects/{self.project}/zones/{zone}/instances", apply)
+            if request_id:
+                self._request_ops[request_id] = op.name
+            self._tick()
+            return json_response(200, self._op_json(op))
+
+    def _create(self, zone: str, mt: tuple[str, int, int, str | None, int], count: int, pattern: str,
+                props: dict[str, Any]) -> tuple[list[dict[str, str]], int]:
+        """What a bulkInsert operation does when it runs (under the lock)."""
+        name, cpus, mem, acc, acc_count = mt
+        region = zone.rsplit("-", 1)[0]
+        if any((z is None or z == zone) and (t is None or t == name) for z, t in self._exhausted):
+            return [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED",
+                     "message": f"The zone 'projects/{self.project}/zones/{zone}' does not have enough resources "
+                                "available to fulfill the request.  Try a different zone, or try again later."}], 503
+        limit = self._cpu_quota.get(region)
+        if limit is not None:
+            used = sum(int(i["_cpus"]) for i in self._instances.values() if i["_zone"].startswith(region + "-"))
+            if used + cpus * count > limit:
+                return [{"code": "QUOTA_EXCEEDED",
+                         "message": f"Quota 'CPUS' exceeded.  Limit: {float(limit)} in region {region}."}], 403
+        hashes = pattern.count("#")
+        prefix, suffix = pattern.split("#" * hashes, 1) if "#" * hashes in pattern else (pattern, "")
+        taken = {i["name"] for i in self._instances.values() if i["_zone"] == zone}
+        names = []
+        for n in itertools.count(1):
+            candidate = f"{prefix}{n:0{hashes}d}{suffix}"
+            if candidate not in taken:
+                names.append(candidate)
+            if len(names) == count:
+                break
+        for iname in names:
+            iid = str(next(self._ids))
+            nic = dict((props.get("networkInterfaces") or [{}])[0])
+            nic.update({"name": "nic0", "networkIP": f"10.128.{(int(iid) >> 8) % 250}.{int(iid) % 250 + 2}"})
+            if nic.get("accessConfigs"):
+                nic["accessConfigs"] = [{**nic["accessConfigs"][0], "natIP": f"34.0.{int(iid) % 250}.{int(iid) % 199 + 1}",
+                                         "kind": "compute#accessConfig"}]
+            self._instances[iid] = {
+                "kind": "compute#instance", "id": iid, "name": iname, "status": "RUNNING",
+                "zone": f"{API}/projects/{self.project}/zones/{zone}",
+                "machineType": f"{API}/projects/{self.project}/zones/{zone}/machineTypes/{name}",
+                "creationTimestamp": _now_iso(), "labels": dict(props.get("labels") or {}),
+                "metadata": {"kind": "compute#metadata", "fingerprint": uuid.uuid4().hex[:12],
+                             "items": list((props.get("metadata") or {}).get("items") or [])},
+                "networkInterfaces": [nic], "disks": props.get("disks") or [],
+                "scheduling": props.get("scheduling") or {},
+                "guestAccelerators": props.get("guestAccelerators") or [],
+                "selfLink": f"{API}/projects/{self.project}/zones/{zone}/instances/{iname}",
+                "_zone": zone, "_cpus": cpus}
+        return [], 0
+
+    async def _delete(self, request: web.Request) -> web.StreamResponse:
+        if (err := self._gate(request, "delete")) is not None:
+            return err
+        zone, name = request.match_info["zone"], request.match_info["name"]
+        request_id = request.query.get("requestId")
+        with self._lock:
+            if request_id and request_id in self._request_ops:
+                return json_response(200, self._op_json(self._ops[self._request_ops[request_id]]))
+            inst = self._by_name(zone, name)
+            if inst is None:
+                return _error(404, "notFound", f"The resource 'projects/{self.project}/zones/{zone}/instances/"
+                                               f"{name}' was not found")
+            iid = inst["id"]
+            inst["status"] = "STOPPING"
+
+            def apply() -> tuple[list[dict[str, str]], int]:
+                self._instances.pop(iid, None)
+                threading.Thread(target=self.hosts.halt, args=(iid,), daemon=True).start()
+                return [], 0
+            op = self._new_op(zone, "delete", inst["selfLink"], apply)
+            if request_id:
+                self._request_ops[request_id] = op.name
+            self._tick()
+            return json_response(200, self._op_json(op))
