@@ -75,7 +75,11 @@ async def fleet(fm_home: Path):
 _AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
             "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
             "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN",
-            "FLOWMESH_EC2_AMI", "FLOWMESH_EC2_ENDPOINT_URL")
+            "FLOWMESH_EC2_AMI", "FLOWMESH_EC2_ENDPOINT_URL",
+            # Google and Azure credentials (the gce and azure providers): tests use emulators only
+            "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CONFIG", "FLOWMESH_GCE_PROJECT",
+            "FLOWMESH_GCE_ENDPOINT", "AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET", "AZURE_TENANT_ID",
+            "AZURE_SUBSCRIPTION_ID", "AZURE_FEDERATED_TOKEN_FILE", "FLOWMESH_AZURE_ENDPOINT")
 
 
 @pytest.fixture
@@ -84,6 +88,10 @@ def no_real_cloud(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for name in _AWS_ENV:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    # google-auth would probe the GCE metadata server (169.254.169.254) for credentials: a
+    # refused loopback port instead
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")
+    monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:9")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
 

@@ -240,6 +240,15 @@ class GceEmulator(HttpServer):
             for k in kinds:
                 self._op_delay[k] = seconds
 
+    def finish_operations(self) -> None:
+        """Every pending operation is done now (a slow one, or one set never to finish)."""
+        with self._lock:
+            now = time.monotonic()
+            for op in self._ops.values():
+                if not op.applied:
+                    op.done_at = now
+            self._tick()
+
     def deny(self, on: bool = True) -> None:
         """Every call answers 403 (the credential lacks permission)."""
         with self._lock:
