@@ -26,6 +26,12 @@ def build(recipe: dict):
         from flowmesh_providers.gce import GceProvider
         return GceProvider(project=recipe["project"], zones=recipe["zones"], endpoint=recipe["endpoint"],
                            credentials=AnonymousCredentials())
+    if recipe["provider"] == "azure":   # the ARM emulator (flowmesh_sdk.testing.azure)
+        from flowmesh_providers.azure import AzureProvider
+        from flowmesh_sdk.testing.azure import StaticTokenCredential
+        return AzureProvider(subscription_id=recipe["subscription"], locations=recipe["locations"],
+                             base_url=recipe["base_url"], allow_http=True, polling_interval_s=0.0,
+                             credential=StaticTokenCredential(recipe["token"]))
     from flowmesh_providers.ec2 import Ec2Provider
     return Ec2Provider(regions=["us-east-1"], endpoint_url=recipe["endpoint_url"],
                        image_id=recipe["image_id"], session_kwargs=recipe["session"])

@@ -47,7 +47,15 @@ def ec2_proxy(moto_ec2):
         yield p
 
 
-ENVIRONMENTS = ["local", "ec2", "ssh", "gce"]
+ENVIRONMENTS = ["local", "ec2", "ssh", "gce", "azure"]
+
+
+@pytest.fixture(scope="session")
+def azure_emulator():
+    pytest.importorskip("azure.mgmt.compute")
+    from flowmesh_sdk.testing.azure import AzureEmulator
+    with AzureEmulator() as emu:
+        yield emu
 
 
 @pytest.fixture(scope="session")
@@ -117,6 +125,24 @@ async def env(request, tmp_path: Path) -> AsyncIterator[ProviderEnv]:
         recipe = json.dumps({"provider": "gce", "endpoint": emu.url, "project": emu.project,
                              "zones": list(emu.zones)})
         yield ProviderEnv("gce", prov, spec, offer, exhaust_gce, recipe)
+        await prov.terminate([i.id for i in await prov.list_tagged({})])
+        await prov.close()
+    elif request.param == "azure":
+        emu = request.getfixturevalue("azure_emulator")
+        prov = emu.provider()
+        offer = next(o for o in await prov.offers(spec) if not o.spot)
+
+        @contextlib.contextmanager
+        def exhaust_azure() -> Iterator[None]:
+            emu.exhaust(offer.instance_type)
+            try:
+                yield
+            finally:
+                emu.restore()
+
+        recipe = json.dumps({"provider": "azure", "base_url": emu.url, "subscription": emu.subscription,
+                             "token": emu.token, "locations": list(emu.locations)})   # a test token
+        yield ProviderEnv("azure", prov, spec, offer, exhaust_azure, recipe)
         await prov.terminate([i.id for i in await prov.list_tagged({})])
         await prov.close()
     else:

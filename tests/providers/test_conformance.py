@@ -1,6 +1,7 @@
 """The provider conformance suite: every provider must pass it (today `local`, `ssh` on a
-loopback sshd, `ec2` against moto in server mode with the real boto3, and `gce` against
-the Compute Engine emulator with the real google-cloud-compute).  A later
+loopback sshd, `ec2` against moto in server mode with the real boto3, `gce` against
+the Compute Engine emulator with the real google-cloud-compute, and `azure` against the ARM
+emulator with the real azure-mgmt clients).  A later
 provider adds itself to ``ENVIRONMENTS`` in conftest.py.
 
 The contract it checks (flowmesh_sdk/provider.py): capabilities declared as

@@ -1,0 +1,487 @@
+"""A TEST FIXTURE emulating Azure Resource Manager (compute, network, resources) on
+127.0.0.1, for the ``azure`` provider and for users' own offline tests.  It is not Azure: it
+answers exactly the calls the provider makes, in ARM's JSON shapes, and the real
+``azure-mgmt-*`` clients are pointed at it::
+
+    with AzureEmulator() as az:
+        provider = az.provider(ssh=True)    # AzureProvider(base_url=az.url, a static test token)
+        ...
+
+Calls (``api-version`` required on each, as ARM does): ``PUT .../resourcegroups/RG``;
+``GET /subscriptions/S/providers/Microsoft.Compute/skus?$filter=location eq 'L'``;
+``PUT``/``GET .../Microsoft.Network/virtualNetworks/V``; ``GET .../networkInterfaces/N``;
+``PUT``/``GET``/``DELETE .../Microsoft.Compute/virtualMachines/NAME`` and ``GET`` of the
+resource group's VM list.  PUT and DELETE are long-running: ``201``/``202`` with an
+``Azure-AsyncOperation`` URL (no ``Retry-After``) whose status goes ``InProgress`` ->
+``Succeeded`` | ``Failed`` (with ``error``); a VM PUT of an existing name updates it (ARM's
+idempotent PUT).  The bearer token must be :attr:`AzureEmulator.token`
+(:class:`StaticTokenCredential` presents it); another subscription answers 404
+``SubscriptionNotFound``.
+
+A created VM can be a real machine: :meth:`address` (the provider's
+``SshMode(address_map=...)`` hook) boots it, once, from its ``customData`` (the
+``#cloud-config`` cloud-init would read) as a loopback sshd host; deleting it stops that
+sshd.  Switchable per test: :meth:`exhaust` (VM creations fail with ``AllocationFailed``
+in the operation, or ``SkuNotAvailable`` at once), :meth:`set_core_quota`
+(``OperationNotAllowed`` ... exceeding approved ... Cores quota), :meth:`fail` (an HTTP
+error for a call, e.g. 429 ``TooManyRequests``), :meth:`slow_operations`,
+:meth:`delete_behind` and :meth:`deny` (403 ``AuthorizationFailed``).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import itertools
+import json
+import re
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from .cloudinit import CloudInitHosts
+from .httpserver import HttpServer, json_response
+
+__all__ = ["AzureEmulator", "StaticTokenCredential", "DEFAULT_SIZES", "SUBSCRIPTION"]
+
+SUBSCRIPTION = "00000000-0000-4000-8000-00000000f10e"
+# (name, vCPUs, memory GB, GPUs)
+DEFAULT_SIZES: tuple[tuple[str, int, float, int], ...] = (
+    ("Standard_D2s_v5", 2, 8.0, 0),
+    ("Standard_D4s_v5", 4, 16.0, 0),
+    ("Standard_D8s_v5", 8, 32.0, 0),
+    ("Standard_F2s_v2", 2, 4.0, 0),
+    ("Standard_NC4as_T4_v3", 4, 28.0, 1),
+)
+
+
+class StaticTokenCredential:
+    """A credential that presents one fixed bearer token (for the emulator only)."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    def __repr__(self) -> str:
+        return "StaticTokenCredential(<token>)"
+
+    def get_token(self, *scopes: str, **kwargs: Any) -> Any:
+        from azure.core.credentials import AccessToken
+        return AccessToken(self._token, int(time.time()) + 3600)
+
+    def get_token_info(self, *scopes: str, options: Any = None) -> Any:
+        from azure.core.credentials import AccessTokenInfo
+        return AccessTokenInfo(self._token, int(time.time()) + 3600)
+
+    def close(self) -> None:
+        return None
+
+
+@dataclass
+class _Op:
+    id: str
+    location: str
+    done_at: float | None
+    apply: Any
+    status: str = "InProgress"
+    error: dict[str, str] | None = None
+
+    def due(self, now: float) -> bool:
+        return self.status == "InProgress" and self.done_at is not None and now >= self.done_at
+
+
+def _err(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return json_response(status, {"error": {"code": code, "message": message}}, headers)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+_ROUTES = [
+    ("rg", re.compile(r"^/subscriptions/([^/]+)/resourcegroups/([^/]+)$", re.I)),
+    ("skus", re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/skus$", re.I)),
+    ("op", re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.(?:compute|network)/locations/([^/]+)/"
+                      r"(?:operations|operationresults)/([^/]+)$", re.I)),
+    ("vms", re.compile(r"^/subscriptions/([^/]+)/resourcegroups/([^/]+)/providers/microsoft\.compute/"
+                       r"virtualmachines$", re.I)),
+    ("vm", re.compile(r"^/subscriptions/([^/]+)/resourcegroups/([^/]+)/providers/microsoft\.compute/"
+                      r"virtualmachines/([^/]+)$", re.I)),
+    ("vnet", re.compile(r"^/subscriptions/([^/]+)/resourcegroups/([^/]+)/providers/microsoft\.network/"
+                        r"virtualnetworks/([^/]+)$", re.I)),
+    ("nic", re.compile(r"^/subscriptions/([^/]+)/resourcegroups/([^/]+)/providers/microsoft\.network/"
+                       r"networkinterfaces/([^/]+)$", re.I)),
+]
+
+
+class AzureEmulator(HttpServer):
+    """A TEST FIXTURE: ARM for the calls the ``azure`` provider makes."""
+
+    name = "azure-emulator"
+
+    def __init__(self, *, subscription: str = SUBSCRIPTION, locations: Sequence[str] = ("eastus",),
+                 sizes: Sequence[tuple[str, int, float, int]] = DEFAULT_SIZES, token: str | None = None,
+                 first_host: int = 120, port: int = 0, **sshd_kwargs: Any) -> None:
+        super().__init__(port=port)
+        self.subscription = subscription
+        self.locations = tuple(locations)
+        self.sizes = tuple(sizes)
+        self.token = token or f"emulator-{uuid.uuid4().hex}"
+        self.hosts = CloudInitHosts(first_host=first_host, **sshd_kwargs)
+        self._lock = threading.Lock()
+        self._groups: dict[str, dict[str, Any]] = {}
+        self._vms: dict[tuple[str, str], dict[str, Any]] = {}        # (rg, name lower) -> VM
+        self._custom: dict[str, str] = {}                             # vmId -> customData (never returned)
+        self._nics: dict[tuple[str, str], dict[str, Any]] = {}
+        self._vnets: dict[tuple[str, str], dict[str, Any]] = {}
+        self._ops: dict[str, _Op] = {}
+        self._ip = itertools.count(4)
+        self._exhausted: list[tuple[str | None, str]] = []            # (size or None, how)
+        self._core_quota: dict[str, int] = {}
+        self._faults: list[list[Any]] = []                            # [kind, method, status, code, times]
+        self._op_delay: dict[str, float | None] = {}
+        self._deny = False
+        self.calls: list[tuple[str, str]] = []                        # (kind, method)
+
+    # ---- switches --------------------------------------------------------------------
+    def exhaust(self, size: str | None = None, *, how: str = "AllocationFailed") -> None:
+        """VM creations (of ``size``, any for None) fail: ``AllocationFailed`` /
+        ``ZonalAllocationFailed`` in the operation, or ``SkuNotAvailable`` at the PUT."""
+        with self._lock:
+            self._exhausted.append((size, how))
+
+    def restore(self) -> None:
+        with self._lock:
+            self._exhausted.clear()
+
+    def set_core_quota(self, location: str, limit: int | None) -> None:
+        with self._lock:
+            if limit is None:
+                self._core_quota.pop(location, None)
+            else:
+                self._core_quota[location] = limit
+
+    def fail(self, kind: str, method: str, status: int, code: str, *, times: int | None = 1) -> None:
+        """Answer the next ``times`` calls of ``kind`` (rg, skus, vm, vms, vnet, nic, op) with
+        ``method`` (GET, PUT, DELETE) with an ARM error."""
+        with self._lock:
+            self._faults.append([kind, method, status, code, times])
+
+    def slow_operations(self, seconds: float | None, kinds: Sequence[str] = ("vm", "delete")) -> None:
+        with self._lock:
+            for k in kinds:
+                self._op_delay[k] = seconds
+
+    def finish_operations(self) -> None:
+        with self._lock:
+            now = time.monotonic()
+            for op in self._ops.values():
+                if op.status == "InProgress":
+                    op.done_at = now
+            self._tick()
+
+    def deny(self, on: bool = True) -> None:
+        with self._lock:
+            self._deny = on
+
+    def clear(self) -> None:
+        with self._lock:
+            self._exhausted.clear()
+            self._core_quota.clear()
+            self._faults.clear()
+            self._op_delay.clear()
+            self._deny = False
+
+    def delete_behind(self, vm_id: str) -> None:
+        with self._lock:
+            for key, vm in list(self._vms.items()):
+                if vm["properties"]["vmId"] == vm_id:
+                    self._remove_vm(key)
+        self.hosts.halt(vm_id)
+
+    # ---- views -----------------------------------------------------------------------
+    @property
+    def vms(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [json.loads(json.dumps(v)) for v in self._vms.values()]
+
+    def custom_data(self, vm_id: str) -> str | None:
+        with self._lock:
+            return self._custom.get(vm_id)
+
+    def count(self, kind: str, method: str) -> int:
+        with self._lock:
+            return sum(1 for c in self.calls if c == (kind, method))
+
+    def address(self, instance: Any) -> tuple[str, int]:
+        """``SshMode.address_map``: boot the VM (once) from its customData."""
+        vm_id = str(instance.id)
+        vm = self.hosts.booted(vm_id)
+        if vm is None:
+            with self._lock:
+                found = next((v for v in self._vms.values() if v["properties"]["vmId"] == vm_id), None)
+                custom = self._custom.get(vm_id, "")
+            if found is None:
+                raise RuntimeError(f"VM {vm_id} does not exist (deleted?)")
+            keys = ((found["properties"].get("osProfile") or {}).get("linuxConfiguration") or {}).get("ssh") or {}
+            extra = tuple(k["keyData"] for k in keys.get("publicKeys") or [])
+            vm = self.hosts.boot(vm_id, base64.b64decode(custom).decode() if custom else "", extra_authorized=extra)
+        return vm.sshd.host, vm.sshd.port
+
+    def credential(self) -> StaticTokenCredential:
+        return StaticTokenCredential(self.token)
+
+    def provider(self, **kwargs: Any) -> Any:
+        """An ``AzureProvider`` pointed at this emulator (polling interval 0, HTTP allowed
+        for this loopback endpoint only)."""
+        from flowmesh_providers.azure import AzureProvider, SshMode
+        ssh = kwargs.pop("ssh", None)
+        if ssh is True:
+            ssh = SshMode(address_map=self.address)
+        kwargs.setdefault("locations", list(self.locations))
+        kwargs.setdefault("polling_interval_s", 0.0)
+        return AzureProvider(subscription_id=kwargs.pop("subscription_id", self.subscription), base_url=self.url,
+                             credential=kwargs.pop("credential", self.credential()), allow_http=True, ssh=ssh,
+                             **kwargs)
+
+    def stop(self) -> None:
+        super().stop()
+        self.hosts.close()
+
+    # ---- HTTP ------------------------------------------------------------------------
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.path.rstrip("/")
+        for kind, rx in _ROUTES:
+            m = rx.match(path)
+            if m:
+                break
+        else:
+            return _err(404, "InvalidResourceType", f"no route for {request.method} {path}")
+        if "api-version" not in request.query:
+            return _err(400, "MissingApiVersionParameter", "The api-version query parameter (?api-version=) is "
+                                                           "required for all requests.")
+        body = await request.read()
+        with self._lock:
+            self.calls.append((kind, request.method))
+            self._tick()
+            auth = request.headers.get("Authorization", "")
+            if auth != f"Bearer {self.token}":
+                return _err(401, "InvalidAuthenticationToken", "The access token is invalid.")
+            if self._deny:
+                return _err(403, "AuthorizationFailed", "The client does not have authorization to perform action "
+                                                        f"over scope '{path}'.")
+            for f in self._faults:
+                if f[0] == kind and f[1] == request.method and (f[4] is None or f[4] > 0):
+                    if f[4] is not None:
+                        f[4] -= 1
+                    headers = {"Retry-After": "1"} if f[2] == 429 else None
+                    return _err(f[2], f[3], f"injected: {f[3]}", headers)
+            if m.group(1) != self.subscription:
+                return _err(404, "SubscriptionNotFound", f"The subscription '{m.group(1)}' could not be found.")
+            args = m.groups()[1:]
+            return getattr(self, f"_h_{kind}")(request, body, *args)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        for op in self._ops.values():
+            if op.due(now):
+                try:
+                    op.error = op.apply()
+                except Exception as exc:  # a bug in the emulator fails the operation, visibly
+                    op.error = {"code": "InternalServerError", "message": f"emulator error: {exc!r}"}
+                op.status = "Failed" if op.error else "Succeeded"
+
+    def _lro(self, request: web.Request, location: str, kind: str, apply: Any, status: int,
+             body: Any) -> web.Response:
+        delay = self._op_delay.get(kind, 0.0)
+        op = _Op(uuid.uuid4().hex, location, None if delay is None else time.monotonic() + delay, apply)
+        self._ops[op.id] = op
+        base = f"{self.url}/subscriptions/{self.subscription}/providers/Microsoft.Compute/locations/{location}"
+        api = request.query["api-version"]
+        headers = {"Azure-AsyncOperation": f"{base}/operations/{op.id}?api-version={api}"}
+        if request.method == "DELETE":
+            headers["Location"] = f"{base}/operationResults/{op.id}?api-version={api}"
+        return json_response(status, body, headers) if body is not None else web.Response(status=status,
+                                                                                        headers=headers)
+
+    def _h_op(self, request: web.Request, body: bytes, location: str, op_id: str) -> web.Response:
+        op = self._ops.get(op_id)
+        if op is None:
+            return _err(404, "NotFound", f"operation {op_id} not found")
+        if "operationresults" in request.path.lower():
+            return web.Response(status=204 if op.status != "InProgress" else 202)
+        out: dict[str, Any] = {"name": op.id, "status": op.status, "startTime": _now()}
+        if op.status != "InProgress":
+            out["endTime"] = _now()
+        if op.error:
+            out["error"] = op.error
+        return json_response(200, out)
+
+    def _h_rg(self, request: web.Request, body: bytes, rg: str) -> web.Response:
+        key = rg.lower()
+        if request.method == "PUT":
+            doc = json.loads(body or b"{}")
+            created = key not in self._groups
+            self._groups[key] = {"id": f"/subscriptions/{self.subscription}/resourceGroups/{rg}", "name": rg,
+                                 "type": "Microsoft.Resources/resourceGroups", "location": doc.get("location"),
+                                 "tags": doc.get("tags") or {}, "properties": {"provisioningState": "Succeeded"}}
+            return json_response(201 if created else 200, self._groups[key])
+        if key not in self._groups:
+            return _err(404, "ResourceGroupNotFound", f"Resource group '{rg}' could not be found.")
+        return json_response(200, self._groups[key])
+
+    def _h_skus(self, request: web.Request, body: bytes) -> web.Response:
+        m = re.search(r"location eq '([^']+)'", request.query.get("$filter", ""))
+        locs = [m.group(1)] if m else list(self.locations)
+        items = []
+        for loc in locs:
+            if loc not in self.locations:
+                continue
+            for name, cpus, mem, gpus in self.sizes:
+                caps = [{"name": "vCPUs", "value": str(cpus)}, {"name": "MemoryGB", "value": f"{mem:g}"},
+                        {"name": "CpuArchitectureType", "value": "x64"}]
+                if gpus:
+                    caps.append({"name": "GPUs", "value": str(gpus)})
+                items.append({"resourceType": "virtualMachines", "name": name, "tier": "Standard",
+                              "size": name.split("_", 1)[1], "family": "standardFamily", "locations": [loc],
+                              "locationInfo": [{"location": loc, "zones": ["1", "2", "3"]}], "capabilities": caps,
+                              "restrictions": []})
+        return json_response(200, {"value": items})
+
+    def _need_rg(self, rg: str) -> web.Response | None:
+        if rg.lower() not in self._groups:
+            return _err(404, "ResourceGroupNotFound", f"Resource group '{rg}' could not be found.")
+        return None
+
+    def _h_vnet(self, request: web.Request, body: bytes, rg: str, name: str) -> web.Response:
+        if (e := self._need_rg(rg)) is not None:
+            return e
+        key = (rg.lower(), name.lower())
+        if request.method == "PUT":
+            doc = json.loads(body or b"{}")
+            vid = f"/subscriptions/{self.subscription}/resourceGroups/{rg}/providers/Microsoft.Network/virtualNetworks/{name}"
+            subnets = [{"id": f"{vid}/subnets/{s['name']}", "name": s["name"],
+                        "properties": {**(s.get("properties") or {}), "provisioningState": "Succeeded"}}
+                       for s in (doc.get("properties") or {}).get("subnets") or []]
+            self._vnets[key] = {"id": vid, "name": name, "type": "Microsoft.Network/virtualNetworks",
+                                "location": doc.get("location"), "tags": doc.get("tags") or {},
+                                "properties": {**(doc.get("properties") or {}), "subnets": subnets,
+                                               "provisioningState": "Succeeded"}}
+            return self._lro(request, str(doc.get("location")), "vnet", lambda: None, 201, self._vnets[key])
+        if key not in self._vnets:
+            return _err(404, "ResourceNotFound", f"The Resource 'Microsoft.Network/virtualNetworks/{name}' under "
+                                                 f"resource group '{rg}' was not found.")
+        return json_response(200, self._vnets[key])
+
+    def _h_nic(self, request: web.Request, body: bytes, rg: str, name: str) -> web.Response:
+        nic = self._nics.get((rg.lower(), name.lower()))
+        if nic is None:
+            return _err(404, "ResourceNotFound", f"The Resource 'Microsoft.Network/networkInterfaces/{name}' under "
+                                                 f"resource group '{rg}' was not found.")
+        return json_response(200, nic)
+
+    def _h_vms(self, request: web.Request, body: bytes, rg: str) -> web.Response:
+        if (e := self._need_rg(rg)) is not None:
+            return e
+        return json_response(200, {"value": [v for (g, _), v in self._vms.items() if g == rg.lower()]})
+
+    def _remove_vm(self, key: tuple[str, str]) -> None:
+        vm = self._vms.pop(key, None)
+        if vm is None:
+            return
+        for ref in vm["properties"].get("networkProfile", {}).get("networkInterfaces") or []:
+            self._nics.pop((key[0], ref["id"].rsplit("/", 1)[-1].lower()), None)   # deleteOption=Delete
+        self._custom.pop(vm["properties"]["vmId"], None)
+
+    def _h_vm(self, request: web.Request, body: bytes, rg: str, name: str) -> web.Response:
+        key = (rg.lower(), name.lower())
+        if request.method == "GET":
+            vm = self._vms.get(key)
+            if vm is None:
+                return _err(404, "ResourceNotFound", f"The Resource 'Microsoft.Compute/virtualMachines/{name}' under "
+                                                     f"resource group '{rg}' was not found.")
+            return json_response(200, vm)
+        if request.method == "DELETE":
+            vm = self._vms.get(key)
+            if vm is None:
+                return web.Response(status=204)
+            vm["properties"]["provisioningState"] = "Deleting"
+            vm_id = vm["properties"]["vmId"]
+
+            def gone() -> None:
+                self._remove_vm(key)
+                threading.Thread(target=self.hosts.halt, args=(vm_id,), daemon=True).start()
+                return None
+            return self._lro(request, str(vm["location"]), "delete", gone, 202, None)
+        if (e := self._need_rg(rg)) is not None:
+            return e
+        doc = json.loads(body or b"{}")
+        props = dict(doc.get("properties") or {})
+        size = str((props.get("hardwareProfile") or {}).get("vmSize"))
+        loc = str(doc.get("location"))
+        spec = next((s for s in self.sizes if s[0] == size), None)
+        if loc not in self.locations or spec is None or any(
+                (s is None or s == size) and how == "SkuNotAvailable" for s, how in self._exhausted):
+            return _err(409, "SkuNotAvailable", f"The requested VM size '{size}' is currently not available in "
+                                                f"location '{loc}'. Please try another size or deploy to a "
+                                                "different location or different zone.")
+        for k, v in (doc.get("tags") or {}).items():
+            if re.search(r"[<>%&\\?/]", k) or len(k) > 512 or len(str(v)) > 256:
+                return _err(400, "InvalidTagNameCharacters", f"The tag name '{k}' has invalid characters")
+        existing = self._vms.get(key)
+        vm_id = existing["properties"]["vmId"] if existing else str(uuid.uuid4())
+        os_profile = dict(props.get("osProfile") or {})
+        custom = os_profile.pop("customData", None)            # ARM never returns it
+        if custom is not None:
+            self._custom[vm_id] = custom
+        nic_conf = ((props.get("networkProfile") or {}).get("networkInterfaceConfigurations") or [{}])[0]
+        nic_name = str(nic_conf.get("name") or f"{name}-nic")
+        base = f"/subscriptions/{self.subscription}/resourceGroups/{rg}/providers"
+        vm = {"id": f"{base}/Microsoft.Compute/virtualMachines/{name}", "name": name,
+              "type": "Microsoft.Compute/virtualMachines", "location": loc, "tags": doc.get("tags") or {},
+              "properties": {**props, "osProfile": os_profile, "vmId": vm_id, "provisioningState": "Creating",
+                             "timeCreated": existing["properties"]["timeCreated"] if existing else _now(),
+                             "networkProfile": {**(props.get("networkProfile") or {}), "networkInterfaces": [
+                                 {"id": f"{base}/Microsoft.Network/networkInterfaces/{nic_name}",
+                                  "properties": {"primary": True, "deleteOption": nic_conf.get(
+                                      "properties", {}).get("deleteOption", "Detach")}}]}}}
+        self._vms[key] = vm
+        cpus = spec[1]
+
+        def create() -> dict[str, str] | None:
+            if any((s is None or s == size) and how != "SkuNotAvailable" for s, how in self._exhausted):
+                how = next(h for s, h in self._exhausted if (s is None or s == size) and h != "SkuNotAvailable")
+                vm["properties"]["provisioningState"] = "Failed"
+                return {"code": how, "message": "Allocation failed. We do not have sufficient capacity for the "
+                                                f"requested VM size '{size}' in this region."}
+            limit = self._core_quota.get(loc)
+            if limit is not None:
+                used = sum(next((s[1] for s in self.sizes if s[0] == v["properties"]["hardwareProfile"]["vmSize"]), 0)
+                           for k, v in self._vms.items() if v["location"] == loc and k != key
+                           and v["properties"]["provisioningState"] == "Succeeded")
+                if used + cpus > limit:
+                    vm["properties"]["provisioningState"] = "Failed"
+                    return {"code": "OperationNotAllowed",
+                            "message": f"Operation could not be completed as it results in exceeding approved "
+                                       f"standardDSv5Family Cores quota. Location: {loc}, Current Limit: {limit}, "
+                                       f"Current Usage: {used}, Additional Required: {cpus}."}
+            n = next(self._ip)
+            ipconf = dict(((nic_conf.get("properties") or {}).get("ipConfigurations") or [{}])[0])
+            ip_props: dict[str, Any] = {"privateIPAddress": f"10.20.{n // 250}.{n % 250 + 4}",
+                                        "privateIPAllocationMethod": "Dynamic",
+                                        "subnet": (ipconf.get("properties") or {}).get("subnet")}
+            if (ipconf.get("properties") or {}).get("publicIPAddressConfiguration"):
+                ip_props["publicIPAddress"] = {"id": f"{base}/Microsoft.Network/publicIPAddresses/{name}-ip",
+                                               "properties": {"ipAddress": f"20.0.{n // 250}.{n % 250 + 1}"}}
+            self._nics[(key[0], nic_name.lower())] = {
+                "id": f"{base}/Microsoft.Network/networkInterfaces/{nic_name}", "name": nic_name,
+                "location": loc, "properties": {"provisioningState": "Succeeded", "ipConfigurations": [
+                    {"name": ipconf.get("name", "ipconfig1"), "properties": ip_props}],
+                    "virtualMachine": {"id": vm["id"]}}}
+            vm["properties"]["provisioningState"] = "Succeeded"
+            return None
+        return self._lro(request, loc, "vm", create, 200 if existing else 201, vm)
