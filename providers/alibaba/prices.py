@@ -65,9 +65,9 @@ def _map(exc: Exception, what: str) -> FlowMeshError:
     return ProviderError(text, provider=PROVIDER, code=code)
 
 
-def _client(region: str, endpoint: str | None) -> Any:
+def _client(region: str, endpoint: str | None, keys: tuple[str | None, str | None] = (None, None)) -> Any:
     Client, _models, open_api_models = _sdk()
-    key_id, secret = os.environ.get(KEY_ID), os.environ.get(KEY_SECRET)
+    key_id, secret = keys[0] or os.environ.get(KEY_ID), keys[1] or os.environ.get(KEY_SECRET)
     if not key_id or not secret:
         raise AuthError(f"Alibaba Cloud credentials missing: set {KEY_ID} and {KEY_SECRET}", provider=PROVIDER,
                         code="NoCredentials")
@@ -113,8 +113,10 @@ async def _price(client: Any, models: Any, region: str, itype: str, sem: asyncio
 
 
 async def fetch_prices(*, endpoint: str | None = None, regions: Sequence[str] = (),
-                       shapes: Sequence[CatalogRow] = ()) -> list[CatalogRow]:
-    """Live pay-as-you-go $/h of the catalog's Alibaba ECS types in ``regions``."""
+                       shapes: Sequence[CatalogRow] = (), access_key_id: str | None = None,
+                       access_key_secret: str | None = None) -> list[CatalogRow]:
+    """Live pay-as-you-go $/h of the catalog's Alibaba ECS types in ``regions`` (keys: the
+    arguments, else the two variables; never logged)."""
     _Client, models, _open = _sdk()
     names = sorted({r.instance_type for r in shapes})
     if not names:
@@ -123,7 +125,7 @@ async def fetch_prices(*, endpoint: str | None = None, regions: Sequence[str] = 
     rows: list[CatalogRow] = []
     sem = asyncio.Semaphore(CONCURRENCY)
     for region in tuple(regions) or DEFAULT_REGIONS:
-        client = _client(region, endpoint)
+        client = _client(region, endpoint, (access_key_id, access_key_secret))
         described = await _describe_types(client, models, names, region)
         prices = await asyncio.gather(*(_price(client, models, region, n, sem) for n in names))
         for name, price in zip(names, prices):

@@ -20,6 +20,11 @@ def build(recipe: dict):
     if recipe["provider"] == "ssh":
         from flowmesh_providers.ssh import SshProvider
         return SshProvider(inventory=recipe["inventory"], state_dir=recipe["state_dir"])
+    if recipe["provider"] == "alibaba":   # the ECS emulator (flowmesh_sdk.testing.ecs)
+        from flowmesh_providers.alibaba import AlibabaProvider
+        return AlibabaProvider(endpoint=recipe["endpoint"], vswitch_ids=recipe["vswitch_ids"],
+                               security_group_id=recipe["security_group_id"], access_key_id=recipe["key"],
+                               access_key_secret=recipe["secret"])
     if recipe["provider"] == "gce":   # the GCE emulator (flowmesh_sdk.testing.gce)
         from google.auth.credentials import AnonymousCredentials
 

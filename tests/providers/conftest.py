@@ -47,7 +47,7 @@ def ec2_proxy(moto_ec2):
         yield p
 
 
-ENVIRONMENTS = ["local", "ec2", "ssh", "gce", "azure"]
+ENVIRONMENTS = ["local", "ec2", "ssh", "gce", "alibaba", "azure"]
 
 
 @pytest.fixture(scope="session")
@@ -63,6 +63,14 @@ def gce_emulator():
     pytest.importorskip("google.cloud.compute_v1")
     from flowmesh_sdk.testing.gce import GceEmulator
     with GceEmulator() as emu:
+        yield emu
+
+
+@pytest.fixture(scope="session")
+def ecs_emulator():
+    pytest.importorskip("alibabacloud_ecs20140526")
+    from flowmesh_sdk.testing.ecs import EcsEmulator
+    with EcsEmulator() as emu:
         yield emu
 
 
@@ -107,6 +115,25 @@ async def env(request, tmp_path: Path) -> AsyncIterator[ProviderEnv]:
             "cpus": 16, "memory_gb": 64}]}))
         recipe = json.dumps({"provider": "ssh", "inventory": str(inventory), "state_dir": str(state)})
         yield ProviderEnv("ssh", prov, spec, offer, exhaust, recipe)
+        await prov.terminate([i.id for i in await prov.list_tagged({})])
+        await prov.close()
+    elif request.param == "alibaba":
+        emu = request.getfixturevalue("ecs_emulator")
+        prov = emu.provider()
+        offer = next(o for o in await prov.offers(spec) if not o.spot)
+
+        @contextlib.contextmanager
+        def exhaust_ecs() -> Iterator[None]:
+            emu.sold_out(zone=offer.zone, instance_type=offer.instance_type)
+            try:
+                yield
+            finally:
+                emu.restock()
+
+        recipe = json.dumps({"provider": "alibaba", "endpoint": emu.url, "vswitch_ids": emu.vswitch_ids,
+                             "security_group_id": emu.security_group_id, "key": emu.access_key_id,
+                             "secret": emu.access_key_secret})
+        yield ProviderEnv("alibaba", prov, spec, offer, exhaust_ecs, recipe)
         await prov.terminate([i.id for i in await prov.list_tagged({})])
         await prov.close()
     elif request.param == "gce":
