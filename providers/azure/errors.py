@@ -19,7 +19,10 @@ Decisions:
 
 * ``SkuNotAvailable``, ``AllocationFailed``, ``ZonalAllocationFailed`` and the
   ``Overconstrained*AllocationRequest`` codes are capacity: another size, zone or region
-  may launch;
+  may launch (for spot VMs Azure answers a shortage with ``SkuNotAvailable`` too, and
+  ``SpotPriceGreaterThanProvidedMaxPrice`` when the market is above the max price: "Error
+  messages for Azure Spot Virtual Machines",
+  https://learn.microsoft.com/azure/virtual-machines/error-codes-spot);
 * ``QuotaExceeded`` and ``OperationNotAllowed`` whose message speaks of a quota (ARM uses
   that code for "Operation could not be completed as it results in exceeding approved
   ... Cores quota") are quota; other ``OperationNotAllowed`` is a plain ``ProviderError``;
@@ -47,7 +50,7 @@ ERROR_TABLE: dict[str, type[FlowMeshError]] = {
     "ZonalAllocationFailed": CapacityError,
     "OverconstrainedAllocationRequest": CapacityError,
     "OverconstrainedZonalAllocationRequest": CapacityError,
-    "SpotMaxPriceTooLow": CapacityError,
+    "SpotPriceGreaterThanProvidedMaxPrice": CapacityError,
     # quota: try another region / provider
     "QuotaExceeded": QuotaError,
     "ResourceQuotaExceeded": QuotaError,
