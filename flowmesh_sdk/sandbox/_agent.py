@@ -1,0 +1,341 @@
+"""The shell programs that run inside a sandbox (POSIX sh: dash, busybox ash and bash).
+
+``AGENT`` serves one held-open channel: buffered commands (``__fm_run``, what ``exec``
+and the file calls send) and streamed processes (``__fm_proc``, what ``start`` and
+``exec(on_stdout=...)`` send).  ``SESSION`` turns an interactive shell into a session
+whose state persists between commands.  ``SIGNAL_TREE`` and ``KILL_AGENT`` are run by the
+host to signal a session's command or to clean up after a lost channel.  See the package
+docstring for the framing.
+"""
+
+from __future__ import annotations
+
+# ---- shared pieces ---------------------------------------------------------------------
+_COMMON = r"""
+__fm_ss=; __fm_n=0; command -v setsid >/dev/null 2>&1 && __fm_ss=setsid
+__fm_mk() {
+  [ -d "$__fm_d" ] && return 0
+  for __fm_d in "$__fm_d0" "/tmp/.flowmesh-$__fm_tag$$" "/dev/shm/.flowmesh-$__fm_tag$$" "/.flowmesh-$__fm_tag$$"; do
+    command mkdir -p "$__fm_d" 2>/dev/null && return 0
+  done; return 1
+}
+__fm_rot() {
+  __fm_n=$((__fm_n + 1))
+  [ $__fm_n -ge 32 ] && { __fm_n=0; command rm -f -- "$__fm_d"/*; }
+}
+__fm_get() {
+  __n=$1; __ok=0
+  { command exec 8>"$2"; } 2>/dev/null || __ok=1
+  while [ "$__n" -gt 0 ]; do
+    __k=$__n; [ "$__k" -gt 1048576 ] && __k=1048576
+    if [ $__ok = 0 ]; then
+      command dd bs="$__k" count=1 iflag=fullblock 2>/dev/null >&8 || __ok=1
+    else
+      command dd bs="$__k" count=1 iflag=fullblock 2>/dev/null >/dev/null
+    fi
+    __n=$((__n - __k))
+  done
+  exec 8>&-
+  return $__ok
+}
+__fm_lines() {
+  __n=$1; __ok=0
+  { command exec 8>"$2"; } 2>/dev/null || __ok=1
+  while [ "$__n" -gt 0 ]; do
+    IFS= read -r __l
+    [ $__ok = 0 ] && { printf '%s\n' "$__l" >&8 || __ok=1; } 2>/dev/null
+    __n=$((__n - 1))
+  done
+  exec 8>&-
+  return $__ok
+}
+__fm_put() {
+  # exactly $2 bytes of the file open on fd $1 (padded with NULs should the file have
+  # shrunk under us), so a command can never shift the framing
+  if [ "$1" = 5 ]; then
+    { command head -c "$2" /proc/self/fd/5; command head -c "$2" /dev/zero; } 2>/dev/null | command head -c "$2"
+  else
+    { command head -c "$2" /proc/self/fd/6; command head -c "$2" /dev/zero; } 2>/dev/null | command head -c "$2"
+  fi
+}
+__fm_store() {
+  __bad=
+  if [ "$__sn" -gt 0 ]; then __fm_lines "$__sn" "$__s"; else __fm_get "$__sl" "$__s"; fi \
+    || __bad="flowmesh: cannot store the command in $__fm_d (disk full or not writable)"
+}
+"""
+
+AGENT = r"""
+__fm_tag=; __fm_d0="${TMPDIR:-/tmp}/.flowmesh-$$"; __fm_d="$__fm_d0"
+""" + _COMMON + r"""
+__fm_kill() {
+  __t=" $1 "; __r=0; kill -9 "$1" 2>/dev/null
+  while [ $__r -lt 30 ]; do
+    __r=$((__r + 1)); __hit=0
+    [ -n "$__fm_ss" ] && kill -9 -"$1" 2>/dev/null
+    for __f in /proc/[0-9]*/stat; do
+      { read -r __l < "$__f"; } 2>/dev/null || continue
+      __p=${__f#/proc/}; __p=${__p%/stat}; __l=${__l##*) }
+      set -- "$1" $__l
+      [ "$2" = Z ] && continue
+      if { [ -n "$__fm_ss" ] && [ "$5" = "$1" ]; } || case "$__t" in *" $3 "*) true;; *) false;; esac
+      then kill -9 "$__p" 2>/dev/null; __t="$__t$__p "; __hit=1; fi
+    done
+    [ $__hit = 0 ] && [ $__r -gt 1 ] && break
+  done
+}
+__fm_fail() {
+  printf '__FM__ %s %s 0 0 %s
+%s' "$__id" 125 "${#1}" "$1"
+}
+__fm_watch() {
+  ( trap 'kill $__z 2>/dev/null; exit 0' TERM
+    sleep "$__to" & __z=$!; wait $__z
+    trap '' TERM; __fm_kill "$__c"; exit 3 ) 5<&- 6<&- &
+  __w=$!
+}
+__fm_one() {
+  __fm_mk; __fm_rot
+  __s="$__fm_d/$__id.sh"; __i="$__fm_d/$__id.in"; __o="$__fm_d/$__id.out"; __e="$__fm_d/$__id.err"
+  __fm_store
+  if [ "$__il" -gt 0 ]; then
+    __fm_get "$__il" "$__i" || __bad="flowmesh: cannot store the input in $__fm_d (disk full or not writable)"
+  else __i=/dev/null; fi
+  if [ -z "$__bad" ]; then
+    { command exec 3>"$__o" 4>"$__e" 5<"$__o" 6<"$__e"; } 2>/dev/null \
+      || __bad="flowmesh: cannot create output files in $__fm_d"
+  fi
+  if [ -n "$__bad" ]; then
+    exec 3>&- 4>&- 5<&- 6<&-; __fm_fail "$__bad"; command rm -f -- "$__fm_d"/* 2>/dev/null; return
+  fi
+  $__fm_ss /bin/sh "$__s" <"$__i" >&3 2>&4 3>&- 4>&- 5<&- 6<&- &
+  __c=$!
+  exec 3>&- 4>&-
+  __fm_watch
+  wait $__c; __rc=$?
+  kill $__w 2>/dev/null; wait $__w; __tw=$?
+  [ "$__tw" = 3 ] && __tw=1 || __tw=0
+  set -- $(command wc -c /proc/self/fd/5 /proc/self/fd/6 2>/dev/null)
+  __os=${1:-0}; __es=${3:-0}; __no=$__os; __ne=$__es
+  [ "$__no" -gt "$__cap" ] && __no=$__cap
+  [ "$__ne" -gt "$__cap" ] && __ne=$__cap
+  printf '__FM__ %s %s %s %s %s
+' "$__id" "$__rc" "$__tw" "$__os" "$__es"
+  [ "$__no" -gt 0 ] && __fm_put 5 "$__no"
+  [ "$__ne" -gt 0 ] && __fm_put 6 "$__ne"
+  exec 5<&- 6<&-
+}
+__fm_feed() {
+  # the input side of a streamed process: frames from the host into its stdin fifo
+  trap '' PIPE INT
+  __open=1; { command exec 8>"$1"; } 2>/dev/null || __open=0
+  while IFS=' ' read -r __k __n; do
+    case "$__k" in
+      __fm_in)
+        case "$__n" in ''|*[!0-9]*) continue;; esac
+        while [ "$__n" -gt 0 ]; do
+          __k=$__n; [ "$__k" -gt 65536 ] && __k=65536
+          if [ $__open = 1 ]; then
+            command dd bs="$__k" count=1 iflag=fullblock 2>/dev/null >&8
+          else
+            command dd bs="$__k" count=1 iflag=fullblock 2>/dev/null >/dev/null
+          fi
+          __n=$((__n - __k))
+        done;;
+      __fm_eof) [ $__open = 1 ] && exec 8>&-; __open=0;;
+      __fm_end) [ $__open = 1 ] && exec 8>&-; exit 0;;
+    esac
+  done
+  exit 0
+}
+__fm_send() {
+  # stream $1 (1 or 2) has $2 bytes in all; send what is new, up to the cap
+  if [ "$1" = 1 ]; then __sent=$__so; else __sent=$__se; fi
+  __n=$2; [ "$__n" -gt "$__cap" ] && __n=$__cap
+  __n=$((__n - __sent))
+  while [ "$__n" -gt 0 ]; do
+    __k=$__n; [ "$__k" -gt 1048576 ] && __k=1048576
+    printf '__FMP__ %s %s %s\n' "$__id" "$1" "$__k"
+    if [ "$1" = 1 ]; then
+      { command dd bs="$__k" count=1 iflag=fullblock <&5 2>/dev/null; command head -c "$__k" /dev/zero; } | command head -c "$__k"
+      __so=$((__so + __k))
+    else
+      { command dd bs="$__k" count=1 iflag=fullblock <&6 2>/dev/null; command head -c "$__k" /dev/zero; } | command head -c "$__k"
+      __se=$((__se + __k))
+    fi
+    __n=$((__n - __k)); __moved=1
+  done
+}
+__fm_flush() {
+  set -- $(command wc -c /proc/self/fd/5 /proc/self/fd/6 2>/dev/null)
+  __os=${1:-0}; __es=${3:-0}
+  __fm_send 1 "$__os"; __fm_send 2 "$__es"
+}
+__fm_proc() {
+  __fm_mk; __fm_rot
+  __s="$__fm_d/$__id.sh"; __f="$__fm_d/$__id.fifo"; __o="$__fm_d/$__id.out"; __e="$__fm_d/$__id.err"
+  __fm_store
+  if [ -z "$__bad" ]; then
+    { command rm -f -- "$__f"; command mkfifo "$__f"; } 2>/dev/null || __bad="flowmesh: cannot make a fifo in $__fm_d"
+  fi
+  if [ -z "$__bad" ]; then
+    { command exec 3>"$__o" 4>"$__e" 5<"$__o" 6<"$__e"; } 2>/dev/null \
+      || __bad="flowmesh: cannot create output files in $__fm_d"
+  fi
+  if [ -n "$__bad" ]; then
+    exec 3>&- 4>&- 5<&- 6<&-
+    printf '__FMP__ %s 2 %s\n%s__FMP__ %s end 125 0 0 %s\n' "$__id" "${#__bad}" "$__bad" "$__id" "${#__bad}"
+    ( __fm_feed /dev/null )
+    printf '__FMP__ %s idle\n' "$__id"
+    return
+  fi
+  exec 9<&0
+  ( __fm_feed "$__f" ) 0<&9 3>&- 4>&- 5<&- 6<&- 9<&- &
+  __r=$!
+  exec 9<&-
+  $__fm_ss /bin/sh "$__s" <"$__f" >&3 2>&4 3>&- 4>&- 5<&- 6<&- &
+  __c=$!
+  exec 3>&- 4>&-
+  printf '__FMP__ %s pid %s\n' "$__id" "$__c"
+  __w=; [ "$__to" != 0 ] && __fm_watch
+  __so=0; __se=0; __nap=0.002
+  while :; do
+    __z=0; { read -r __l < /proc/$__c/stat; } 2>/dev/null || __z=1
+    case "$__l" in *") Z "*) __z=1;; esac
+    __moved=0; __fm_flush
+    [ $__z = 1 ] && break
+    if [ $__moved = 0 ]; then
+      command sleep $__nap
+      case $__nap in 0.002) __nap=0.005;; 0.005) __nap=0.01;; 0.01) __nap=0.02;; *) __nap=0.05;; esac
+    else __nap=0.002; fi
+  done
+  wait $__c; __rc=$?; __tw=0
+  if [ -n "$__w" ]; then
+    kill $__w 2>/dev/null; wait $__w; __tw=$?
+    [ "$__tw" = 3 ] && __tw=1 || __tw=0
+  fi
+  __fm_flush
+  printf '__FMP__ %s end %s %s %s %s\n' "$__id" "$__rc" "$__tw" "$__os" "$__es"
+  exec 5<&- 6<&-
+  # a reader still waiting for the fifo's other end is let through (and then sees EPIPE)
+  { command exec 7<>"$__f"; } 2>/dev/null; exec 7<&-
+  wait $__r
+  printf '__FMP__ %s idle\n' "$__id"
+}
+__fm_loop() {
+  __fm_mk
+  echo __FM_READY__ $$
+  while IFS=' ' read -r __k __id __to __cap __sl __il __sn; do
+    case "$__k $__id $__cap $__sl $__il $__sn" in
+      "__fm_run "*[!0-9\ ]*|"__fm_proc "*[!0-9\ ]*) continue;;
+      "__fm_run "*) __fm_one;;
+      "__fm_proc "*) __fm_proc;;
+    esac
+  done
+}
+__fm_loop
+"""
+
+# The session program runs in an interactive shell (so that SIGINT aborts a running
+# command, builtin loops included, and the shell returns to reading its input), whose
+# own stdout and stderr are /dev/null: the framing goes to fd 7, the channel.
+# ``__fm_sloop`` is sent after every command: the loop reads it as a no-op, and a shell
+# thrown back to its top level (SIGINT, a syntax error) reads it as the call that
+# answers the aborted command and re-enters the loop.
+SESSION = r"""
+__fm_tag=s; __fm_d0="${TMPDIR:-/tmp}/.flowmesh-s$$"; __fm_d="$__fm_d0"; __fm_cur=
+[ -n "$BASH_VERSION" ] && { set +o history; unset HISTFILE; }
+""" + _COMMON + r"""
+__fm_foot() {
+  __fm_r=$1
+  trap '' INT
+  exec 3>&- 4>&-
+  set -- $(command wc -c /proc/self/fd/5 /proc/self/fd/6 2>/dev/null)
+  __os=${1:-0}; __es=${3:-0}; __no=$__os; __ne=$__es
+  [ "$__no" -gt "$__cap" ] && __no=$__cap
+  [ "$__ne" -gt "$__cap" ] && __ne=$__cap
+  printf '__FM__ %s %s 0 %s %s\n' "$__fm_cur" "$__fm_r" "$__os" "$__es" >&7
+  [ "$__no" -gt 0 ] && __fm_put 5 "$__no" >&7
+  [ "$__ne" -gt 0 ] && __fm_put 6 "$__ne" >&7
+  exec 5<&- 6<&-
+  __fm_cur=
+}
+__fm_srun() {
+  __fm_mk; __fm_rot
+  __s="$__fm_d/$__id.sh"; __o="$__fm_d/$__id.out"; __e="$__fm_d/$__id.err"
+  __fm_store
+  if [ -z "$__bad" ]; then
+    { command exec 3>"$__o" 4>"$__e" 5<"$__o" 6<"$__e"; } 2>/dev/null \
+      || __bad="flowmesh: cannot create output files in $__fm_d"
+  fi
+  if [ -n "$__bad" ]; then
+    exec 3>&- 4>&- 5<&- 6<&-
+    printf '__FMS__ %s 0\n__FM__ %s 125 0 0 %s\n%s' "$__id" "$__id" "${#__bad}" "$__bad" >&7
+    return
+  fi
+  __lp=0; { read -r __x __x __x __x __lp < /proc/loadavg; } 2>/dev/null
+  printf '__FMS__ %s %s\n' "$__id" "${__lp:-0}" >&7
+  __fm_cur=$__id
+  trap - INT
+  { . "$__s"; } </dev/null >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&-
+  __fm_foot $?
+}
+__fm_sloop() {
+  __fm_r=$?
+  trap '' INT
+  [ -n "$__fm_cur" ] && __fm_foot "$__fm_r"
+  while IFS=' ' read -r __k __id __cap __sl __sn; do
+    case "$__k $__id $__cap $__sl $__sn" in
+      "__fm_srun "*[!0-9\ ]*) continue;;
+      "__fm_srun "*) __fm_srun;;
+    esac
+  done
+  exit 0
+}
+trap '[ -n "$__fm_cur" ] && __fm_foot $?' EXIT
+__fm_mk
+echo __FM_SREADY__ $$ >&7
+__fm_sloop
+"""
+
+# Run by the host over another channel: signal the processes a session's command started.
+# $1 the session shell's pid, $2 the last pid made before the command started (from
+# /proc/loadavg, per pid namespace: processes made before it, such as an earlier
+# command's background jobs, are left alone),
+# $3 the signal for them, $4 the signal for the shell itself ("" for none).
+SIGNAL_TREE = r"""
+__r=$1; __m=$2; __ts=$3; __ss=$4; __t=" $__r "; __sel=; __i=0
+while [ $__i -lt 3 ]; do
+  __i=$((__i + 1))
+  for __f in /proc/[0-9]*/stat; do
+    { read -r __l < "$__f"; } 2>/dev/null || continue
+    __p=${__f#/proc/}; __p=${__p%/stat}
+    case "$__t" in *" $__p "*) continue;; esac
+    set -- ${__l##*) }
+    [ "$1" = Z ] && continue
+    case "$__t" in
+      *" $2 "*) __t="$__t$__p "; [ "$__p" -gt "$__m" ] && __sel="$__sel $__p";;
+    esac
+  done
+done
+[ -n "$__sel" ] && kill -"$__ts" $__sel 2>/dev/null
+[ -n "$__ss" ] && kill -"$__ss" "$__r" 2>/dev/null
+echo "signalled:$__sel"
+"""
+
+# Run by the host through a fresh ``podman exec`` when a channel is lost: kill the agent
+# ($1) and everything it started (by parent links and by session), nothing else.
+KILL_AGENT = r"""
+__t=" $1 "; __i=0
+while [ $__i -lt 4 ]; do
+  __i=$((__i + 1))
+  for __f in /proc/[0-9]*/stat; do
+    { read -r __l < "$__f"; } 2>/dev/null || continue
+    __p=${__f#/proc/}; __p=${__p%/stat}
+    case "$__t" in *" $__p "*) continue;; esac
+    set -- ${__l##*) }
+    case "$__t" in *" $2 "*|*" $4 "*) __t="$__t$__p ";; esac
+  done
+done
+kill -9 $__t 2>/dev/null
+"""
