@@ -277,7 +277,10 @@ def h_exec(image_or_model: str, params: Mapping[str, object], resource_class: ob
 
 def _container_params(spec: SandboxSpec) -> dict[str, object]:
     """What a container fixes when it is created (besides its image and limits)."""
-    return {"op": "sandbox", "network": spec.network, "workdir": spec.workdir}
+    # none/all stay the booleans they always were (same digests); an allow-list is its
+    # sorted entries, so the same policy is the same warm slot
+    network = spec.network if isinstance(spec.network, bool) else tuple(spec.network)
+    return {"op": "sandbox", "network": network, "workdir": spec.workdir}
 
 
 def _resource_class(spec: SandboxSpec) -> dict[str, object]:
@@ -296,7 +299,8 @@ def sandbox_h_exec(spec: SandboxSpec, image_digest: str) -> str:
 @functools.lru_cache(maxsize=65536)
 def _sandbox_h_exec(image_digest: str, params: tuple[tuple[str, object], ...],
                     resource_class: tuple[tuple[str, object], ...]) -> str:
-    return h_exec(image_digest, dict(params), dict(resource_class))
+    return h_exec(image_digest, {k: list(v) if isinstance(v, tuple) else v for k, v in params},
+                  dict(resource_class))
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ given and the allowed range, at construction time.
 from __future__ import annotations
 
 import enum
+import ipaddress
 import math
 import re
 from collections.abc import Mapping
@@ -98,11 +99,60 @@ class InstanceSpec:
             raise SpecError("instance.gpu_name", "set only when instance.gpus >= 1")
 
 
+_HOSTNAME = re.compile(r"(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*")
+
+
+def network_policy(value: object) -> bool | tuple[str, ...]:
+    """``SandboxSpec.network`` in its canonical form: False (none), True (all) or a sorted
+    tuple of allow-list entries (``IP:PORT``, ``[IPv6]:PORT``, ``HOSTNAME:PORT``, CIDR)."""
+    field_ = "sandbox.network"
+    if isinstance(value, bool):
+        return value
+    if value == "none":
+        return False
+    if value == "all":
+        return True
+    if isinstance(value, str) or not isinstance(value, (tuple, list, frozenset, set)):
+        raise SpecError(field_, '"none", "all" or a tuple of "host:port" / CIDR entries, '
+                                f"got {value!r}")
+    entries = {_network_entry(e) for e in value}
+    return tuple(sorted(entries)) if entries else False
+
+
+def _network_entry(entry: object) -> str:
+    field_ = "sandbox.network"
+    if not isinstance(entry, str) or not entry or not entry.isprintable() or " " in entry:
+        raise SpecError(field_, f"an entry must be a 'host:port' or CIDR string, got {entry!r}")
+    if "/" in entry:
+        try:
+            return str(ipaddress.ip_network(entry, strict=False))
+        except ValueError as exc:
+            raise SpecError(field_, f"{entry!r} is not a CIDR network ({exc})") from None
+    host, sep, port = entry.rpartition(":")
+    if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise SpecError(field_, f"{entry!r} needs a port (host:port, [v6]:port) or a /prefix")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        name = host.lower().rstrip(".")
+        if not _HOSTNAME.fullmatch(name):
+            raise SpecError(field_, f"{entry!r}: {host!r} is neither an IP address nor a host name") from None
+        return f"{name}:{int(port)}"
+    return f"[{ip}]:{int(port)}" if ip.version == 6 else f"{ip}:{int(port)}"
+
+
 @dataclass(frozen=True, slots=True)
 class SandboxSpec:
     """One container: image, limits, and defaults for the commands run in it.
 
-    ``network`` is off by default: the container gets no network namespace peers.
+    ``network`` is ``"none"`` by default (the container has only ``lo``); ``"all"`` gives
+    it the runtime's bridge network; a tuple of ``"host:port"`` / ``"[v6]:port"`` / CIDR
+    (``"10.0.0.0/8"``, any port) entries allows only those destinations, enforced by the
+    host inside the container's network namespace.  ``False``/``True`` mean none/all and
+    are what ``network`` holds for those two; an allow-list is held sorted and
+    de-duplicated.  The cloud metadata address is unreachable in every case.
     ``timeout_s`` is the default per-command timeout of :meth:`Sandbox.exec`.
     ``env`` values are kept out of ``repr`` (they may hold secrets).
     """
@@ -111,7 +161,7 @@ class SandboxSpec:
     cpus: float = 1.0
     memory_gb: float = 2.0
     pids: int = 1024
-    network: bool = False
+    network: bool | str | tuple[str, ...] = False
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
     workdir: str = "/"
     timeout_s: float = 600.0
@@ -128,8 +178,7 @@ class SandboxSpec:
                                                  f"the container runtime's minimum), got {self.memory_gb!r}")
         check_number("sandbox.pids", self.pids, lo=8, hi=4_194_304, integer=True)
         check_number("sandbox.timeout_s", self.timeout_s, lo=0, hi=7 * 86400, lo_open=True)
-        if not isinstance(self.network, bool):
-            raise SpecError("sandbox.network", f"must be true or false, got {self.network!r}")
+        object.__setattr__(self, "network", network_policy(self.network))
         if (not isinstance(self.workdir, str) or not self.workdir.startswith("/")
                 or "\x00" in self.workdir or len(self.workdir) > 4096):
             raise SpecError("sandbox.workdir", "must be an absolute path (starting with /, no NUL bytes, "

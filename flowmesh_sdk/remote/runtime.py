@@ -22,7 +22,10 @@ Sandboxes run hostile code, so :meth:`ContainerRuntime.create` hardens every con
 * a disk limit: ``--storage-opt size=`` when the storage is overlay on xfs (project
   quota), and always ``--ulimit fsize=`` (no file a sandbox writes, its output included,
   can pass the limit);
-* with ``network=True``: routes of type ``unreachable`` for the cloud metadata addresses
+* with an egress allow-list (``network=("host:port", "10.0.0.0/8", ...)``): an nftables
+  output chain in the container's network namespace (``nsenter -n nft``, from the host)
+  that accepts loopback, replies and the listed destinations and rejects the rest;
+* with any network: routes of type ``unreachable`` for the cloud metadata addresses
   added inside the container's network namespace from the host (``nsenter -n ip route``)
   before the container is handed out; the sandbox has no CAP_NET_ADMIN to remove them.
   A host without ``nsenter`` and ``ip`` gets an error, not an open metadata server.
@@ -118,7 +121,8 @@ class RuntimeInfo:
     workers use them too); ``sandbox_flags`` are the hardening added to sandboxes only;
     ``userns`` names the mapping in use (``auto``, ``0:100000:65536``, or ``none``);
     ``disk_quota`` says whether the storage enforces ``--storage-opt size``;
-    ``netns_tools`` whether ``nsenter`` and ``ip`` are there to block metadata addresses."""
+    ``netns_tools`` whether ``nsenter`` and ``ip`` are there to block metadata addresses;
+    ``nft`` whether ``nft`` is there to enforce egress allow-lists."""
 
     binary: str
     version: str
@@ -128,6 +132,7 @@ class RuntimeInfo:
     userns: str = "none"
     disk_quota: bool = False
     netns_tools: bool = False
+    nft: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,9 +171,10 @@ class ContainerRuntime:
             "[ -e /sys/fs/cgroup/cgroup.controllers ] && echo v2 || echo v1; "
             "command -v runc || echo; id -u; cat /proc/sys/user/max_user_namespaces 2>/dev/null || echo 0; "
             "grep -c '^containers:' /etc/subuid 2>/dev/null || true; "
-            "command -v nsenter >/dev/null && command -v ip >/dev/null && echo netns || echo")
+            "command -v nsenter >/dev/null && command -v ip >/dev/null && echo netns || echo; "
+            "command -v nft >/dev/null && echo nft || echo")
         lines = facts.text().split("\n")
-        cap_hex, hard_nofile, cgroups, runc, uid, max_userns, subuid, netns = (lines + [""] * 8)[:8]
+        cap_hex, hard_nofile, cgroups, runc, uid, max_userns, subuid, netns, nft = (lines + [""] * 9)[:9]
         has_runc = runc.strip() != ""
         flags: list[str] = []
         if cfg.oci_runtime == "auto":
@@ -226,7 +232,7 @@ class ContainerRuntime:
                 sandbox += ["--storage-opt", f"size={cfg.disk_limit_mb}m"]
             sandbox += ["--ulimit", f"fsize={cfg.disk_limit_mb << 20}"]
         self._info = RuntimeInfo(binary, ver.text().strip(), cgroups, tuple(flags), tuple(sandbox),
-                                 userns, quota, netns.strip() == "netns")
+                                 userns, quota, netns.strip() == "netns", nft.strip() == "nft")
         return self._info
 
     # ---- images ----------------------------------------------------------------
@@ -275,18 +281,28 @@ class ContainerRuntime:
         info = await self.probe()
         if "\x00" in spec.workdir:
             raise SpecError("sandbox.workdir", f"must not contain NUL bytes, got {spec.workdir!r}")
-        block = spec.network and self.config.block_metadata and bool(self.config.metadata_networks)
+        allow = spec.network if isinstance(spec.network, tuple) else None
+        block = bool(spec.network) and self.config.block_metadata and bool(self.config.metadata_networks)
         if block and not info.netns_tools:
             raise ContainerRuntimeError(
-                f"a sandbox with network=True needs `nsenter` and `ip` on {self.runner.label} (and root) "
+                f"a sandbox with network needs `nsenter` and `ip` on {self.runner.label} (and root) "
                 "to make the cloud metadata address unreachable from it; install util-linux and iproute2, "
                 "or set RuntimeConfig(block_metadata=False) where no metadata service exists")
+        if allow is not None and not (info.netns_tools and info.nft):
+            raise ContainerRuntimeError(
+                f"a sandbox with an egress allow-list needs `nsenter` and `nft` on {self.runner.label} "
+                "(and root) to enforce it; install util-linux and nftables (`apt-get install -y nftables`)")
+        hosts: dict[str, list[str]] = {}
+        if allow is not None:
+            hosts = await self._resolve([e.rpartition(":")[0] for e in allow if _is_name(e)])
         argv = [info.binary, "run", "-d", "--name", name, *info.run_flags, *info.sandbox_flags,
                 "--cpus", f"{spec.cpus:g}", "--memory", f"{spec.memory_mib}m",
                 "--memory-swap", f"{spec.memory_mib}m", "--pids-limit", str(spec.pids),
                 "--workdir", spec.workdir]
         if not spec.network:
             argv += ["--network", "none"]
+        for host, addrs in sorted(hosts.items()):
+            argv += ["--add-host", f"{host}:{addrs[0]}"]
         for k, v in sorted(labels.items()):
             argv += ["--label", f"{k}={v}"]
         argv += ["--entrypoint", "/bin/sh", image or spec.image, "-c", _IDLE_PID1]
@@ -300,13 +316,69 @@ class ContainerRuntime:
                 raise ImageNotFoundError(spec.image, res.describe())
             raise ContainerRuntimeError(f"could not start a container on {self.runner.label}: {res.describe()}")
         cid = res.text().strip().splitlines()[-1]
-        if block:
+        if block or allow is not None:
             try:
-                await self._block_networks(cid)
+                if block:
+                    await self._block_networks(cid)
+                if allow is not None:
+                    await self._allow_only(cid, allow, hosts)
             except BaseException:
                 await self.remove([cid])
                 raise
         return cid
+
+    async def _resolve(self, names: Sequence[str]) -> dict[str, list[str]]:
+        """Addresses of allow-list host names, resolved on the machine that runs the sandbox."""
+        out: dict[str, list[str]] = {}
+        for name in sorted(set(names)):
+            res = await self._run(["getent", "ahosts", name], check=False)
+            addrs: list[str] = []
+            for line in res.text().splitlines():
+                addr = line.split()[0] if line.split() else ""
+                if addr and addr not in addrs:
+                    addrs.append(addr)
+            if not res.ok or not addrs:
+                raise ContainerRuntimeError(f"the allow-list host {name} does not resolve on "
+                                            f"{self.runner.label}: {res.describe()}")
+            out[name] = sorted(addrs, key=lambda a: (":" in a, a))
+        return out
+
+    def egress_ruleset(self, allow: Sequence[str], hosts: Mapping[str, Sequence[str]]) -> str:
+        """The nftables ruleset that lets a sandbox reach only ``allow`` (and never the
+        metadata networks): loopback and replies pass, everything else is rejected."""
+        rules = ['oifname "lo" accept', "ct state established,related accept"]
+        for net in self.config.metadata_networks:
+            fam = "ip6" if ":" in net else "ip"
+            rules.append(f"{fam} daddr {net} reject with icmpx type admin-prohibited")
+        for entry in allow:
+            if "/" in entry:
+                fam = "ip6" if ":" in entry else "ip"
+                rules.append(f"{fam} daddr {entry} accept")
+                continue
+            host, _, port = entry.rpartition(":")
+            addrs = list(hosts.get(host, ())) if _is_name(entry) else [host.strip("[]")]
+            for addr in addrs:
+                fam = "ip6" if ":" in addr else "ip"
+                rules += [f"{fam} daddr {addr} tcp dport {int(port)} accept",
+                          f"{fam} daddr {addr} udp dport {int(port)} accept"]
+        rules.append("reject with icmpx type admin-prohibited")
+        body = "".join(f"    {r}\n" for r in rules)
+        return ("table inet flowmesh_egress {\n  chain out {\n"
+                "    type filter hook output priority 0; policy drop;\n" + body + "  }\n}\n")
+
+    async def _allow_only(self, container: str, allow: Sequence[str],
+                          hosts: Mapping[str, Sequence[str]]) -> None:
+        """Enforce the egress allow-list inside the container's network namespace, from the
+        host (the sandbox holds no CAP_NET_ADMIN to change it)."""
+        info = await self.probe()
+        script = ('pid=$("$1" inspect --format "{{.State.Pid}}" "$2") && [ "${pid:-0}" -gt 0 ] || '
+                  '{ echo "no pid for $2" >&2; exit 1; }; exec nsenter -t "$pid" -n nft -f -')
+        res = await self.runner.run(["sh", "-c", script, "sh", info.binary, container],
+                                    timeout_s=self.config.command_timeout_s,
+                                    input=self.egress_ruleset(allow, hosts).encode())
+        if not res.ok:
+            raise ContainerRuntimeError(f"could not apply the egress allow-list to {container} on "
+                                        f"{self.runner.label}: {res.describe()}")
 
     async def _block_networks(self, container: str) -> None:
         """Make the metadata addresses unreachable inside the container's network namespace
@@ -374,6 +446,14 @@ class ContainerRuntime:
         if check and not res.ok:
             raise ContainerRuntimeError(f"on {self.runner.label}: {res.describe()}")
         return res
+
+
+def _is_name(entry: str) -> bool:
+    """Whether an allow-list entry names a host (not an address or a network)."""
+    if "/" in entry or entry.startswith("["):
+        return False
+    host = entry.rpartition(":")[0]
+    return not re.fullmatch(r"[0-9.]+", host)
 
 
 def pull_error(ref: str, where: str, res: CommandResult) -> Exception:
