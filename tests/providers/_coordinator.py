@@ -25,6 +25,9 @@ def build(recipe: dict):
         return AlibabaProvider(endpoint=recipe["endpoint"], vswitch_ids=recipe["vswitch_ids"],
                                security_group_id=recipe["security_group_id"], access_key_id=recipe["key"],
                                access_key_secret=recipe["secret"])
+    if recipe["provider"] == "vast":   # the Vast.ai emulator (flowmesh_sdk.testing.vast)
+        from flowmesh_providers.vast import VastProvider
+        return VastProvider(server_url=recipe["server_url"], api_key=recipe["api_key"], spot=False)
     if recipe["provider"] == "gce":   # the GCE emulator (flowmesh_sdk.testing.gce)
         from google.auth.credentials import AnonymousCredentials
 
@@ -48,7 +51,8 @@ async def main() -> None:
     spec = InstanceSpec(cpus=2, memory_gb=4)
     offer = next(o for o in await prov.offers(spec) if not o.spot)
     rid = f"crash-{uuid.uuid4().hex[:8]}"
-    launched = await prov.launch(LaunchRequest(offer=offer, spec=spec, count=2, request_id=rid, tags={
+    count = 2 if offer.available is None else min(2, offer.available)   # a Vast offer is one machine
+    launched = await prov.launch(LaunchRequest(offer=offer, spec=spec, count=count, request_id=rid, tags={
         TAG_FLEET: fleet, TAG_POOL: "doomed", TAG_OWNER: str(Owner.current())}))
     print(" ".join(i.id for i in launched), flush=True)
     await asyncio.sleep(3600)  # killed before it records or terminates anything

@@ -47,7 +47,7 @@ def ec2_proxy(moto_ec2):
         yield p
 
 
-ENVIRONMENTS = ["local", "ec2", "ssh", "gce", "alibaba", "azure"]
+ENVIRONMENTS = ["local", "ec2", "ssh", "gce", "alibaba", "vast", "azure"]
 
 
 @pytest.fixture(scope="session")
@@ -71,6 +71,14 @@ def ecs_emulator():
     pytest.importorskip("alibabacloud_ecs20140526")
     from flowmesh_sdk.testing.ecs import EcsEmulator
     with EcsEmulator() as emu:
+        yield emu
+
+
+@pytest.fixture(scope="session")
+def vast_emulator():
+    pytest.importorskip("vastai")
+    from flowmesh_sdk.testing.vast import VastEmulator
+    with VastEmulator() as emu:
         yield emu
 
 
@@ -115,6 +123,25 @@ async def env(request, tmp_path: Path) -> AsyncIterator[ProviderEnv]:
             "cpus": 16, "memory_gb": 64}]}))
         recipe = json.dumps({"provider": "ssh", "inventory": str(inventory), "state_dir": str(state)})
         yield ProviderEnv("ssh", prov, spec, offer, exhaust, recipe)
+        await prov.terminate([i.id for i in await prov.list_tagged({})])
+        await prov.close()
+    elif request.param == "vast":
+        emu = request.getfixturevalue("vast_emulator")
+        prov = emu.provider(spot=False)
+        offer = min(await prov.offers(spec), key=lambda o: (o.price_per_hour or 0, o.offer_id))   # cheapest ask
+
+        @contextlib.contextmanager
+        def exhaust_vast() -> Iterator[None]:
+            emu.gone(int(offer.offer_id))            # taken between search and create
+            try:
+                yield
+            finally:
+                for o in emu.offers:
+                    if o["id"] == int(offer.offer_id):
+                        o.update(rented=False, _taken=False)
+
+        recipe = json.dumps({"provider": "vast", "server_url": emu.url, "api_key": emu.api_key})
+        yield ProviderEnv("vast", prov, spec, offer, exhaust_vast, recipe)
         await prov.terminate([i.id for i in await prov.list_tagged({})])
         await prov.close()
     elif request.param == "alibaba":

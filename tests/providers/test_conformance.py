@@ -38,6 +38,11 @@ def _tags(fleet: str) -> dict[str, str]:
     return {TAG_FLEET: fleet, TAG_POOL: "conf", TAG_OWNER: "conformance"}
 
 
+def _n(env, count: int) -> int:
+    """``count``, or fewer where one offer is one machine (a marketplace offer's ``available``)."""
+    return count if env.offer.available is None else max(1, min(count, env.offer.available))
+
+
 def _req(env, count: int, fleet: str, rid: str | None = None) -> LaunchRequest:
     rid = rid or f"conf-{uuid.uuid4().hex[:10]}"
     return LaunchRequest(offer=env.offer, spec=env.spec, count=count, request_id=rid,
@@ -159,9 +164,9 @@ async def test_instance_zone_and_port_are_typed(env):
 
 async def test_launch_describe_terminate_round_trip(env):
     fleet = f"c-{uuid.uuid4().hex[:6]}"
-    launched = await env.provider.launch(_req(env, 2, fleet))
+    launched = await env.provider.launch(_req(env, _n(env, 2), fleet))
     ids = [i.id for i in launched]
-    assert len(set(ids)) == 2
+    assert len(set(ids)) == _n(env, 2)
     for inst in launched:
         assert inst.provider == env.name and inst.spec == env.spec
         assert inst.state in (ProviderState.PENDING, ProviderState.RUNNING)
@@ -176,7 +181,7 @@ async def test_launch_describe_terminate_round_trip(env):
 
 async def test_tags_on_every_instance_and_list_tagged(env):
     fleet = f"c-{uuid.uuid4().hex[:6]}"
-    req = _req(env, 3, fleet)
+    req = _req(env, _n(env, 3), fleet)
     launched = await env.provider.launch(req)
     try:
         for inst in launched:
@@ -193,11 +198,11 @@ async def test_tags_on_every_instance_and_list_tagged(env):
 async def test_relaunch_with_the_same_request_id_is_idempotent(env):
     fleet = f"c-{uuid.uuid4().hex[:6]}"
     rid = f"same-{uuid.uuid4().hex[:8]}"
-    first = await env.provider.launch(_req(env, 2, fleet, rid))
-    again = await env.provider.launch(_req(env, 2, fleet, rid))
+    first = await env.provider.launch(_req(env, _n(env, 2), fleet, rid))
+    again = await env.provider.launch(_req(env, _n(env, 2), fleet, rid))
     try:
         assert sorted(i.id for i in again) == sorted(i.id for i in first)
-        assert len(await env.provider.list_tagged({TAG_FLEET: fleet})) == 2
+        assert len(await env.provider.list_tagged({TAG_FLEET: fleet})) == _n(env, 2)
     finally:
         await env.provider.terminate([i.id for i in first])
 
@@ -207,6 +212,7 @@ async def test_batching_uses_at_most_ceil_n_over_batch_calls(env, n):
     counting = CountingProvider(env.provider)
     prov = Provisioner(InProcessBackend(), RetryPolicy(attempts=3, backoff_s=0.01))
     fleet = f"c-{uuid.uuid4().hex[:6]}"
+    n = _n(env, n)
     out = await prov.launch({env.name: counting}, [env.offer], env.spec, n, _tags(fleet))
     try:
         assert len(out.instances) == n
