@@ -12,10 +12,16 @@ Four measurements, ``--n`` samples each (after one unmeasured warm-up):
     with a warm container to the result of the first ``exec("true")``.  Before every
     sample the pool's warm container is back (waited for on the event bus).
 (d) SDK exec round trip: ``sb.exec("true")`` on an open sandbox.
+(e) SDK session command round trip: ``session.run("true")`` in a session already started.
+(f) SDK streamed process: ``await (await sb.start("echo x")).wait()``, and
+(g) ``sb.exec("echo x", on_stdout=...)``: a command whose output is streamed.
+(h) a held-open shell's round trip (``echo`` to ``podman exec -i CTR sh`` and back): the
+    floor any channel-based design pays on this machine.
 
-Then ttfc_ratio = p50(c) / p50(a) and exec_ratio = p50(d) / p50(b), against the targets
-ttfc <= 0.1 and exec <= 0.05.  The last line printed is exactly
-``ttfc_ratio=<x> exec_ratio=<y>``.
+Then ttfc_ratio = p50(c) / p50(a), exec_ratio = p50(d) / p50(b) and session_ratio =
+p50(e) / p50(d), against the targets ttfc <= 0.1, exec <= 0.05 and session <= 1 (a session
+command no slower than exec).  The last line printed is exactly
+``ttfc_ratio=<x> exec_ratio=<y> session_ratio=<z>``.
 
     python bench/sandbox_latency.py [--image IMG] [--n 30]
 """
@@ -41,6 +47,7 @@ from flowmesh_sdk.remote.runtime import ContainerRuntime, RuntimeInfo
 DEFAULT_IMAGE = "localhost/flowmesh/swe-base:bookworm"
 TTFC_TARGET = 0.1
 EXEC_TARGET = 0.05
+SESSION_TARGET = 1.0
 WARM_TIMEOUT_S = 60.0
 IDLE_PID1 = 'trap "exit 0" TERM INT; while :; do sleep 86400 & wait $!; done'
 
@@ -168,7 +175,64 @@ async def sdk(image: str, n: int) -> tuple[list[float], list[float], dict[str, A
                 return dt
 
             rtts = await sample(n, rtt, "(d) SDK exec round trip")
+
+            session = sb.session("bench")
+
+            async def srtt() -> float:
+                t0 = time.perf_counter()
+                res = await session.run("true")
+                dt = time.perf_counter() - t0
+                if res.exit_code != 0:
+                    raise RuntimeError(f"session true exited {res.exit_code}: {res.stderr}")
+                return dt
+
+            facts["session"] = await sample(n, srtt, "(e) SDK session round trip")
+
+            async def proc() -> float:
+                t0 = time.perf_counter()
+                res = await (await sb.start("echo x")).wait()
+                dt = time.perf_counter() - t0
+                if res.stdout != "x\n":
+                    raise RuntimeError(f"start echo x gave {res}")
+                return dt
+
+            facts["start"] = await sample(n, proc, "(f) SDK start + wait")
+
+            async def streamed() -> float:
+                got: list[bytes] = []
+                t0 = time.perf_counter()
+                await sb.exec("echo x", on_stdout=got.append)
+                dt = time.perf_counter() - t0
+                if got != [b"x\n"]:
+                    raise RuntimeError(f"on_stdout got {got}")
+                return dt
+
+            facts["stream"] = await sample(n, streamed, "(g) SDK exec(on_stdout=)")
     return ttfcs, rtts, facts
+
+
+async def held_shell(info: RuntimeInfo, image: str, n: int) -> list[float]:
+    name = f"fm-bench-shell-{os.getpid()}"
+    await sh(info.binary, "run", "-d", "--name", name, *info.run_flags, "--network", "none",
+             "--entrypoint", "/bin/sh", image, "-c", IDLE_PID1)
+    proc = await asyncio.create_subprocess_exec(info.binary, "exec", "-i", name, "/bin/sh",
+                                                stdin=asyncio.subprocess.PIPE,
+                                                stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.DEVNULL)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        async def one() -> float:
+            t0 = time.perf_counter()
+            proc.stdin.write(b"echo r\n")
+            await proc.stdin.drain()
+            await proc.stdout.readline()
+            return time.perf_counter() - t0
+
+        return await sample(n, one, "(h) held-open shell echo")
+    finally:
+        proc.kill()
+        await proc.wait()
+        await sh(info.binary, "rm", "-f", "-t", "0", name, check=False)
 
 
 # --------------------------------------------------------------------------- #
@@ -196,11 +260,16 @@ async def main(argv: list[str] | None = None) -> int:
     runs = await raw_run(info, args.image, args.n)
     execs = await raw_exec(info, args.image, args.n)
     ttfcs, rtts, facts = await sdk(args.image, args.n)
+    shells = await held_shell(info, args.image, args.n)
 
     rows = [("(a) raw podman run --rm … true", runs),
             ("(b) raw podman exec CTR true", execs),
             ("(c) SDK warm acquire + first exec", ttfcs),
-            ("(d) SDK exec round trip", rtts)]
+            ("(d) SDK exec round trip", rtts),
+            ("(e) SDK session command round trip", facts["session"]),
+            ("(f) SDK start(cmd) + wait()", facts["start"]),
+            ("(g) SDK exec(on_stdout=)", facts["stream"]),
+            ("(h) raw held-open shell round trip", shells)]
     table = Table(title="sandbox latency (ms)", title_justify="left")
     for col in ("measurement", "n", "p50", "p95", "min", "max"):
         table.add_column(col, justify="left" if col == "measurement" else "right")
@@ -212,13 +281,18 @@ async def main(argv: list[str] | None = None) -> int:
 
     ttfc_ratio = pct(ttfcs, 50) / pct(runs, 50)
     exec_ratio = pct(rtts, 50) / pct(execs, 50)
+    session_ratio = pct(facts["session"], 50) / pct(rtts, 50)
+    console.print(f"session command vs raw podman exec: {pct(facts['session'], 50) / pct(execs, 50):.4f}; "
+                  f"vs a held-open shell: {pct(facts['session'], 50) / pct(shells, 50):.2f}x")
     for name, val, target, what in (
             ("ttfc_ratio", ttfc_ratio, TTFC_TARGET, "p50(c) / p50(a)"),
-            ("exec_ratio", exec_ratio, EXEC_TARGET, "p50(d) / p50(b)")):
+            ("exec_ratio", exec_ratio, EXEC_TARGET, "p50(d) / p50(b)"),
+            ("session_ratio", session_ratio, SESSION_TARGET, "p50(e) / p50(d)")):
         met = val <= target
         verdict = "[bold green]MET[/]" if met else "[bold red]NOT MET[/]"
         console.print(f"{name} = {what} = {val:.3f}  target <= {target:g}: {verdict}")
-    print(f"ttfc_ratio={ttfc_ratio:.3f} exec_ratio={exec_ratio:.3f}", flush=True)
+    print(f"ttfc_ratio={ttfc_ratio:.3f} exec_ratio={exec_ratio:.3f} session_ratio={session_ratio:.3f}",
+          flush=True)
     return 0
 
 

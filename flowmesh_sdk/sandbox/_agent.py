@@ -58,6 +58,13 @@ __fm_put() {
     { command head -c "$2" /proc/self/fd/6; command head -c "$2" /dev/zero; } 2>/dev/null | command head -c "$2"
   fi
 }
+__fm_sizes() {
+  # the sizes of the output files held on fds 5 and 6 (no fork when both are empty)
+  if [ -s /proc/self/fd/5 ] || [ -s /proc/self/fd/6 ]; then
+    set -- $(command wc -c /proc/self/fd/5 /proc/self/fd/6 2>/dev/null)
+    __os=${1:-0}; __es=${3:-0}
+  else __os=0; __es=0; fi
+}
 __fm_store() {
   __bad=
   if [ "$__sn" -gt 0 ]; then __fm_lines "$__sn" "$__s"; else __fm_get "$__sl" "$__s"; fi \
@@ -115,8 +122,7 @@ __fm_one() {
   wait $__c; __rc=$?
   kill $__w 2>/dev/null; wait $__w; __tw=$?
   [ "$__tw" = 3 ] && __tw=1 || __tw=0
-  set -- $(command wc -c /proc/self/fd/5 /proc/self/fd/6 2>/dev/null)
-  __os=${1:-0}; __es=${3:-0}; __no=$__os; __ne=$__es
+  __fm_sizes; __no=$__os; __ne=$__es
   [ "$__no" -gt "$__cap" ] && __no=$__cap
   [ "$__ne" -gt "$__cap" ] && __ne=$__cap
   printf '__FM__ %s %s %s %s %s
@@ -167,8 +173,7 @@ __fm_send() {
   done
 }
 __fm_flush() {
-  set -- $(command wc -c /proc/self/fd/5 /proc/self/fd/6 2>/dev/null)
-  __os=${1:-0}; __es=${3:-0}
+  __fm_sizes
   __fm_send 1 "$__os"; __fm_send 2 "$__es"
 }
 __fm_proc() {
@@ -250,8 +255,7 @@ __fm_foot() {
   __fm_r=$1
   trap '' INT
   exec 3>&- 4>&-
-  set -- $(command wc -c /proc/self/fd/5 /proc/self/fd/6 2>/dev/null)
-  __os=${1:-0}; __es=${3:-0}; __no=$__os; __ne=$__es
+  __fm_sizes; __no=$__os; __ne=$__es
   [ "$__no" -gt "$__cap" ] && __no=$__cap
   [ "$__ne" -gt "$__cap" ] && __ne=$__cap
   printf '__FM__ %s %s 0 %s %s\n' "$__fm_cur" "$__fm_r" "$__os" "$__es" >&7
