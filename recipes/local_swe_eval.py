@@ -47,7 +47,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -370,6 +370,37 @@ python3 -m pytest -q -p no:cacheprovider
 """
 
 
+async def agent_session(pool: Any, task: SweTask, image: str) -> dict[str, Any]:
+    """The task as an agent loop would drive it: one shell session, ``cd`` into the
+    repository once, then each step as its own command (state such as the cwd and the
+    exported variable carries over), the verdict read from the last step."""
+    t0 = time.monotonic()
+    steps: list[tuple[str, int]] = []
+    async with pool.sandbox(pool.default_sandbox(image)) as sb:
+        await sb.write_file(PATCH, task.patch)
+        sh = sb.session("agent")
+
+        async def step(cmd: str) -> Any:
+            r = await sh.run(cmd, timeout_s=TASK_TIMEOUT_S)
+            steps.append((cmd, r.exit_code))
+            return r
+
+        await step(f"cd {REPO} && export PYTHONDONTWRITEBYTECODE=1")
+        clean = (await step("git status --porcelain")).stdout.strip() == ""
+        before = await step("python3 -m pytest -q -p no:cacheprovider")
+        applied = await step(f"git apply --whitespace=nowarn {PATCH}")
+        await step("git checkout -q HEAD -- tests")
+        after = await step("python3 -m pytest -q -p no:cacheprovider")
+    if not clean or before.ok or not applied.ok:
+        verdict = "error"
+    else:
+        verdict = "pass" if after.ok else "fail"
+    return {"task": task.name, "expected": task.expected, "got": verdict,
+            "matched": verdict == task.expected, "commands": len(steps),
+            "steps": [{"cmd": c, "exit_code": rc} for c, rc in steps],
+            "wall_s": time.monotonic() - t0, "restarts": sh.restarts}
+
+
 def verdict_of(res: TaskResult) -> str:
     """What the sandbox said: pass, fail, or why there is no verdict."""
     if res.error is not None or res.result is None:
@@ -530,6 +561,7 @@ class ModeRun:
     pulls: list[dict[str, Any]]          # the IMAGE_PULLED events of this mode's pool
     prefetch_s: float | None = None      # persistent: pool.prefetch() of every image
     fetched: Fetched | None = None       # None: not our registry (no access log)
+    agent: list[dict[str, Any]] = field(default_factory=list)   # the step-by-step session runs
 
     def matched(self) -> list[bool]:
         return [verdict_of(r) == t.expected for t, r in zip(self.tasks, self.results)]
@@ -618,6 +650,17 @@ async def run_mode(fleet: Fleet, reg: Registry, mode: str, swe: list[SweTask],
                 t0 = time.monotonic()
                 results = await pool.map(tasks, on_result=on_result)
                 wall = time.monotonic() - t0
+            agent: list[dict[str, Any]] = []
+            if mode == "persistent":
+                # one right and one wrong patch again, step by step in a shell session
+                for kind in ("pass", "fail"):
+                    t = next((x for x in swe if x.expected == kind), None)
+                    if t is not None:
+                        agent.append(await agent_session(pool, t, images[t.name].image))
+                for a in agent:
+                    mark = "[green]as expected[/]" if a["matched"] else "[red]NOT as expected[/]"
+                    console.print(f"{mode}: agent session on {a['task']}: {a['got']} {mark} "
+                                  f"({a['commands']} commands in one shell, {a['wall_s']:.1f} s)")
         finally:
             await pool.drain()  # frees the host's cpus for the next mode
     finally:
@@ -629,7 +672,7 @@ async def run_mode(fleet: Fleet, reg: Registry, mode: str, swe: list[SweTask],
         pulled.close()
     return ModeRun(mode=mode, pool=pool.name, wall_s=wall, tasks=swe, results=results,
                    images=images, infos=infos, pulls=pulls, prefetch_s=prefetch_s,
-                   fetched=_fetched(reg, log_mark, infos))
+                   fetched=_fetched(reg, log_mark, infos), agent=agent)
 
 
 # --------------------------------------------------------------------------- #
@@ -720,6 +763,7 @@ def to_json(registry: str, runs: list[ModeRun], ok: bool) -> dict[str, Any]:
             "p50_phases_s": {p: statistics.median(getattr(r.phases, p) for r in run.results)
                              for p in PHASES},
             "results": rows,
+            "agent_session": run.agent,
         }
     return {"base_image": BASE_IMAGE, "registry": registry, "ok": ok, "modes": modes}
 
@@ -823,7 +867,7 @@ async def main(argv: list[str] | None = None) -> int:
         console.print(task_table(run))
         print_mismatches(run)
     console.print(summary_table(runs))
-    verdicts_ok = all(all(run.matched()) for run in runs)
+    verdicts_ok = all(all(run.matched()) and all(a["matched"] for a in run.agent) for run in runs)
     pulled_ok = all(run.pulls for run in runs)
     ok = verdicts_ok and pulled_ok
     for run in runs:
@@ -835,7 +879,8 @@ async def main(argv: list[str] | None = None) -> int:
     if verdicts_ok:
         console.print("[bold green]every verdict matched its expectation[/]")
     else:
-        bad = sum(not m for run in runs for m in run.matched())
+        bad = sum(not m for run in runs for m in run.matched()) + sum(
+            not a["matched"] for run in runs for a in run.agent)
         console.print(f"[bold red]{bad} verdict(s) did not match their expectation[/]")
     return 0 if ok else 1
 

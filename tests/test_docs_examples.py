@@ -87,6 +87,26 @@ def test_quickstart_sync_runs(tmp_path: Path, busybox_image: str) -> None:
     _assert_left_nothing(tmp_path, "quickstart-sync", tasks=4)
 
 
+def test_sandbox_agent_example_runs(tmp_path: Path, busybox_image: str) -> None:
+    out = _run_example("sandbox_agent.py", tmp_path)
+    lines = out.splitlines()
+    for expected in [
+        "session: building in /work/repo (test) [/bin/sh]",
+        "other session: cwd=/ MODE=unset",
+        "interrupted: exit=130, then cwd=/work/repo",
+        "timeout: timed_out=True, MODE=test",
+        "server: hello from httpd",
+        "server stopped: exit=143",
+        "streamed: ['line 1', 'line 2', 'line 3']",
+        "on_stdout: [b'1', b'2', b'3', b'4', b'5'] exit=0",
+        r"stdin round trip: b'\x00binary\xffstdin\n'",
+        "concurrent: ['A', 'B']",
+        "network none: reachable=False",
+        "closed",
+    ]:
+        assert expected in lines, f"missing line {expected!r} in:\n{out}"
+
+
 # --------------------------------------------------------------------------- #
 # docs/api.md stays true to the code
 # --------------------------------------------------------------------------- #

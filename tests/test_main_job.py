@@ -38,6 +38,12 @@ def test_main_job_verdicts_are_honest(fm_home, swe_image, tmp_path):
             assert row["digest"].startswith("sha256:") and len(row["digest"]) == 71, row["digest"]
             assert row["pinned"] == row["image"].rsplit(":", 1)[0] + "@" + row["digest"], row
         assert len({r["digest"] for r in rows}) == 4  # one image per task
+    # the persistent mode also drives a right and a wrong patch step by step in one session
+    agent = data["modes"]["persistent"]["agent_session"]
+    assert [a["got"] for a in agent] == ["pass", "fail"] and all(a["matched"] for a in agent), agent
+    for a in agent:
+        assert a["steps"][0]["cmd"].startswith("cd /work/repo") and a["restarts"] == 0, a
+        assert not any("cd " in st["cmd"] for st in a["steps"][1:]), a   # the cwd carried over
         assert mode["pulls"] >= 1, mode["pull_events"]
         assert {r["patch"] for r in rows} >= {"right"} and any(r["patch"] != "right" for r in rows)
     per = data["modes"]["persistent"]
@@ -67,4 +73,4 @@ def test_benchmark_prints_ratios(fm_home, busybox_image):
                            "--image", busybox_image, "--n", "3"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, FLOWMESH_HOME=str(fm_home)))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.fullmatch(r"ttfc_ratio=\d+\.\d{3} exec_ratio=\d+\.\d{3}", proc.stdout.strip().splitlines()[-1])
+    assert re.fullmatch(r"ttfc_ratio=\d+\.\d{3} exec_ratio=\d+\.\d{3} session_ratio=\d+\.\d{3}", proc.stdout.strip().splitlines()[-1])
