@@ -84,6 +84,9 @@ class RuntimeConfig:
     ``disk_limit_mb``: per-sandbox disk limit (None: none).
     ``block_metadata``: make ``metadata_networks`` unreachable inside sandboxes that have
     network; ``False`` only where no metadata service exists.
+    ``snapshot_registry`` (``HOST[:PORT]``) and ``snapshot_repository``: where
+    ``Sandbox.snapshot()`` pushes the images it commits (None: snapshot needs a registry
+    argument).  A loopback registry is spoken to over plain HTTP.
     """
 
     binary: str = "auto"
@@ -97,6 +100,8 @@ class RuntimeConfig:
     disk_limit_mb: int | None = 10240
     block_metadata: bool = True
     metadata_networks: tuple[str, ...] = METADATA_NETWORKS
+    snapshot_registry: str | None = None
+    snapshot_repository: str = "flowmesh/snapshots"
 
     def __post_init__(self) -> None:
         for name in ("ulimits", "extra_run_args", "capabilities", "metadata_networks"):
@@ -111,6 +116,12 @@ class RuntimeConfig:
         if self.userns not in ("auto", "podman-auto", "host") and not _USERNS_MAP.fullmatch(self.userns):
             raise SpecError("runtime.userns", "must be auto, podman-auto, host or CONTAINER:HOST:COUNT, "
                                               f"got {self.userns!r}")
+        if self.snapshot_registry is not None and not re.fullmatch(
+                r"[A-Za-z0-9.-]+(:[0-9]{1,5})?|\[[0-9a-fA-F:]+\](:[0-9]{1,5})?", self.snapshot_registry):
+            raise SpecError("runtime.snapshot_registry", f"must be HOST or HOST:PORT, got {self.snapshot_registry!r}")
+        if not re.fullmatch(r"[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*", self.snapshot_repository):
+            raise SpecError("runtime.snapshot_repository", "must be a lower-case repository path, got "
+                                                           f"{self.snapshot_repository!r}")
         if self.disk_limit_mb is not None:
             check_number("runtime.disk_limit_mb", self.disk_limit_mb, lo=1, hi=1 << 30, integer=True)
 
@@ -266,6 +277,31 @@ class ContainerRuntime:
         if not res.ok:
             raise pull_error(ref, self.runner.label, res)
         return True
+
+    async def commit_and_push(self, container: str, local: str, remote: str, *,
+                              tls_verify: bool = True) -> str:
+        """Commit ``container``'s filesystem as ``local``, push it to ``remote``
+        (``HOST/REPO:TAG``) and return the pushed manifest digest.  ``local`` is removed
+        again (the image stays under its digest wherever it is pulled)."""
+        info = await self.probe()
+        res = await self._run([info.binary, "commit", "--quiet", container, local], check=False,
+                              timeout_s=max(self.config.command_timeout_s, 900.0))
+        if not res.ok:
+            raise ContainerRuntimeError(f"could not commit {container} on {self.runner.label}: "
+                                        f"{res.describe()}")
+        script = ('d=$(mktemp) || exit 1; "$1" push --quiet --tls-verify="$2" --digestfile "$d" "$3" '
+                  '"docker://$4" >&2 || { rm -f "$d"; exit 1; }; cat "$d"; rm -f "$d"')
+        try:
+            res = await self._run(["sh", "-c", script, "sh", info.binary, str(tls_verify).lower(), local, remote],
+                                  check=False, timeout_s=max(self.config.command_timeout_s, 900.0))
+        finally:
+            await self._run([info.binary, "rmi", local], check=False)
+        digest = res.text().strip()
+        if not res.ok or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+            raise RegistryUnavailableError(f"push of the snapshot of {container} to {remote} from "
+                                           f"{self.runner.label} failed: {res.describe()}",
+                                           provider=remote.split("/", 1)[0], code="PushFailed")
+        return digest
 
     async def remove_image(self, ref: str) -> bool:
         """Untag ``ref`` (the image goes when its last name does); False if a container uses it."""

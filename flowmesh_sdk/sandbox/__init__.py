@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, overload
 
 from .. import clock
+from ..backoff import is_loopback_host
 from ..errors import SandboxClosedError, SandboxFileError, SandboxTimeout, SpecError
 from ..remote.runner import Channel
 from ..remote.runtime import ContainerRuntime
@@ -406,6 +407,31 @@ class Sandbox:
         script = (f"set -- {shell_pid} {since_cs} {tree_sig} {shell_sig or ''}\n".encode()
                   + SIGNAL_TREE.encode())
         await self._call(script, b"", 30.0, 4096)
+
+    # ---- snapshots -------------------------------------------------------------
+    async def snapshot(self, registry: str | None = None, *, tls_verify: bool | None = None) -> str:
+        """Commit the sandbox's filesystem to an image, push it to ``registry`` (default
+        ``RuntimeConfig.snapshot_registry``) and return its reference pinned by digest
+        (``HOST/flowmesh/snapshots@sha256:...``), usable as ``SandboxSpec(image=...)`` on
+        any instance that can pull from that registry.  Files are in it; processes,
+        sessions and memory are not.  ``tls_verify`` defaults to False for a loopback
+        registry, else True."""
+        await self._ensure_open()
+        cfg = self.runtime.config
+        host = registry or cfg.snapshot_registry
+        if not host:
+            raise SpecError("snapshot.registry", "no registry: pass snapshot(registry='HOST:PORT') or set "
+                                                 "RuntimeConfig(snapshot_registry=...)")
+        if registry is not None:
+            type(cfg)(snapshot_registry=registry)           # validated like the config's
+        if tls_verify is None:
+            tls_verify = not is_loopback_host(host)
+        tag = f"{self.name}-{next(self._ids)}"
+        local = f"localhost/flowmesh/snapshot-work:{tag}"
+        remote = f"{host}/{cfg.snapshot_repository}:{tag}"
+        digest = await self.runtime.commit_and_push(self.container_id, local, remote,
+                                                    tls_verify=tls_verify)
+        return f"{host}/{cfg.snapshot_repository}@{digest}"
 
     # ---- files -----------------------------------------------------------------
     async def read_file(self, path: str, *, max_bytes: int = FILE_CAP) -> bytes:
