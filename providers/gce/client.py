@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -66,6 +67,47 @@ RATES: tuple[ApiRate, ...] = (
 )
 _INSTALL_HINT = "the gce provider needs google-cloud-compute: pip install 'flowmesh-sdk[gce]'"
 
+# The metadata ``user-data`` value carries a secret in SSH mode (the instance's private host
+# key, flowmesh_sdk/remote/cloudinit.py).  At DEBUG level the generated REST transports log
+# every request and response payload (google-cloud-compute 1.57: ``_LOGGER.debug(...,
+# extra={"httpRequest": {"payload": JSON}})`` and ``httpResponse``), and a structured-log
+# handler would print them.  A filter on those loggers blanks the value in the message and
+# in the payloads before any handler sees the record.
+_USER_DATA = re.compile(r'("key"\s*:\s*"user-data"\s*,\s*"value"\s*:\s*")(?:[^"\\]|\\.)*(")')
+_USER_DATA_REV = re.compile(r'("value"\s*:\s*")(?:[^"\\]|\\.)*("\s*,\s*"key"\s*:\s*"user-data")')
+_REDACTED_SERVICES = ("instances", "zone_operations", "machine_types")
+_REDACTED_MODULES = ("client", "transports.rest", "transports.rest_base")
+
+
+def _redact(text: str) -> str:
+    return _USER_DATA_REV.sub(r"\1<redacted>\2", _USER_DATA.sub(r"\1<redacted>\2", text))
+
+
+class _RedactUserData(logging.Filter):
+    """Replaces metadata user-data values in the Compute clients' DEBUG records."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001 - a broken record is not ours to fix
+            return True
+        if "user-data" in msg:
+            record.msg, record.args = _redact(msg), ()
+        for name in ("httpRequest", "httpResponse"):
+            extra = getattr(record, name, None)
+            if isinstance(extra, dict) and isinstance(extra.get("payload"), str):
+                setattr(record, name, {**extra, "payload": _redact(extra["payload"])})
+        return True
+
+
+def install_log_redaction() -> None:
+    """Put the user-data redaction filter on the Compute clients' loggers (once)."""
+    for svc in _REDACTED_SERVICES:
+        for mod in _REDACTED_MODULES:
+            lg = logging.getLogger(f"google.cloud.compute_v1.services.{svc}.{mod}")
+            if not any(isinstance(f, _RedactUserData) for f in lg.filters):
+                lg.addFilter(_RedactUserData())
+
 
 def _import() -> Any:
     try:
@@ -89,6 +131,7 @@ class GceClient:
         self._lock = threading.Lock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
+        install_log_redaction()
 
     def __repr__(self) -> str:
         return f"GceClient(project={self.project!r}, endpoint={self.endpoint!r}, max_workers={self.max_workers})"
@@ -209,4 +252,4 @@ class GceClient:
             executor.shutdown(wait=False, cancel_futures=True)
 
 
-__all__ = ["GceClient", "MAX_LAUNCH_BATCH", "RATES"]
+__all__ = ["GceClient", "MAX_LAUNCH_BATCH", "RATES", "install_log_redaction"]

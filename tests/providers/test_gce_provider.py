@@ -218,3 +218,46 @@ async def test_pool_on_gce_instances_booted_from_their_user_data(fm_home, emu, b
             assert await prov.list_tagged({TAG_FLEET: "gce"}) == []
         finally:
             await prov.close()
+
+
+async def test_the_host_key_in_user_data_never_reaches_a_log(emu, fm_home, monkeypatch):
+    """At DEBUG (google-api-core client logging, GOOGLE_SDK_PYTHON_LOGGING_SCOPE) the Compute
+    REST transports log request and response payloads as structured extras; the user-data
+    value (the private host key) is blanked in all of them."""
+    import logging
+
+    import yaml
+    monkeypatch.setenv("GOOGLE_SDK_PYTHON_LOGGING_SCOPE", "google.cloud.compute_v1")
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+    top = logging.getLogger("google.cloud.compute_v1")
+    keep, level = Keep(logging.DEBUG), top.level
+    top.addHandler(keep)
+    top.setLevel(logging.DEBUG)
+    prov = emu.provider(ssh=True)
+    try:
+        offer = await _offer(prov)
+        (inst,) = await prov.launch(_req(offer))
+        await prov.describe([inst.id])
+        raw = next(i for i in emu.instances if i["id"] == inst.id)
+        text = next(m["value"] for m in raw["metadata"]["items"] if m["key"] == "user-data")
+        needles = secret_fragments(yaml.safe_load(text)["ssh_keys"]["ed25519_private"])
+        assert needles
+        dumped = []
+        for rec in records:
+            dumped.append(rec.getMessage())
+            for name in ("httpRequest", "httpResponse"):
+                extra = getattr(rec, name, None)
+                if isinstance(extra, dict):
+                    dumped.append(str(extra.get("payload")))
+        flat = "\n".join(dumped).replace("\\n", "").replace("\n", "")
+        assert "<redacted>" in flat                         # the payloads were logged ...
+        assert not [n for n in needles if n in flat]        # ... without the key
+        await prov.terminate([inst.id])
+    finally:
+        top.removeHandler(keep)
+        top.setLevel(level)
+        await prov.close()
