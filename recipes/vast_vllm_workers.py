@@ -22,6 +22,12 @@ this machine.
 
     python recipes/vast_vllm_workers.py --dry-run [--workers 4 --min-vram 24]
     python recipes/vast_vllm_workers.py --emulator [--workers 2 --gone 1]
+    python recipes/vast_vllm_workers.py --emulator --elastic [--workers 2 --requests 12]
+
+``--elastic`` runs the elastic loop (``flowmesh_sdk.workers.ElasticWorkers``) instead: a
+burst of ``--requests`` makes it rent up to ``--workers`` interruptible workers by U, one is
+outbid (the emulator's switch) while it holds requests and is replaced, its requests
+re-dispatched, and once the queue is empty the idle workers are drained and released.
 
 Exit status: 0 when every worker answered and nothing is left rented; 1 otherwise.
 """
@@ -132,6 +138,59 @@ async def emulator(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+async def elastic(args: argparse.Namespace) -> int:
+    from flowmesh_sdk.bidder import ModelSpec
+    from flowmesh_sdk.control.events import EventBus, EventKind
+    from flowmesh_sdk.testing import fake_vllm
+    from flowmesh_sdk.testing.vast import VastEmulator
+    from flowmesh_sdk.workers import ClientLimits, ElasticWorkers, ScalingPolicy, ServeCommand
+
+    bus = EventBus()
+    sub = bus.subscribe()
+    engine = ServeCommand(("env", "FAKE_VLLM_DELAY_S=0.5", sys.executable, fake_vllm.__file__, "serve", "{model}",
+                           "--host", "{host}", "--port", "{port}"), model=MODEL, port=18100, bind_host=None)
+    scaling = ScalingPolicy(max_workers=args.workers, target_queue_per_worker=3, scale_down_idle_s=0.5,
+                            cooldown_s=0, interval_s=0.25, worker_concurrency=4, market="spot")
+    lines: list[str] = []
+    with VastEmulator() as emu:
+        vast = emu.provider(ssh=True)
+        ew = ElasticWorkers(vast, InstanceSpec(cpus=4, memory_gb=16, gpus=1), ModelSpec(params_b=0.5, kv_cache_gb=4),
+                            engine, scaling=scaling, bus=bus, fleet=f"vast-{uuid.uuid4().hex[:6]}", role="vllm",
+                            owner="recipe", limits=ClientLimits(max_batch=1))
+        try:
+            await ew.start()
+            calls = [asyncio.ensure_future(ew.complete(f"r{i}")) for i in range(args.requests)]
+            ready = await bus.wait_for(lambda e: e.kind is EventKind.WORKER_READY, timeout_s=60)
+            emu.outbid(next(w.instance.id for w in ew.workers.values() if w.name == ready.task_name and w.instance))
+            answers = await asyncio.wait_for(asyncio.gather(*calls), 120)
+            while ew.stats().ready or ew.stats().starting:   # the queue is empty: idle workers leave
+                await bus.wait_for(lambda e: e.kind is EventKind.WORKER_RELEASED, timeout_s=60)
+        finally:
+            await ew.aclose()
+            await vast.close()
+        left_running = [r["id"] for r in emu.instances]
+    while not sub.queue.empty():
+        ev = sub.queue.get_nowait()
+        if ev.kind in (EventKind.WORKERS_SCALED, EventKind.WORKER_RENTED, EventKind.WORKER_READY,
+                       EventKind.WORKER_OUTBID, EventKind.WORKER_DRAINING, EventKind.WORKER_RELEASED):
+            lines.append(f"{ev.kind.value:16} {ev.task_name or '':14} {ev.detail[:150]}")
+    sub.close()
+    for line in lines:
+        console.print(line, markup=False, highlight=False)
+    stats = ew.stats()
+    ok = (all(a.text == f"ok:r{i}" for i, a in enumerate(answers)) and stats.lost >= 1 and not left_running
+          and stats.answered == args.requests)
+    console.print(f"answered {stats.answered}/{args.requests}, rented {stats.rented}, lost {stats.lost}, "
+                  f"re-dispatched {stats.redispatched}, released {stats.released}; rent-to-ready "
+                  + ", ".join(f"{lag.total_s:.2f} s" for lag in stats.lags))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"ok": ok, "answered": stats.answered, "rented": stats.rented,
+                                               "lost": stats.lost, "redispatched": stats.redispatched,
+                                               "released": stats.released, "left_running": left_running,
+                                               "lags": [lag.total_s for lag in stats.lags]}, indent=2))
+    return 0 if ok else 1
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="vast_vllm_workers.py", description=__doc__.split("\n\n")[0])
     mode = p.add_mutually_exclusive_group(required=True)
@@ -141,7 +200,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--min-vram", type=float, default=20.0, help="GiB per GPU at least (default 20)")
     p.add_argument("--gone", type=int, default=0, help="emulator: asks taken away between search and create")
     p.add_argument("--json", metavar="PATH", help="emulator: also write the workers as JSON")
+    p.add_argument("--elastic", action="store_true", help="emulator: run the elastic loop (scale up, outbid, release)")
+    p.add_argument("--requests", type=int, default=12, help="--elastic: requests in the burst (default 12)")
     args = p.parse_args(argv)
+    if args.elastic and not args.emulator:
+        p.error("--elastic needs --emulator")
     if args.workers < 1:
         p.error("--workers must be at least 1")
     return args
@@ -149,7 +212,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    return dry_run(args) if args.dry_run else await emulator(args)
+    if args.dry_run:
+        return dry_run(args)
+    return await elastic(args) if args.elastic else await emulator(args)
 
 
 if __name__ == "__main__":

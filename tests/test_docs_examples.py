@@ -155,8 +155,11 @@ def _records():
     from flowmesh_sdk.control import Event
     from flowmesh_sdk.pools import PoolStats
     from flowmesh_sdk.remote.runtime import RuntimeConfig
+    from flowmesh_sdk.workers import (ElasticStats, ElasticWorker, ScalingDecision, ScalingPolicy, ServeCommand,
+                                      WorkerLag)
     return [ExecResult, InstanceSpec, PhaseTimings, PoolSpec, QuotaLimits, SandboxSpec, Task,
-            TaskResult, Event, PoolStats, RuntimeConfig]
+            TaskResult, Event, PoolStats, RuntimeConfig, ScalingPolicy, ServeCommand, WorkerLag, ScalingDecision,
+            ElasticStats, ElasticWorker]
 
 
 @pytest.mark.parametrize("record", _records(), ids=lambda r: r.__name__)

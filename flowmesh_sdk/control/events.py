@@ -64,6 +64,13 @@ class EventKind(str, enum.Enum):
     WORKER_DRAINING = "worker.draining"
     WORKER_STOPPED = "worker.stopped"
     WORKER_FAILED = "worker.failed"
+    # elastic GPU workers (flowmesh_sdk.workers.elastic); ``detail`` is JSON: the offer and its
+    # U terms (rented), the reason and the requests re-dispatched (outbid), the drain (released),
+    # the backlog, the target and the ranked candidates (scaled)
+    WORKER_RENTED = "worker.rented"
+    WORKER_OUTBID = "worker.outbid"
+    WORKER_RELEASED = "worker.released"
+    WORKERS_SCALED = "workers.scaled"
     CHECKPOINT_PUBLISHED = "checkpoint.published"
 
 

@@ -192,6 +192,32 @@ def priced_offers(provider_offers: Mapping[str, Sequence[Offer]], *, free: Mappi
     return out, excluded
 
 
+def rank_demand(offers: Sequence[Offer], demand: Demand, policy: Policy) -> list[Candidate]:
+    """The bidder's ranking of priced ``offers`` for ``demand`` (best U first): each offer
+    becomes a catalog row (its live price, reliability and availability kept), the gates
+    and U(j,B) run on them, and every candidate keeps its offer (a Vast.ai interruptible
+    one at the bid the bidder places).  :func:`rank` for a pool and the elastic GPU
+    workers (:mod:`flowmesh_sdk.workers.elastic`) both rank through here.
+
+    :class:`NoFeasibleOffer` when none passes the gates (it names each gate)."""
+    if not offers:
+        return []
+    by_key: dict[tuple[str, str], Offer] = {}
+    rows = []
+    for o in offers:
+        row = CatalogRow(provider=o.provider, region=o.region, instance_type=o.instance_type, cpus=o.cpus,
+                         memory_gb=o.memory_gb, on_demand_per_hour=None if o.spot else o.price_per_hour,
+                         spot_per_hour=o.price_per_hour if o.spot else None, gpus=o.gpus, gpu_name=o.gpu_name,
+                         gpu_memory_gb=o.gpu_memory_gb, zone=o.zone, arch=o.arch, source=o.source,
+                         reliability=o.reliability, available=o.available)
+        by_key[(row.key, "spot" if o.spot else "on-demand")] = o
+        rows.append(row)
+    ranked = score(rows, demand, policy).ranking()
+    return [Candidate(by_key[(s.row.key, s.market)] if s.bid_per_hour is None else
+                      replace(by_key[(s.row.key, s.market)], price_per_hour=s.bid_per_hour), s.slots, s)
+            for s in ranked]
+
+
 def rank(offers: Sequence[Offer], spec: PoolSpec, *, resident: Sequence[str] = (),
          task_minutes: float = DEFAULT_TASK_MINUTES, image_gb: float = DEFAULT_IMAGE_GB) -> list[Candidate]:
     """The bidder's ranking of priced ``offers`` for ``spec`` (best first, failover order).
@@ -212,27 +238,13 @@ def rank(offers: Sequence[Offer], spec: PoolSpec, *, resident: Sequence[str] = (
                     arch=spec.instance.arch, max_price=spec.max_price, market=market, mode=mode,
                     minutes=task_minutes, image_gb=image_gb, resident=tuple(resident), max_per_instance=cap,
                     gpu_hosts=bool(gpus))
-    by_key: dict[tuple[str, str], Offer] = {}
-    rows = []
-    for o in offers:
-        row = CatalogRow(provider=o.provider, region=o.region, instance_type=o.instance_type, cpus=o.cpus,
-                         memory_gb=o.memory_gb, on_demand_per_hour=None if o.spot else o.price_per_hour,
-                         spot_per_hour=o.price_per_hour if o.spot else None, gpus=o.gpus, gpu_name=o.gpu_name,
-                         gpu_memory_gb=o.gpu_memory_gb, zone=o.zone, arch=o.arch, source=o.source,
-                         reliability=o.reliability, available=o.available)
-        by_key[(row.key, "spot" if o.spot else "on-demand")] = o
-        rows.append(row)
     policy = spec.policy
     assert isinstance(policy, Policy)
-    scored = score(rows, demand, policy)
-    ranked = scored.ranking()
-    cands = [Candidate(by_key[(s.row.key, s.market)] if s.bid_per_hour is None else
-                       replace(by_key[(s.row.key, s.market)], price_per_hour=s.bid_per_hour), s.slots, s)
-             for s in ranked]
+    cands = rank_demand(offers, demand, policy)
     if spec.spot == "prefer":
         cands.sort(key=lambda c: not c.offer.spot)   # stable: spot first, each half by U
     return cands
 
 
 __all__ = ["Candidate", "DEFAULT_IMAGE_GB", "DEFAULT_TASK_MINUTES", "Decision", "NoFeasibleOffer", "Placement",
-           "PriceBook", "priced_offers", "query_spec", "rank", "registry_locality"]
+           "PriceBook", "priced_offers", "query_spec", "rank", "rank_demand", "registry_locality"]

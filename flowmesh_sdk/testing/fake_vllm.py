@@ -21,7 +21,8 @@ status); it records ``batch_sizes`` (prompts per completions request) and
 Standard library only, so the same file also runs *inside a container* as the
 stand-in for the ``vllm`` executable (``fake_vllm.py serve MODEL --host H --port P
 --tensor-parallel-size N ...``).  In that mode it waits ``FAKE_VLLM_LOAD_S`` seconds
-before it listens -- as the real server is unreachable while it loads weights -- and
+before it listens -- as the real server is unreachable while it loads weights --, makes
+each request wait ``FAKE_VLLM_DELAY_S`` seconds (so a test can hold requests in flight), and
 answers ``GET /fake/launch`` with the argv it was started with (a fixture-only route
 that lets a test check the tensor-parallel size the launch path chose).
 """
@@ -363,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     srv = FakeVllmServer(args.model, host=args.host, port=args.port,
                          served_model_name=args.served_model_name,
                          max_model_len=args.max_model_len, launch_argv=["vllm", *argv])
+    srv.delay_s = float(os.environ.get("FAKE_VLLM_DELAY_S", "0") or 0)   # each request waits (a slow GPU)
     print(f"FakeVllmServer listening on {args.host}:{args.port}", flush=True)
     srv.serve_forever()
     return 0
