@@ -11,7 +11,7 @@ import pytest
 
 from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec
 from flowmesh_sdk.errors import SandboxClosedError
-from flowmesh_sdk.sandbox import BinaryExecResult
+from flowmesh_sdk.sandbox import EXEC_CHANNELS, BinaryExecResult
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +178,13 @@ async def test_two_commands_run_at_once_in_one_sandbox(pool, image):
         s = sb.session()
         assert (await s.run("touch /tmp/go && echo set")).stdout == "set\n"
         assert (await waiter.wait(timeout_s=60)).stdout == "released\n"
+        # every exec channel busy: a session's timeout still gets its signal through
+        held = [asyncio.ensure_future(sb.exec("while [ ! -e /tmp/go2 ]; do sleep 0.05; done; echo held",
+                                              timeout_s=60)) for _ in range(EXEC_CHANNELS)]
+        r = await s.run("sleep 100", timeout_s=1)
+        assert r.timed_out, r
+        await s.run("touch /tmp/go2")
+        assert [x.stdout for x in await asyncio.gather(*held)] == ["held\n"] * EXEC_CHANNELS
 
 
 async def test_closing_the_sandbox_kills_every_session_and_process(pool, image):

@@ -346,10 +346,12 @@ class Sandbox:
         if self._closed:
             raise SandboxClosedError(f"{self.name} is closed")
 
-    async def _call(self, script: bytes, stdin: bytes, timeout: float, cap: int
-                    ) -> tuple[int, bool, bytes, bytes, int, int, float]:
+    async def _call(self, script: bytes, stdin: bytes, timeout: float, cap: int, *,
+                    urgent: bool = False) -> tuple[int, bool, bytes, bytes, int, int, float]:
+        """One buffered command on a free channel.  ``urgent`` (signals) never waits for
+        the ``EXEC_CHANNELS`` limit: it takes an idle channel or opens one."""
         await self._ensure_open()
-        agent = await self._acquire()
+        agent = await self._acquire(proc=urgent)
         ok = False
         try:
             res = await self._exchange(agent.chan, script, stdin, timeout, cap)
@@ -360,7 +362,7 @@ class Sandbox:
                                  f"{timeout + _HOST_GRACE_S:.0f} s") from exc
         finally:
             # A channel in an unknown state is dropped and what it ran is killed.
-            await asyncio.shield(self._release(agent, ok=ok))
+            await asyncio.shield(self._release(agent, proc=urgent, ok=ok))
 
     async def _exchange(self, chan: Channel, script: bytes, stdin: bytes, timeout: float, cap: int
                         ) -> tuple[int, bool, bytes, bytes, int, int, float]:
@@ -406,7 +408,7 @@ class Sandbox:
         """Signal what a session's command started (see ``SIGNAL_TREE``)."""
         script = (f"set -- {shell_pid} {since_cs} {tree_sig} {shell_sig or ''}\n".encode()
                   + SIGNAL_TREE.encode())
-        await self._call(script, b"", 30.0, 4096)
+        await self._call(script, b"", 30.0, 4096, urgent=True)
 
     # ---- snapshots -------------------------------------------------------------
     async def snapshot(self, registry: str | None = None, *, tls_verify: bool | None = None) -> str:
@@ -429,6 +431,10 @@ class Sandbox:
         tag = f"{self.name}-{next(self._ids)}"
         local = f"localhost/flowmesh/snapshot-work:{tag}"
         remote = f"{host}/{cfg.snapshot_repository}:{tag}"
+        # the agents' scratch files stay out of the image (the agents make them again)
+        await self.runtime.exec_once(self.container_id, [
+            "sh", "-c", 'rm -rf -- "${TMPDIR:-/tmp}"/.flowmesh-* /tmp/.flowmesh-* /.flowmesh-* 2>/dev/null; :'],
+            timeout_s=60)
         digest = await self.runtime.commit_and_push(self.container_id, local, remote,
                                                     tls_verify=tls_verify)
         return f"{host}/{cfg.snapshot_repository}@{digest}"

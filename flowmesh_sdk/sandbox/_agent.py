@@ -14,9 +14,9 @@ from __future__ import annotations
 _COMMON = r"""
 __fm_ss=; __fm_n=0; command -v setsid >/dev/null 2>&1 && __fm_ss=setsid
 __fm_mk() {
-  [ -d "$__fm_d" ] && return 0
+  [ -d "$__fm_d" ] && [ -w "$__fm_d" ] && return 0
   for __fm_d in "$__fm_d0" "/tmp/.flowmesh-$__fm_tag$$" "/dev/shm/.flowmesh-$__fm_tag$$" "/.flowmesh-$__fm_tag$$"; do
-    command mkdir -p "$__fm_d" 2>/dev/null && return 0
+    command mkdir -p "$__fm_d" 2>/dev/null && [ -w "$__fm_d" ] && return 0
   done; return 1
 }
 __fm_rot() {
@@ -74,6 +74,7 @@ __fm_store() {
 
 AGENT = r"""
 __fm_tag=; __fm_d0="${TMPDIR:-/tmp}/.flowmesh-$$"; __fm_d="$__fm_d0"
+command rm -rf -- "$__fm_d0" 2>/dev/null
 """ + _COMMON + r"""
 __fm_kill() {
   __t=" $1 "; __r=0; kill -9 "$1" 2>/dev/null
@@ -249,6 +250,7 @@ __fm_loop
 # answers the aborted command and re-enters the loop.
 SESSION = r"""
 __fm_tag=s; __fm_d0="${TMPDIR:-/tmp}/.flowmesh-s$$"; __fm_d="$__fm_d0"; __fm_cur=
+command rm -rf -- "$__fm_d0" 2>/dev/null
 [ -n "$BASH_VERSION" ] && { set +o history; unset HISTFILE; }
 """ + _COMMON + r"""
 __fm_foot() {

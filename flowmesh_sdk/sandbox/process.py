@@ -208,7 +208,7 @@ class Process:
         if self.done or self.pid <= 0 or self.sandbox.closed:
             return
         await self.sandbox._call(f"kill -{sig} -{self.pid} 2>/dev/null || kill -{sig} {self.pid}\n".encode(),
-                                 b"", 30.0, 4096)
+                                 b"", 30.0, 4096, urgent=True)
 
     async def write_stdin(self, data: bytes | str) -> None:
         """Append ``data`` to the command's standard input (any bytes)."""
