@@ -280,9 +280,10 @@ __fm_srun() {
     return
   fi
   __lp=0; { read -r __x __x __x __x __lp < /proc/loadavg; } 2>/dev/null
-  printf '__FMS__ %s %s\n' "$__id" "${__lp:-0}" >&7
   __fm_cur=$__id
   trap - INT
+  # announced only once SIGINT would stop it (the host signals nothing before this line)
+  printf '__FMS__ %s %s\n' "$__id" "${__lp:-0}" >&7
   { . "$__s"; } </dev/null >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&-
   __fm_foot $?
 }
