@@ -15,7 +15,7 @@ extra=""
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 
-pkgs=(podman runc catatonit debootstrap busybox-static ca-certificates docker-registry apache2-utils openssh-server)
+pkgs=(podman runc catatonit debootstrap busybox-static ca-certificates docker-registry apache2-utils openssh-server nftables iproute2 util-linux)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
