@@ -20,7 +20,7 @@ from .cost import BID_MARGIN, OUTBID_PER_HOUR, bid_price, effective_price, hazar
 from .demand import MODES, Demand, ModelSpec, TenantAffinity
 from .estimate import (CHEAPEST, Estimate, Infeasible, PhaseEstimate, centralized, estimate, estimate_plan,
                        launch_times, phase_estimate)
-from .gates import GATES, GateResult, NoFeasibleOffer, RowTable, check_rows
+from .gates import GATES, GateResult, NoFeasibleOffer, RowTable
 from .planner import Plan, PlanLine, pack, plan
 from .policy import PRESETS, Policy
 from .scoring import Score, Scored, score

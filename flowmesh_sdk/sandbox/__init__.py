@@ -42,7 +42,6 @@ import posixpath
 import re
 import tarfile
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass
 from typing import Any, overload
 
 from .. import clock
@@ -53,7 +52,7 @@ from ..remote.runtime import ContainerRuntime
 from ..specs import ExecResult, SandboxSpec, check_number, frozen_env
 from ._agent import AGENT, KILL_AGENT, SIGNAL_TREE
 from ._common import (COMMAND_CAP, DEFAULT_OUTPUT_CAP, BinaryExecResult, _check_command, _check_path,
-                      _decode, _env_prefix, _frame_head, _read_exactly, _read_line, _result,
+                      _env_prefix, _frame_head, _read_exactly, _read_line, _result,
                       sh_quote, sh_quote_bytes)
 from .process import Process, ProcessStream, _pump
 from .session import Session

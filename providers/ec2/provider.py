@@ -100,7 +100,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flowmesh_sdk.errors import AuthError, NotFoundError, ProviderError, SpecError
+from flowmesh_sdk.errors import NotFoundError, ProviderError, SpecError
 from flowmesh_sdk.provider import (TAG_FLEET, TAG_POOL, TAG_REQUEST, Capabilities, Instance, LaunchRequest,
                                    Provider, ProviderState)
 from flowmesh_sdk.remote.injection import KeyInjector

@@ -39,10 +39,8 @@ instance, and refuses a persistent or auto sandbox pool with the reason.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
