@@ -30,12 +30,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from ..errors import AuthError, SpecError
+from ..errors import AuthError, ProviderError, SpecError
 from .cloudinit import CloudConfig, parse_user_data
 from .keys import KNOWN_HOSTS_NAME, FleetKey, KnownHosts, PublicKey, generate_ed25519, keys_dir
 
@@ -48,7 +48,7 @@ log = logging.getLogger("flowmesh.remote.injection")
 AddressMap = Callable[["Instance"], "tuple[str, int]"]
 UserDataFetch = Callable[[str], Awaitable["str | bytes | None"]]
 
-__all__ = ["AddressMap", "KeyInjector", "SshMode"]
+__all__ = ["AddressMap", "KeyInjector", "SshMode", "instance_runner", "ssh_address"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +208,6 @@ class KeyInjector:
         else:
             host, port = address(instance)
         if not host:
-            from ..errors import ProviderError
             raise ProviderError(f"{self.provider} instance {instance.id} has no {mode.address} IP address yet",
                                 provider=self.provider, code="NoAddress")
         fleet = self._fleet_key
@@ -224,3 +223,24 @@ class KeyInjector:
         runners, self._runners = list(self._runners.values()), {}
         for runner in runners:
             await runner.close()
+
+
+def ssh_address(mode: SshMode, ips: Mapping[str, tuple[str | None, str | None]],
+                instance: Instance) -> tuple[str | None, int]:
+    """Where an instance's sshd listens in SSH mode: its private or public IP (``ips`` maps
+    an instance id to ``(private, public)`` as the provider last saw them) and the mode's port."""
+    private, public = ips.get(instance.id, (instance.address, None))
+    return (public if mode.address == "public" else private or instance.address), mode.port
+
+
+def instance_runner(instance: Instance, keys: KeyInjector | None,
+                    ips: Mapping[str, tuple[str | None, str | None]],
+                    runner_factory: Callable[[Instance], Runner] | None, *, provider: str, hint: str) -> Runner:
+    """A cloud provider's ``runner(instance)``: the pinned SSH runner in SSH mode, else the
+    caller's ``runner_factory``, else a ``ProviderError`` (code ``NoRunner``) saying ``hint``
+    (how to get one)."""
+    if keys is not None:
+        return keys.runner(instance, lambda i: ssh_address(keys.mode, ips, i))
+    if runner_factory is not None:
+        return runner_factory(instance)
+    raise ProviderError(f"{provider} instances are reached over SSH: {hint}", provider=provider, code="NoRunner")

@@ -73,10 +73,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flowmesh_sdk.errors import FlowMeshError, NotFoundError, ProviderError, SpecError
+from flowmesh_sdk.errors import FlowMeshError, NotFoundError, SpecError
 from flowmesh_sdk.provider import (TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest,
                                    Provider, ProviderState)
-from flowmesh_sdk.remote.injection import KeyInjector
+from flowmesh_sdk.remote.injection import KeyInjector, instance_runner
 from flowmesh_sdk.remote.injection import SshMode as _SshMode
 from flowmesh_sdk.remote.runner import Runner
 from flowmesh_sdk.specs import InstanceSpec, Offer
@@ -521,18 +521,8 @@ class AzureProvider(Provider):
 
     # ---- the rest ------------------------------------------------------------------
     def runner(self, instance: Instance) -> Runner:
-        if self._keys is not None:
-            return self._keys.runner(instance, self._address)
-        if self.runner_factory is not None:
-            return self.runner_factory(instance)
-        raise ProviderError("azure VMs are reached over SSH: pass AzureProvider(ssh=SshMode()) to inject keys at "
-                            "launch (docs/providers/azure.md), or runner_factory=...", provider=PROVIDER,
-                            code="NoRunner")
-
-    def _address(self, instance: Instance) -> tuple[str | None, int]:
-        assert self.ssh is not None
-        private, public = self._ips.get(instance.id, (instance.address, None))
-        return (public if self.ssh.address == "public" else private or instance.address), self.ssh.port
+        return instance_runner(instance, self._keys, self._ips, self.runner_factory, provider=PROVIDER,
+                               hint="pass AzureProvider(ssh=SshMode()) to inject keys at launch (docs/providers/azure.md), or runner_factory=...")
 
     async def close(self) -> None:
         if self._keys is not None:

@@ -103,7 +103,7 @@ from typing import Any
 from flowmesh_sdk.errors import NotFoundError, ProviderError, SpecError
 from flowmesh_sdk.provider import (TAG_FLEET, TAG_POOL, TAG_REQUEST, Capabilities, Instance, LaunchRequest,
                                    Provider, ProviderState)
-from flowmesh_sdk.remote.injection import KeyInjector
+from flowmesh_sdk.remote.injection import KeyInjector, instance_runner
 from flowmesh_sdk.remote.injection import SshMode as _SshMode
 from flowmesh_sdk.remote.keys import PublicKey
 from flowmesh_sdk.remote.runner import Runner
@@ -629,13 +629,8 @@ class Ec2Provider(Provider):
 
     # ---- the rest ------------------------------------------------------------------
     def runner(self, instance: Instance) -> Runner:
-        if self._keys is not None:
-            return self._keys.runner(instance, self._address)
-        if self.runner_factory is not None:
-            return self.runner_factory(instance)
-        raise ProviderError("ec2 instances are reached over SSH: pass Ec2Provider(ssh=SshMode()) to inject "
-                            "keys at launch (docs/ssh.md), or runner_factory=... to supply runners",
-                            provider=PROVIDER, code="NoRunner")
+        return instance_runner(instance, self._keys, self._ips, self.runner_factory, provider=PROVIDER,
+                               hint="pass Ec2Provider(ssh=SshMode()) to inject keys at launch (docs/ssh.md), or runner_factory=... to supply runners")
 
     async def close(self) -> None:
         if self._keys is not None:
@@ -657,11 +652,6 @@ class Ec2Provider(Provider):
             except ValueError:
                 return b""
         await self._keys.recover(ids, fetch)
-
-    def _address(self, instance: Instance) -> tuple[str | None, int]:
-        assert self.ssh is not None
-        private, public = self._ips.get(instance.id, (instance.address, None))
-        return (public if self.ssh.address == "public" else private or instance.address), self.ssh.port
 
     async def _with_public_ips(self, region: str, instances: list[Instance]) -> list[Instance]:
         """With ``address="public"``: wait (describe, backing off 1 s to 5 s, at most

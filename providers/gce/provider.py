@@ -75,10 +75,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flowmesh_sdk.errors import NotFoundError, ProviderError, SpecError
+from flowmesh_sdk.errors import NotFoundError, SpecError
 from flowmesh_sdk.provider import (TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest, Provider,
                                    ProviderState)
-from flowmesh_sdk.remote.injection import KeyInjector
+from flowmesh_sdk.remote.injection import KeyInjector, instance_runner
 from flowmesh_sdk.remote.injection import SshMode as _SshMode
 from flowmesh_sdk.remote.runner import Runner
 from flowmesh_sdk.specs import InstanceSpec, Offer
@@ -472,18 +472,8 @@ class GceProvider(Provider):
 
     # ---- the rest ------------------------------------------------------------------
     def runner(self, instance: Instance) -> Runner:
-        if self._keys is not None:
-            return self._keys.runner(instance, self._address)
-        if self.runner_factory is not None:
-            return self.runner_factory(instance)
-        raise ProviderError("gce instances are reached over SSH: pass GceProvider(ssh=SshMode()) to inject keys "
-                            "at launch (docs/providers/gce.md), or runner_factory=...", provider=PROVIDER,
-                            code="NoRunner")
-
-    def _address(self, instance: Instance) -> tuple[str | None, int]:
-        assert self.ssh is not None
-        internal, external = self._ips.get(instance.id, (instance.address, None))
-        return (external if self.ssh.address == "public" else internal or instance.address), self.ssh.port
+        return instance_runner(instance, self._keys, self._ips, self.runner_factory, provider=PROVIDER,
+                               hint="pass GceProvider(ssh=SshMode()) to inject keys at launch (docs/providers/gce.md), or runner_factory=...")
 
     async def close(self) -> None:
         if self._keys is not None:
