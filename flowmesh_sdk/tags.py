@@ -38,6 +38,19 @@ class TagCodec:
     def decode(self, tags: Mapping[str, str]) -> dict[str, str]:
         return dict(tags)
 
+    def encode_launch(self, tags: Mapping[str, str], *, limit: int, cloud: str, per: str = "instance"
+                      ) -> dict[str, str]:
+        """:meth:`encode` for a launch request: a bad tag is a ``SpecError`` naming
+        ``launch.<field>``, and more than ``limit`` encoded tags is one naming
+        ``launch.tags`` ("``cloud`` allows ``limit`` tags per ``per``")."""
+        try:
+            out = self.encode({str(k): str(v) for k, v in tags.items()})
+        except SpecError as exc:
+            raise SpecError(f"launch.{exc.field}", str(exc).split(": ", 1)[-1]) from exc
+        if len(out) > limit:
+            raise SpecError("launch.tags", f"{cloud} allows {limit} tags per {per}, got {len(out)}")
+        return out
+
 
 @dataclass(frozen=True, slots=True)
 class PlainTags(TagCodec):

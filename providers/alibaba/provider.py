@@ -360,15 +360,8 @@ class AlibabaProvider(Provider):
             raise SpecError("alibaba.security_group_id", "a security group id ('sg-...') is needed to launch")
         if request.count > MAX_LAUNCH_BATCH:
             raise SpecError("launch.count", f"at most {MAX_LAUNCH_BATCH} per RunInstances call, got {request.count}")
-        tags = {str(k): str(v) for k, v in request.tags.items()}
-        tags[TAG_REQUEST] = request.request_id
-        try:
-            encoded = TAGS.encode(tags)
-        except SpecError as exc:
-            raise SpecError(f"launch.{exc.field}", str(exc).split(": ", 1)[-1]) from exc
-        if len(encoded) > MAX_TAGS:
-            raise SpecError("launch.tags", f"ECS allows {MAX_TAGS} tags per instance, got {len(encoded)}")
-        return encoded
+        return TAGS.encode_launch({**request.tags, TAG_REQUEST: request.request_id}, limit=MAX_TAGS,
+                                  cloud="ECS")
 
     async def launch(self, request: LaunchRequest) -> list[Instance]:
         tags = self._check(request)

@@ -353,16 +353,11 @@ class AzureProvider(Provider):
                                                    f"{list(self.locations)}")
         if request.count > MAX_BATCH:
             raise SpecError("launch.count", f"at most {MAX_BATCH} per launch call, got {request.count}")
-        tags = {str(k): str(v) for k, v in request.tags.items()}
-        tags[TAG_REQUEST] = request.request_id
-        try:
-            tags = TAGS.encode(tags)
-        except SpecError as exc:
-            raise SpecError(f"launch.{exc.field}", str(exc).split(": ", 1)[-1]) from exc
+        tags = TAGS.encode_launch({**request.tags, TAG_REQUEST: request.request_id}, limit=MAX_TAGS,
+                                  cloud="Azure", per="resource")
         bad = [k for k in tags if _TAG_NAME_BAD.search(k)]
-        if bad or len(tags) > MAX_TAGS:
-            raise SpecError("launch.tags", f"Azure tag names may not contain < > % & \\ ? / and a resource holds "
-                                           f"{MAX_TAGS} tags; got {bad or len(tags)}")
+        if bad:
+            raise SpecError("launch.tags", f"Azure tag names may not contain < > % & \\ ? /; got {bad}")
         return tags
 
     async def _ensure_network(self, location: str) -> str:

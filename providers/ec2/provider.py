@@ -456,12 +456,7 @@ class Ec2Provider(Provider):
         tags = {str(k): str(v) for k, v in request.tags.items()}
         tags[TAG_REQUEST] = request.request_id
         tags.setdefault("Name", f"flowmesh-{tags.get(TAG_POOL) or 'instance'}")
-        try:
-            tags = TAGS.encode(tags)
-        except SpecError as exc:
-            raise SpecError(f"launch.{exc.field}", str(exc).split(": ", 1)[-1]) from exc
-        if len(tags) > MAX_TAGS:
-            raise SpecError("launch.tags", f"EC2 allows {MAX_TAGS} tags per resource, got {len(tags)}")
+        tags = TAGS.encode_launch(tags, limit=MAX_TAGS, cloud="EC2", per="resource")
         for k, v in tags.items():
             if not k or len(k) > 128 or k.lower().startswith("aws:") or len(v) > 256:
                 raise SpecError(f"launch.tags[{k!r}]", "EC2 tag keys are 1-128 characters not starting with "

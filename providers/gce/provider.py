@@ -340,15 +340,8 @@ class GceProvider(Provider):
         if request.count > self.capabilities.max_batch:
             raise SpecError("launch.count", f"at most {self.capabilities.max_batch} per launch call, "
                                             f"got {request.count}")
-        tags = {str(k): str(v) for k, v in request.tags.items()}
-        tags[TAG_REQUEST] = request.request_id
-        try:
-            labels = TAGS.encode(tags)
-        except SpecError as exc:
-            raise SpecError(f"launch.{exc.field}", str(exc).split(": ", 1)[-1]) from exc
-        if len(labels) > MAX_LABELS:
-            raise SpecError("launch.tags", f"Compute Engine allows {MAX_LABELS} labels per instance, got {len(labels)}")
-        return labels
+        return TAGS.encode_launch({**request.tags, TAG_REQUEST: request.request_id}, limit=MAX_LABELS,
+                                  cloud="Compute Engine")
 
     async def launch(self, request: LaunchRequest) -> list[Instance]:
         labels = self._check(request)
