@@ -47,7 +47,7 @@ from pathlib import Path
 from ..config import home_dir
 from ..errors import AuthError, SpecError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("flowmesh.remote.keys")
 
 FLEET_KEY_NAME = "fleet_ed25519"
 KNOWN_HOSTS_NAME = "known_hosts"

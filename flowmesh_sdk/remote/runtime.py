@@ -53,7 +53,7 @@ INSTALL_HINT = ("install podman: `apt-get install -y podman runc` (Debian/Ubuntu
 _IDLE_PID1 = 'trap "exit 0" TERM INT; while :; do sleep 86400 & wait $!; done'
 _CAP_SYS_RESOURCE = 24
 _USERNS_MAP = re.compile(r"[0-9]+:[0-9]+:[0-9]+")
-log = logging.getLogger(__name__)
+log = logging.getLogger("flowmesh.remote.runtime")
 
 #: what root in a sandbox keeps: own and chmod files it did not create (tar, pip, git
 #: checkouts of other uids), override file modes, kill its own processes of any uid,

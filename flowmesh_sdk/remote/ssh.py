@@ -46,7 +46,7 @@ try:  # paramiko is an optional dependency (extra ``ssh``)
 except ImportError:  # pragma: no cover - exercised only without the extra
     paramiko = None  # type: ignore[assignment]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("flowmesh.remote.ssh")
 
 _READ_CHUNK = 65536
 _KILL_GRACE_S = 5.0       # after a kill, how long to wait for the streams to end
