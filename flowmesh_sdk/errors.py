@@ -129,11 +129,21 @@ class PoolClosedError(FlowMeshError):
     """The pool is draining or closed and admits no new work."""
 
 
+class ControlPlaneUnavailableError(FlowMeshError):
+    """The shared control state (Redis, ``FLOWMESH_STATE``) cannot be reached, or this
+    coordinator's lease on it was lost; ``url`` names where (without a password)."""
+
+    def __init__(self, message: str, *, url: str = "") -> None:
+        super().__init__(message)
+        self.url = url
+
+
 __all__ = [
     "AuthError",
     "BootstrapError",
     "CapacityError",
     "ContainerRuntimeError",
+    "ControlPlaneUnavailableError",
     "FlowMeshError",
     "ImageNotFoundError",
     "InstanceLost",
