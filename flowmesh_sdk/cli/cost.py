@@ -19,10 +19,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..bidder import Demand, Estimate, ModelSpec, Policy, centralized, estimate
-from ..bidder.scoring import score
+from ..bidder.scoring import Score, score
 from ..catalog import PROVIDERS, Catalog, StaleCatalogWarning, refresh
 from ..catalog.records import canonical_provider
 from ..errors import FlowMeshError, SpecError
+from .output import JSON_HELP, emit, plain
 
 # Tables are wide; when piped (not a terminal) rich would squeeze them into 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 200)
@@ -93,6 +94,16 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f}"
 
 
+def _score_json(s: Score) -> dict[str, object]:
+    r = s.row
+    return {"offer": r.key, "provider": r.provider, "region": r.region, "zone": r.zone,
+            "instance_type": r.instance_type, "market": s.market, "cpus": r.cpus, "memory_gb": r.memory_gb,
+            "gpus": r.gpus, "gpu_name": r.gpu_name, "slots": s.slots, "price_per_hour": s.price_per_hour,
+            "bid_per_hour": s.bid_per_hour, "cost_per_hour": s.cost_per_hour, "cost_per_slot": s.cost_per_slot,
+            "t_eff": s.t_eff, "t_unit": s.t_unit, "t_norm": s.t_norm, "c_norm": s.c_norm, "g_loc": s.g_loc,
+            "utility": s.utility, "available": s.available}
+
+
 # --------------------------------------------------------------------------- #
 # flowmesh offers
 # --------------------------------------------------------------------------- #
@@ -121,6 +132,7 @@ def offers(cpus: float = typer.Option(8.0, "--cpus", help="vCPUs per sandbox (or
                                                              "provider/region or provider/region/type"),
            gpu_hosts: bool = typer.Option(False, "--gpu-hosts", help="let CPU sandboxes use GPU instances"),
            limit: int = typer.Option(15, "--limit", help="rows to show"),
+           json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
            ) -> None:
     """Rank the catalog's offers for one sandbox size with every term of U = w_t*T - w_c*C + w_l*G."""
     try:
@@ -135,6 +147,10 @@ def offers(cpus: float = typer.Option(8.0, "--cpus", help="vCPUs per sandbox (or
     except FlowMeshError as exc:
         raise _fail(exc) from exc
     top = scored.ranking(limit)
+    if json_out:
+        emit("offers", demand=demand, policy=policy, feasible=len(scored), considered=scored.feasible.considered,
+             gates=scored.gates, offers=[_score_json(s) for s in top])
+        return
     unit = top[0].t_unit if top else ""
     table = Table(title=f"offers for {cpus:g} vCPU / {memory:g} GiB"
                         + (f" / {demand.gpus} x {gpu or 'GPU'}" if demand.gpus else "")
@@ -178,12 +194,18 @@ def catalog_refresh(provider: str = typer.Option(..., "--provider", "-p", help=f
 
 @catalog_app.command("show")
 def catalog_show(provider: Optional[list[str]] = typer.Option(None, "--provider", "-p",
-                                                              help="provider(s) to show (default: all)")) -> None:
+                                                              help="provider(s) to show (default: all)"),
+                 json_out: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
     """Where each provider's prices come from, how many rows, and how old they are."""
     try:
         catalog = Catalog.load(list(_split(provider)) or None, warn=False)
     except FlowMeshError as exc:
         raise _fail(exc) from exc
+    if json_out:
+        emit("catalog.show", sources=[{**plain(s), "regions": len({r.region for r in catalog.rows
+                                                                    if r.provider == s.provider})}
+                                       for s in catalog.sources])
+        return
     table = Table(title="price catalog")
     for col in ("provider", "origin", "rows", "priced", "regions", "fetched", "age (days)", "stale", "file"):
         table.add_column(col)
@@ -213,6 +235,15 @@ def _estimate_row(e: Estimate, label: str = "") -> list[str]:
             _minutes(ph.env_startup_s), _minutes(ph.execution_s), _minutes(ph.makespan_s)]
 
 
+def _estimate_json(e: Estimate) -> dict[str, object]:
+    return {"provider": e.provider, "region": e.region, "instances": e.instances,
+            "listed_per_hour": e.plan.listed_per_hour, "cost_per_hour": e.per_hour, "total_usd": e.total_usd,
+            "rates_source": e.rates_source, "phases": e.phases,
+            "plan": [{"instance_type": ln.score.row.instance_type, "market": ln.score.market,
+                      "instances": ln.instances, "sandboxes": ln.sandboxes, "bid_per_hour": ln.score.bid_per_hour,
+                      "price_per_hour": ln.score.price_per_hour} for ln in e.plan.lines]}
+
+
 _EST_COLS = ("where", "plan", "instances", "$/h", "total $", "launch (min)", "submit", "sched (min)",
              "env start (min)", "exec (min)", "makespan (min)")
 
@@ -237,6 +268,7 @@ def cost_estimate(tasks: int = typer.Option(..., "--tasks", help="tasks submitte
                                                             help="TYPE=USD: use this $/h for TYPE (repeat)"),
                   image_gb: float = typer.Option(2.0, "--image-gb", help="GB of image each instance pulls"),
                   top: int = typer.Option(10, "--top", help="provider/regions to show"),
+                  json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
                   ) -> None:
     """The cheapest feasible plan per provider/region, with launch time under each provider's
     published rate limits and MegaFlow's four phases; optionally beside the centralized baseline."""
@@ -256,6 +288,13 @@ def cost_estimate(tasks: int = typer.Option(..., "--tasks", help="tasks submitte
                                int(tasks_per_instance))  # type: ignore[arg-type]
     except FlowMeshError as exc:
         raise _fail(exc) from exc
+    if json_out:
+        emit("cost.estimate", demand=demand, estimates=[_estimate_json(e) for e in done[:top]],
+             more=max(0, len(done) - top), centralized=_estimate_json(base) if base is not None else None,
+             infeasible=[{"provider": f.provider, "region": f.region, "gates": f.error.gates} for f in failed])
+        if not done:
+            raise typer.Exit(1)
+        return
     table = Table(title=f"{tasks} tasks x {minutes:g} min, {cpus:g} vCPU / {memory:g} GiB each, {mode}, {market}"
                         f" -- cheapest plan per provider/region")
     for col in _EST_COLS:

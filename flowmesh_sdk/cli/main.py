@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -20,16 +21,35 @@ from rich.table import Table
 
 from .. import gc as gc_mod
 from ..config import home_dir
-from ..control.store import MetadataStore
+from ..control.store import DecisionRow, MetadataStore
 from ..errors import FlowMeshError
+from ..observe import logs
 from ..provider import LABEL_INSTANCE, LABEL_POOL, available_providers, load_provider
 from ..remote.local import LocalRunner
 from ..remote.runtime import ContainerRuntime
+from .output import JSON_HELP, emit
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="FlowMesh SDK: sandboxes and GPU workers for RL, on any cloud.")
 console = Console()
 err = Console(stderr=True)
+
+
+
+@app.callback()
+def _global(verbose: int = typer.Option(0, "--verbose", "-v", count=True,
+                                        help="log more to stderr: -v info, -vv debug"),
+            log_level: Optional[str] = typer.Option(None, "--log-level",
+                                                    help=f"the flowmesh logger's level: {', '.join(logs.LEVELS)} "
+                                                         "(overrides -v)"),
+            log_json: bool = typer.Option(False, "--log-json", help="log JSON lines to stderr")) -> None:
+    """FlowMesh SDK: sandboxes and GPU workers for RL, on any cloud."""
+    try:
+        level = logs.level_from(verbose, log_level)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--log-level") from None
+    logs.configure(level, json_lines=log_json)
+
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)", re.ASCII)
 
@@ -82,7 +102,8 @@ def run(ctx: typer.Context, recipe: str = typer.Argument(..., help="recipe name 
 def pools(explain: bool = typer.Option(False, "--explain",
                                        help="show each pool's launch decisions: winner and runner-up with "
                                             "T, C, G_loc and U, failovers and budget refusals"),
-          pool: str = typer.Option(None, "--pool", help="only this pool (with --explain)")) -> None:
+          pool: str = typer.Option(None, "--pool", help="only this pool (with --explain)"),
+          json_out: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
     """Pools recorded in the metadata store, with their task counts and spend."""
     store = _store()
     try:
@@ -92,26 +113,45 @@ def pools(explain: bool = typer.Option(False, "--explain",
         decisions = store.decisions(pool=pool, limit=200) if explain else []
     finally:
         store.close()
-    table = Table(title=f"pools ({home_dir()})")
-    for col in ("fleet", "pool", "mode", "infra", "created", "drained", "tasks", "succeeded", "failed",
-                "spent $", "burn $/h"):
-        table.add_column(col)
+    summary = []
     for p in rows:
         spec = json.loads(p.spec or "{}")
         mine = [t for t in tasks if t.fleet == p.fleet and t.pool == p.name]
         cost = [r for r in spend if r.fleet == p.fleet and r.pool == p.name]
-        infra = spec.get("infra") or [spec.get("provider", "")]
-        table.add_row(p.fleet, p.name, str(spec.get("mode", "")), ", ".join(map(str, infra)),
-                      _when(p.created_at), _when(p.drained_at), str(len(mine)),
-                      str(sum(t.state == "succeeded" for t in mine)),
-                      str(sum(t.state in ("failed", "timed_out", "rejected") for t in mine)),
-                      f"{sum(r.spent for r in cost):.4f}", f"{sum(r.burn_per_hour for r in cost):.4f}")
+        summary.append({
+            "fleet": p.fleet, "pool": p.name, "mode": str(spec.get("mode", "")),
+            "infra": [str(x) for x in (spec.get("infra") or [spec.get("provider", "")])],
+            "created_at": p.created_at, "drained_at": p.drained_at, "tasks": len(mine),
+            "succeeded": sum(t.state == "succeeded" for t in mine),
+            "failed": sum(t.state in ("failed", "timed_out", "rejected") for t in mine),
+            "spent_usd": sum(r.spent for r in cost), "burn_usd_per_hour": sum(r.burn_per_hour for r in cost)})
+    if json_out:
+        emit("pools", home=str(home_dir()), pools=summary,
+             decisions=[_decision_json(d) for d in decisions] if explain else None)
+        return
+    table = Table(title=f"pools ({home_dir()})")
+    for col in ("fleet", "pool", "mode", "infra", "created", "drained", "tasks", "succeeded", "failed",
+                "spent $", "burn $/h"):
+        table.add_column(col)
+    for r in summary:
+        table.add_row(r["fleet"], r["pool"], r["mode"], ", ".join(r["infra"]), _when(r["created_at"]),
+                      _when(r["drained_at"]), str(r["tasks"]), str(r["succeeded"]), str(r["failed"]),
+                      f"{r['spent_usd']:.4f}", f"{r['burn_usd_per_hour']:.4f}")
     console.print(table)
     if explain:
         _print_decisions(decisions)
 
 
-def _print_decisions(decisions: list) -> None:  # list[DecisionRow]
+def _decision_json(d: DecisionRow) -> dict[str, object]:
+    """A decision with its detail parsed (decided / refused carry JSON, failover a sentence)."""
+    try:
+        detail: object = json.loads(d.detail) if d.kind in ("decided", "refused") else d.detail
+    except ValueError:
+        detail = d.detail
+    return {"fleet": d.fleet, "pool": d.pool, "kind": d.kind, "at": d.at, "detail": detail}
+
+
+def _print_decisions(decisions: list[DecisionRow]) -> None:
     dt = Table(title="launch decisions (newest first)")
     for col in ("when", "pool", "what", "winner (T, C, G_loc, U)", "runner-up (T, C, G_loc, U)"):
         dt.add_column(col)
@@ -135,7 +175,8 @@ def _print_decisions(decisions: list) -> None:  # list[DecisionRow]
 
 
 @app.command()
-def status(limit: int = typer.Option(20, help="recent tasks to show")) -> None:
+def status(limit: int = typer.Option(20, help="recent tasks to show"),
+           json_out: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
     """Live instances and the most recent tasks with per-phase latency (ms)."""
     store = _store()
     try:
@@ -145,6 +186,9 @@ def status(limit: int = typer.Option(20, help="recent tasks to show")) -> None:
         reuse = store.reuse_summary()
     finally:
         store.close()
+    if json_out:
+        emit("status", home=str(home_dir()), instances=insts, spend=spend, tasks=tasks, reuse=reuse)
+        return
     it = Table(title="instances not terminated")
     for col in ("id", "fleet", "pool", "state", "requested", "ready", "detail"):
         it.add_column(col)
@@ -186,7 +230,8 @@ def gc(provider: list[str] = typer.Option(["local"], "--provider", "-p",
        all_: bool = typer.Option(False, "--all", help="take every SDK instance, even of live owners"),
        fleet: Optional[str] = typer.Option(None, "--fleet", help="only this fleet's instances and "
                                            "containers (default: every fleet of this FLOWMESH_HOME)"),
-       yes: bool = typer.Option(False, "--yes", "-y", help="act; without it, only list (dry run)")) -> None:
+       yes: bool = typer.Option(False, "--yes", "-y", help="act; without it, only list (dry run)"),
+       json_out: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
     """Find instances and containers this FLOWMESH_HOME left behind (by their tags and its
     records) and remove them; removals are recorded in the metadata store."""
     known = available_providers()
@@ -196,23 +241,24 @@ def gc(provider: list[str] = typer.Option(["local"], "--provider", "-p",
                                      param_hint="--provider")
     age = parse_duration(older_than) if older_than else None
     try:
-        asyncio.run(_gc(provider, age, all_, yes, fleet))
+        asyncio.run(_gc(provider, age, all_, yes, fleet, json_out))
     except FlowMeshError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from exc
 
 
-async def _gc(names: list[str], age: float | None, all_: bool, yes: bool, fleet: str | None = None) -> None:
+async def _gc(names: list[str], age: float | None, all_: bool, yes: bool, fleet: str | None = None,
+              json_out: bool = False) -> None:
     store = _store()
     try:
-        await _gc_with(store, names, age, all_, yes, fleet)
+        await _gc_with(store, names, age, all_, yes, fleet, json_out)
     finally:
         await store.flush()
         store.close()
 
 
 async def _gc_with(store: MetadataStore, names: list[str], age: float | None, all_: bool, yes: bool,
-                   fleet: str | None) -> None:
+                   fleet: str | None, json_out: bool = False) -> None:
     providers = [load_provider(n) for n in names]
     runtime = ContainerRuntime(LocalRunner()) if "local" in names else None
     if runtime is not None:
@@ -224,6 +270,9 @@ async def _gc_with(store: MetadataStore, names: list[str], age: float | None, al
     known = {r.id for r in await asyncio.to_thread(store.instances)}   # what this home launched
     the_plan = await gc_mod.plan(providers, runtime, older_than_s=age, include_live=all_,
                                  known_instances=known, fleet=fleet)
+    if json_out:
+        await _gc_json(the_plan, providers, runtime, store, yes)
+        return
     table = Table(title="left behind" + ("" if yes else " (dry run: --yes to remove)"))
     for col in ("kind", "provider", "id", "pool", "age", "why"):
         table.add_column(col)
@@ -249,6 +298,20 @@ async def _gc_with(store: MetadataStore, names: list[str], age: float | None, al
                   f"{len(res.containers_removed)} container(s)")
     if res.still_present:
         err.print(f"[red]still present after terminate:[/red] {', '.join(res.still_present)}")
+        raise typer.Exit(2)
+
+
+async def _gc_json(the_plan: gc_mod.GcPlan, providers: list, runtime: ContainerRuntime | None,
+                   store: MetadataStore, yes: bool) -> None:
+    found = {"instances": [dataclasses.asdict(o) for o in the_plan.instances],
+             "containers": [{"name": c.name, "pool": c.labels.get(LABEL_POOL, ""),
+                             "instance": c.labels.get(LABEL_INSTANCE, "")} for c in the_plan.containers]}
+    if not yes:
+        emit("gc", dry_run=True, found=found, result=None)
+        return
+    res = await gc_mod.execute(the_plan, providers, runtime, store=store)
+    emit("gc", dry_run=False, found=found, result=res)
+    if res.still_present:
         raise typer.Exit(2)
 
 

@@ -14,6 +14,7 @@ from rich.table import Table
 from ..catalog import Catalog
 from ..catalog.records import canonical_provider
 from ..errors import FlowMeshError, SpecError
+from .output import JSON_HELP, emit
 
 MODES = ("ephemeral", "persistent", "centralized")
 
@@ -37,12 +38,15 @@ def cost_simulate(
         price: Optional[list[str]] = typer.Option(None, "--price", help="TYPE=USD: use this $/h for TYPE (repeat)"),
         seed: int = typer.Option(0, "--seed", help="random seed (boot times, interruptions)"),
         plot: str = typer.Option("flowmesh-simulate.png", "--plot", help="where to write the PNG ('' for none)"),
+        json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """MegaFlow's scaling experiment on the simulator, with a per-phase breakdown."""
     from flowmesh_providers.sim.sweep import (SweepConfig, SweepRow, cloud_for, phases_minutes, pick_rows,
                                               plot as draw, run_sweep, sim_type)
 
-    from .cost import _fail, _prices, console
+    from .cost import _fail, _prices, err
+    from .cost import console as tables
+    console = err if json_out else tables   # with --json, stdout carries only the document
     try:
         levels = [int(x) for x in tasks.split(",") if x.strip()]
     except ValueError:
@@ -82,6 +86,21 @@ def cost_simulate(
         rows = run_sweep(cloud, chosen, levels, minutes=minutes, image_gb=image_gb, seed=seed, progress=progress)
     except FlowMeshError as exc:
         raise _fail(exc) from exc
+    if json_out:
+        if plot:
+            draw(rows, plot, f"{prov}/{where}: {small.instance_type} per task vs {big.instance_type} x "
+                             f"{tasks_per_instance} tasks (simulated)")
+        emit("cost.simulate", provider=prov, region=where, seed=seed, minutes=minutes, image_gb=image_gb,
+             distributed_type=small.instance_type, centralized_type=big.instance_type, plot=plot or None,
+             rows=[{"tasks": r.tasks, "configuration": r.config.label, "mode": r.config.mode,
+                    "instance_type": r.config.instance_type, "tasks_per_instance": r.config.tasks_per_instance,
+                    "result": None if r.result is None else {
+                        "makespan_s": r.result.makespan_s, "cost_usd": r.result.cost_usd,
+                        "instances_launched": r.result.instances_launched, "succeeded": r.result.succeeded,
+                        "failed": r.result.failed, "interrupted": r.result.interrupted,
+                        "failovers": r.result.failovers, "phases_mean_s": r.result.phases_mean}}
+                   for r in rows])
+        return
     table = Table(title=f"execution time and cost against concurrency ({prov}/{where}, seed {seed})")
     for col in ("tasks", "configuration", "instances", "exec time (min)", "cost $", "$ / task", "failed"):
         table.add_column(col, justify="left" if col == "configuration" else "right")
