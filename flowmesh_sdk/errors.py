@@ -129,6 +129,11 @@ class PoolClosedError(FlowMeshError):
     """The pool is draining or closed and admits no new work."""
 
 
+class IntegrationMissingError(FlowMeshError, ImportError):
+    """An integration's package (an optional extra: ``swe-rex``, ``mini-swe-agent``, ``trl``)
+    is not installed; the message names the extra to install."""
+
+
 class ControlPlaneUnavailableError(FlowMeshError):
     """The shared control state (Redis, ``FLOWMESH_STATE``) cannot be reached, or this
     coordinator's lease on it was lost; ``url`` names where (without a password)."""
@@ -147,6 +152,7 @@ __all__ = [
     "FlowMeshError",
     "ImageNotFoundError",
     "InstanceLost",
+    "IntegrationMissingError",
     "LifecycleError",
     "NotFoundError",
     "PoolClosedError",
