@@ -9,8 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 extra=""
-# --dev: the test dependencies, and the training role's (torch, trl) for its CPU test
-[ "${1:-}" = "--dev" ] && extra="[dev,train]"
+# --dev: the test dependencies, the training role's (torch, trl) for its CPU test, and the
+# integrations' packages (swe-rex, mini-swe-agent) that their tests drive
+[ "${1:-}" = "--dev" ] && extra="[dev,train,swerex,minisweagent]"
 
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
