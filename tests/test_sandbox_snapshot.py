@@ -18,7 +18,14 @@ from flowmesh_sdk.testing.registry import LocalRegistry
 @pytest.fixture(scope="module")
 async def registry():
     async with LocalRegistry() as reg:
+        host = reg.host
         yield reg
+    # the snapshots the forks pulled go with the registry
+    listed = subprocess.run(["podman", "images", "--format", "{{.ID}} {{.Repository}}"],
+                            capture_output=True, text=True, check=True).stdout.split("\n")
+    ids = {line.split()[0] for line in listed if f" {host}/" in line}
+    if ids:
+        subprocess.run(["podman", "rmi", "-f", *ids], capture_output=True, check=False)
 
 
 async def test_snapshot_starts_elsewhere_with_the_files_not_the_processes(tmp_path, busybox_image, registry):
@@ -55,8 +62,12 @@ async def test_snapshot_starts_elsewhere_with_the_files_not_the_processes(tmp_pa
             assert "sleep 1000" not in procs, procs
             r = await fork.session().run('pwd; echo "[$SECRET_STATE]"')
             assert r.stdout == "/\n[]\n"                      # no shell state either
-            # (files the first sandbox wrote are not writable here under an explicit uid
-            # map: docs/api.md "Snapshots", known limitation)
+            # the files keep the owners the first sandbox gave them, so root here can
+            # write them (podman stores a user-namespaced container's host ids)
+            owners = await fork.exec("stat -c '%u:%g %a' /work/state/model.txt /work/state")
+            assert owners.stdout == "0:0 644\n0:0 755\n", owners
+            wrote = await fork.exec("echo step3 >> /work/state/model.txt && tail -n 1 /work/state/model.txt")
+            assert wrote.exit_code == 0 and wrote.stdout == "step3\n", wrote
         # a snapshot needs somewhere to go
         plain = Fleet("snap2", home=tmp_path / "h2",
                       providers={"local": LocalProvider(cpus=2, memory_gb=8,

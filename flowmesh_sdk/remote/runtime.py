@@ -39,6 +39,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 
 from ..errors import (AuthError, ContainerRuntimeError, ImageNotFoundError, RegistryUnavailableError,
@@ -54,6 +55,8 @@ _IDLE_PID1 = 'trap "exit 0" TERM INT; while :; do sleep 86400 & wait $!; done'
 _CAP_SYS_RESOURCE = 24
 _USERNS_MAP = re.compile(r"[0-9]+:[0-9]+:[0-9]+")
 log = logging.getLogger("flowmesh.remote.runtime")
+# run by the instance's python3 on a committed user-namespaced snapshot (see layershift.py)
+_LAYERSHIFT = (Path(__file__).parent / "layershift.py").read_text(encoding="utf-8")
 
 #: what root in a sandbox keeps: own and chmod files it did not create (tar, pip, git
 #: checkouts of other uids), override file modes, kill its own processes of any uid,
@@ -289,6 +292,8 @@ class ContainerRuntime:
         if not res.ok:
             raise ContainerRuntimeError(f"could not commit {container} on {self.runner.label}: "
                                         f"{res.describe()}")
+        if info.userns != "none":
+            await self._shift_owners(container, local)
         script = ('d=$(mktemp) || exit 1; "$1" push --quiet --tls-verify="$2" --digestfile "$d" "$3" '
                   '"docker://$4" >&2 || { rm -f "$d"; exit 1; }; cat "$d"; rm -f "$d"')
         try:
@@ -302,6 +307,35 @@ class ContainerRuntime:
                                            f"{self.runner.label} failed: {res.describe()}",
                                            provider=remote.split("/", 1)[0], code="PushFailed")
         return digest
+
+    async def _shift_owners(self, container: str, local: str) -> None:
+        """Store the container's own file owners in the committed image ``local`` (podman
+        stores the host ids of a user-namespaced container's files; see ``layershift``)."""
+        info = await self.probe()
+        res = await self._run([info.binary, "inspect", "--format",
+                               "{{json .HostConfig.IDMappings}}", container])
+        try:
+            maps = json.loads(res.text())
+            uids, gids = ",".join(maps["UidMap"] or ()), ",".join(maps["GidMap"] or ())
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ContainerRuntimeError(f"no id map for {container} on {self.runner.label}: "
+                                        f"{res.text()[:200]!r}") from exc
+        if not uids or not gids:
+            return
+        script = ('command -v python3 >/dev/null || { echo "snapshots of a sandbox under a user-namespace '
+                  'map need python3 on the instance" >&2; exit 3; }; '
+                  'd=$(mktemp -d) || exit 1; trap \'rm -rf "$d"\' EXIT; '
+                  '"$1" save -q --format oci-dir --uncompressed -o "$d/img" "$2" >&2 || exit 1; '
+                  'python3 - "$d/img" "$3" "$4" >&2 || exit 1; '
+                  'tar -C "$d/img" -cf "$d/img.tar" . && "$1" rmi "$2" >/dev/null && '
+                  '"$1" load -q -i "$d/img.tar" >&2')   # as oci-archive: named by its ref.name, $2
+        res = await self.runner.run(["sh", "-c", script, "sh", info.binary, local, uids, gids],
+                                    input=_LAYERSHIFT.encode(),
+                                    timeout_s=max(self.config.command_timeout_s, 900.0))
+        if not res.ok:
+            await self._run([info.binary, "rmi", local], check=False)
+            raise ContainerRuntimeError(f"could not store {container}'s file owners in its snapshot on "
+                                        f"{self.runner.label}: {res.describe()}")
 
     async def remove_image(self, ref: str) -> bool:
         """Untag ``ref`` (the image goes when its last name does); False if a container uses it."""
