@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import signal
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
@@ -25,7 +26,7 @@ from .errors import SpecError
 from .fleet import Fleet
 from .pools.auto import AutoPool, AutoStats
 from .pools.base import Pool, PoolStats
-from .sandbox import DEFAULT_OUTPUT_CAP, FILE_CAP, Sandbox
+from .sandbox import DEFAULT_OUTPUT_CAP, FILE_CAP, Process, ProcessStream, Sandbox, Session
 from .specs import ExecResult, PoolSpec, SandboxSpec, Task, TaskResult
 
 T = TypeVar("T")
@@ -107,6 +108,89 @@ class SyncSandbox:
 
     def download(self, remote_path: str, local_dir: str) -> None:
         self._loop.call(self.sandbox.download(remote_path, local_dir))
+
+    def session(self, name: str = "main", *, shell: str | None = None,
+                env: Mapping[str, str] | None = None, cwd: str | None = None) -> SyncSession:
+        """:meth:`Sandbox.session` (its shell starts on the first ``run``)."""
+        return SyncSession(self._loop, self.sandbox.session(name, shell=shell, env=env, cwd=cwd))
+
+    def start(self, cmd: str, *, timeout_s: float | None = None, env: Mapping[str, str] | None = None,
+              cwd: str | None = None, output_cap: int = DEFAULT_OUTPUT_CAP, binary: bool = False
+              ) -> SyncProcess:
+        """:meth:`Sandbox.start`: a background process."""
+        return SyncProcess(self._loop, self._loop.call(self.sandbox.start(
+            cmd, timeout_s=timeout_s, env=env, cwd=cwd, output_cap=output_cap, binary=binary)))
+
+    def snapshot(self, registry: str | None = None, *, tls_verify: bool | None = None) -> str:
+        return self._loop.call(self.sandbox.snapshot(registry, tls_verify=tls_verify))
+
+
+class SyncSession:
+    """:class:`~flowmesh_sdk.sandbox.Session` for scripts."""
+
+    def __init__(self, loop: _Loop, session: Session) -> None:
+        self._loop = loop
+        self.session = session
+
+    def run(self, cmd: str, *, timeout_s: float | None = None, output_cap: int = DEFAULT_OUTPUT_CAP,
+            binary: bool = False) -> ExecResult:
+        return self._loop.call(self.session.run(cmd, timeout_s=timeout_s, output_cap=output_cap,
+                                                binary=binary))
+
+    def interrupt(self) -> None:
+        """SIGINT to the running command (from another thread than the one in ``run``)."""
+        self._loop.call(self.session.interrupt())
+
+    def close(self) -> None:
+        self._loop.call(self.session.close())
+
+
+class SyncProcess:
+    """:class:`~flowmesh_sdk.sandbox.Process` for scripts: ``for chunk in proc.stdout``."""
+
+    def __init__(self, loop: _Loop, proc: Process) -> None:
+        self._loop = loop
+        self.process = proc
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+    @property
+    def stdout(self) -> Iterator[bytes]:
+        return self._chunks(self.process.stdout)
+
+    @property
+    def stderr(self) -> Iterator[bytes]:
+        return self._chunks(self.process.stderr)
+
+    def _chunks(self, stream: ProcessStream) -> Iterator[bytes]:
+        it = aiter(stream)
+        while True:
+            try:
+                yield self._loop.call(anext(it))
+            except StopAsyncIteration:
+                return
+
+    def wait(self, timeout_s: float | None = None) -> ExecResult:
+        return self._loop.call(self.process.wait(timeout_s))
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        self._loop.call(_awaited(self.process, sig))
+
+    def write_stdin(self, data: bytes | str) -> None:
+        self._loop.call(self.process.write_stdin(data))
+
+    def close_stdin(self) -> None:
+        self._loop.call(self.process.close_stdin())
+
+
+async def _awaited(proc: Process, sig: int) -> None:
+    await proc.kill(sig)
 
 
 class SyncPool:

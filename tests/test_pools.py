@@ -229,6 +229,18 @@ def test_sync_facade(fm_home, busybox_image):
             assert sb.read_file("/tmp/x") == b"abc"
             r = sb.exec("yes | head -c 5000", output_cap=10)
             assert r.stdout_truncated and r.stdout_bytes == 5000
+            # sessions keep their state; background processes stream and take stdin
+            sh = sb.session()
+            sh.run("cd /tmp && export WHO=sync")
+            assert sh.run('echo "$PWD $WHO"').stdout == "/tmp sync\n"
+            proc = sb.start("while read -r line; do echo got:$line; done")
+            proc.write_stdin("one\ntwo\n")
+            proc.close_stdin()
+            assert b"".join(proc.stdout) == b"got:one\ngot:two\n"
+            assert proc.wait().exit_code == 0 and proc.returncode == 0
+            sleeper = sb.start("exec sleep 100")
+            sleeper.kill()
+            assert sleeper.wait(timeout_s=30).exit_code == 137        # 128 + SIGKILL, as in exec
         res = pool.map([Task(name=f"m{i}", sandbox=pool.default_sandbox(busybox_image), command="true")
                         for i in range(2)], on_result=lambda r: done.append(r.name))
         assert all(r.ok for r in res) and sorted(done) == ["m0", "m1"]

@@ -20,7 +20,7 @@ from flowmesh_sdk.identity import sandbox_h_exec
 
 
 @pytest.fixture(scope="module")
-async def pool(tmp_path_factory, busybox_image):
+async def pool(tmp_path_factory, busybox_image, swe_image):
     from flowmesh_providers.local import LocalProvider
 
     home = tmp_path_factory.mktemp("fmhome-network")
@@ -124,3 +124,25 @@ async def test_allow_list_reachability_both_ways(pool, busybox_image):
             async with pool.sandbox(SandboxSpec(**spec, network=(f"{gw}/32",))) as cidr:
                 assert await _get(cidr, gw, p_ok) == "allowed"
                 assert await _get(cidr, gw, p_no) == "denied"
+
+
+async def _bash_get(sb, addr: str, port: int) -> str:
+    """The body a GET returns through bash's /dev/tcp, or '' (the Debian image has no nc)."""
+    r = await sb.exec(f"timeout 5 bash -c 'exec 3<>/dev/tcp/{addr}/{port} && "
+                      f"printf \"GET / HTTP/1.0\\r\\n\\r\\n\" >&3 && cat <&3' 2>&1", timeout_s=20)
+    head, sep, body = r.stdout.partition("\r\n\r\n")
+    return body if sep and head.startswith("HTTP/1.") else ""
+
+
+async def test_allow_list_on_a_bash_image(pool, swe_image):
+    spec = dict(image=swe_image, cpus=0.5, memory_gb=0.25)
+    async with pool.sandbox(SandboxSpec(**spec, network="all")) as everything:
+        gw = _gateway()
+        with _server(gw, "allowed") as p_ok, _server(gw, "denied") as p_no:
+            assert await _bash_get(everything, gw, p_no) == "denied"
+            async with pool.sandbox(SandboxSpec(**spec, network=(f"{gw}:{p_ok}",))) as listed:
+                assert await _bash_get(listed, gw, p_ok) == "allowed"
+                assert await _bash_get(listed, gw, p_no) == ""
+                r = await listed.exec("timeout 5 bash -c 'exec 3<>/dev/tcp/169.254.169.254/80' 2>&1; "
+                                      "echo rc=$?", timeout_s=20)
+                assert "rc=0" not in r.stdout, r
