@@ -28,7 +28,12 @@ async def registry():
         subprocess.run(["podman", "rmi", "-f", *ids], capture_output=True, check=False)
 
 
-async def test_snapshot_starts_elsewhere_with_the_files_not_the_processes(tmp_path, busybox_image, registry):
+@pytest.fixture(params=["busybox", "bash"])
+def image(request, busybox_image, swe_image) -> str:
+    return busybox_image if request.param == "busybox" else swe_image
+
+
+async def test_snapshot_starts_elsewhere_with_the_files_not_the_processes(tmp_path, image, registry):
     from flowmesh_providers.local import LocalProvider
 
     config = RuntimeConfig(snapshot_registry=registry.host)
@@ -37,7 +42,7 @@ async def test_snapshot_starts_elsewhere_with_the_files_not_the_processes(tmp_pa
     async with Fleet("snap", home=tmp_path, providers={"local": provider}, runtime_config=config) as fleet:
         first = await fleet.pool(PoolSpec(name="snap-a", instance=InstanceSpec(cpus=1, memory_gb=2),
                                           min_instances=1, max_instances=1, warm_per_image=0))
-        spec = SandboxSpec(image=busybox_image, cpus=0.5, memory_gb=0.25)
+        spec = SandboxSpec(image=image, cpus=0.5, memory_gb=0.25)
         async with first.sandbox(spec) as sb:
             await sb.write_file("/work/state/model.txt", "prepared\n")
             sh = sb.session()
