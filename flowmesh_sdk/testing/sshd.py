@@ -15,7 +15,8 @@ run root and libpod state of its own, so every host has its own image cache.  ``
 replaces the sessions' ``PATH`` (a host "without podman" gets a directory of symlinks to
 everything but the container runtimes: :func:`bin_dir_without`).  ``host_key_path=`` and
 ``authorized_keys=`` make it use keys handed to it (as cloud-init would on a VM) instead of
-generating its own.
+generating its own.  ``extra_config=`` lines go at the end of its ``sshd_config`` (a
+``HostCertificate``, ``Match`` blocks for other users, ...).
 
 ``restart()`` stops and starts the daemon on the same address, port and keys (to test
 reconnects); ``accepted_logins()`` counts the ``Accepted publickey`` lines in its log.
@@ -85,7 +86,7 @@ class LoopbackSshd:
     def __init__(self, host: str = "127.0.0.2", *, port: int | None = None,
                  startup_timeout_s: float = 10.0, path: str | None = None,
                  own_storage: bool = True, host_key_path: str | None = None,
-                 authorized_keys: list[str] | None = None) -> None:
+                 authorized_keys: list[str] | None = None, extra_config: tuple[str, ...] = ()) -> None:
         if not os.path.exists(SSHD):
             raise RuntimeError(f"{SSHD} not found; {INSTALL_HINT}")
         self.host = host
@@ -130,6 +131,7 @@ class LoopbackSshd:
             "LogLevel VERBOSE",
             "Subsystem sftp internal-sftp",
             *([f"SetEnv {' '.join(env)}"] if env else []),
+            *extra_config,   # last: it may hold Match blocks
             "",
         ]))
         self._proc: subprocess.Popen[bytes] | None = None
