@@ -1,0 +1,388 @@
+"""A SWE-ReX deployment on a FlowMesh pool (extra ``[swerex]``).
+
+SWE-agent, SWE-smith and other SWE-ReX users run commands through a deployment
+(``AbstractDeployment``) and its ``runtime`` (``AbstractRuntime``).  Switch
+``DockerDeployment(image=...)`` for :class:`FlowMeshDeployment` ``(pool, image=...)``
+and the same calls run in a sandbox of a FlowMesh pool: a warm container in
+milliseconds instead of a container start plus a server inside it.
+
+    from flowmesh_sdk.integrations.swerex import FlowMeshDeployment
+    deployment = FlowMeshDeployment(pool, image="localhost/flowmesh/swe-base:bookworm")
+    await deployment.start()                       # then exactly as with DockerDeployment:
+    await deployment.runtime.create_session(CreateBashSessionRequest())
+    obs = await deployment.runtime.run_in_session(BashAction(command="cd /work && ls", timeout=30))
+
+:class:`FlowMeshRuntime` takes SWE-ReX's own request models and answers with its response
+models and exception classes:
+
+* ``create_session`` starts a shell session of the sandbox (bash when the image has it)
+  and sources ``startup_source``; a second session of one name is ``SessionExistsError``.
+* ``run_in_session(BashAction)`` runs the command in that session (cd, variables and
+  functions persist); ``output`` is stdout and stderr merged in order.  A syntax error is
+  ``BashIncorrectSyntaxError`` (checked with ``bash -n`` in the sandbox, as SWE-ReX does);
+  past ``timeout`` the command's processes are killed and ``CommandTimeoutError`` is
+  raised (the session goes on); ``check="raise"`` raises ``NonZeroExitCodeError``,
+  ``"silent"`` returns the exit code, ``"ignore"`` returns ``exit_code=None``.
+  ``BashInterruptAction`` interrupts the running command as Ctrl-C.  Interactive
+  programs (``is_interactive_command`` / ``is_interactive_quit``) are not supported:
+  each command runs to its end with stdin from /dev/null.
+* ``execute(Command)`` runs an argv list or (``shell=True``) a string in a fresh
+  ``/bin/sh``, like ``subprocess.run``: ``env`` replaces the environment, ``cwd``,
+  ``merge_output_streams``, ``check`` and ``timeout`` as there.
+* ``read_file`` / ``write_file`` / ``upload`` go over the sandbox's channel.
+
+When the sandbox is lost (its container or instance gone), every call raises
+:class:`SandboxLostError` (a ``SwerexException``, chained to the FlowMesh error) and
+``is_alive()`` reports ``False`` with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import shlex
+from collections.abc import AsyncIterator
+from typing import Any
+
+from . import require
+
+require("swerex", package="swe-rex", extra="swerex")
+
+from swerex.deployment.abstract import AbstractDeployment  # noqa: E402
+from swerex.deployment.hooks.abstract import CombinedDeploymentHook, DeploymentHook  # noqa: E402
+from swerex.exceptions import (BashIncorrectSyntaxError, CommandTimeoutError,  # noqa: E402
+                               DeploymentNotStartedError, NonZeroExitCodeError, SessionDoesNotExistError,
+                               SessionExistsError, SwerexException)
+from swerex.runtime.abstract import (AbstractRuntime, BashAction, BashInterruptAction,  # noqa: E402
+                                     BashObservation, CloseBashSessionResponse, CloseResponse, Command,
+                                     CommandResponse, CreateBashSessionRequest, CreateBashSessionResponse,
+                                     IsAliveResponse, ReadFileRequest, ReadFileResponse, UploadRequest,
+                                     UploadResponse, WriteFileRequest, WriteFileResponse)
+
+from ..errors import (ContainerRuntimeError, FlowMeshError, InstanceLost, SandboxClosedError,  # noqa: E402
+                      SandboxFileError, SandboxTimeout, SpecError)
+from ..sandbox import Sandbox, Session  # noqa: E402
+from ..specs import SandboxSpec  # noqa: E402
+
+__all__ = ["FlowMeshDeployment", "FlowMeshRuntime", "SandboxLostError"]
+
+log = logging.getLogger("flowmesh.integrations.swerex")
+
+#: what ``timeout=None`` ("no timeout") becomes: the longest a FlowMesh command may run
+NO_TIMEOUT_S = 7 * 86400.0
+#: SWE-ReX's BashSession prompt: what a finished command's ``expect_string`` is
+PS1 = "SHELLPS1PREFIX"
+_SYNTAX_MARK = "__FM_SWEREX_SYNTAX__"
+_ALIVE_TIMEOUT_S = 10.0
+# the errors that mean the sandbox (or the channel to it) is gone
+_LOST = (SandboxClosedError, InstanceLost, SandboxTimeout, ContainerRuntimeError)
+
+
+class SandboxLostError(SwerexException, RuntimeError):
+    """The FlowMesh sandbox under the runtime is gone (container removed, instance lost,
+    channel dead).  ``__cause__`` is the FlowMesh error."""
+
+
+class FlowMeshRuntime(AbstractRuntime):
+    """SWE-ReX's runtime interface on one FlowMesh :class:`~flowmesh_sdk.sandbox.Sandbox`."""
+
+    def __init__(self, sandbox: Sandbox, *, logger: logging.Logger | None = None) -> None:
+        self.sandbox = sandbox
+        self.logger = logger or log
+        self._sessions: dict[str, Session] = {}
+        self._lost: str = ""
+
+    def __repr__(self) -> str:
+        return f"FlowMeshRuntime({self.sandbox!r}, sessions={sorted(self._sessions)})"
+
+    @property
+    def sessions(self) -> dict[str, Session]:
+        return dict(self._sessions)
+
+    @contextlib.asynccontextmanager
+    async def _guard(self, what: str) -> AsyncIterator[None]:
+        if self._lost:
+            raise SandboxLostError(f"{self.sandbox.name}: the sandbox was lost ({self._lost}); {what} "
+                                   "cannot run")
+        try:
+            yield
+        except _LOST as exc:
+            if not self.sandbox.closed and await self._answers():
+                # only this session's shell ended (`kill $$`, `exec 7>&-`): the sandbox is fine
+                raise SwerexException(f"{self.sandbox.name}: {what} failed, the sandbox is alive: "
+                                      f"{exc}") from exc
+            self._lost = f"{type(exc).__name__}: {exc}"
+            self.logger.warning("%s: sandbox lost during %s: %s", self.sandbox.name, what, self._lost)
+            raise SandboxLostError(f"{self.sandbox.name}: the sandbox was lost during {what}: "
+                                   f"{self._lost}") from exc
+
+    async def _answers(self) -> bool:
+        try:
+            return (await self.sandbox.exec("true", timeout_s=_ALIVE_TIMEOUT_S)).ok
+        except FlowMeshError:
+            return False
+
+    # ---- liveness ---------------------------------------------------------------------
+    async def is_alive(self, *, timeout: float | None = None) -> IsAliveResponse:
+        """True when a command round trip in the sandbox answers within ``timeout``."""
+        if self._lost:
+            return IsAliveResponse(is_alive=False, message=f"sandbox lost: {self._lost}")
+        if self.sandbox.closed:
+            return IsAliveResponse(is_alive=False, message=f"{self.sandbox.name} is closed")
+        try:
+            r = await self.sandbox.exec("true", timeout_s=timeout or _ALIVE_TIMEOUT_S)
+        except _LOST as exc:
+            self._lost = f"{type(exc).__name__}: {exc}"
+            return IsAliveResponse(is_alive=False, message=f"sandbox lost: {self._lost}")
+        if not r.ok:
+            return IsAliveResponse(is_alive=False, message=f"`true` failed in the sandbox: exit {r.exit_code} "
+                                                           f"{r.stderr.strip()[-300:]}")
+        return IsAliveResponse(is_alive=True)
+
+    # ---- sessions ---------------------------------------------------------------------
+    async def create_session(self, request: CreateBashSessionRequest) -> CreateBashSessionResponse:
+        if request.session in self._sessions:
+            raise SessionExistsError(f"session {request.session} already exists")
+        async with self._guard(f"create_session({request.session!r})"):
+            try:
+                session = self.sandbox.session(request.session)
+            except SpecError as exc:
+                raise SwerexException(f"cannot create session {request.session!r}: {exc}") from exc
+            self._sessions[request.session] = session
+            try:
+                # the first command starts the shell (not bounded by startup_timeout, which
+                # SWE-ReX applies to sourcing the startup files)
+                await session.run(":", timeout_s=60)
+                output = ""
+                if request.startup_source:
+                    script = "\n".join(f". {shlex.quote(p)}" for p in request.startup_source)
+                    r = await session.run(f"{{\n{script}\n}} 2>&1", timeout_s=max(request.startup_timeout, 0.001))
+                    if r.timed_out:
+                        raise CommandTimeoutError(f"timeout after {request.startup_timeout} seconds while "
+                                                  f"sourcing {request.startup_source}")
+                    output = r.stdout
+            except BaseException:
+                self._sessions.pop(request.session, None)
+                await session.close()
+                raise
+        return CreateBashSessionResponse(output=output)
+
+    def _session(self, name: str) -> Session:
+        s = self._sessions.get(name)
+        if s is None:
+            raise SessionDoesNotExistError(f"session {name!r} does not exist")
+        return s
+
+    async def run_in_session(self, action: BashAction | BashInterruptAction) -> BashObservation:
+        session = self._session(action.session)
+        if isinstance(action, BashInterruptAction):
+            async with self._guard(f"interrupt of session {action.session!r}"):
+                await session.interrupt()
+            return BashObservation(output="", exit_code=0, expect_string=PS1)
+        if action.is_interactive_command or action.is_interactive_quit:
+            raise SwerexException("FlowMeshRuntime does not support interactive programs "
+                                  "(is_interactive_command / is_interactive_quit): every command runs "
+                                  "to its end with stdin from /dev/null")
+        timeout = NO_TIMEOUT_S if action.timeout is None else action.timeout
+        async with self._guard(f"run_in_session({action.session!r})"):
+            r = await session.run(_session_script(action.command, session.shell or "bash"),
+                                  timeout_s=max(timeout, 0.001), binary=True)
+        err = r.stderr_raw.decode(errors="backslashreplace")  # type: ignore[attr-defined]
+        if r.exit_code == 2 and err.startswith(_SYNTAX_MARK):
+            detail = err[len(_SYNTAX_MARK):].lstrip("\n")
+            raise BashIncorrectSyntaxError(
+                f"Error (exit code 2) while checking bash command \n{action.command!r}\n"
+                f"---- Stderr ----\n{detail}\n---- Stdout ----\n",
+                extra_info={"bash_stdout": "", "bash_stderr": detail})
+        output = r.stdout_raw.decode(errors="backslashreplace") + err  # type: ignore[attr-defined]
+        if r.timed_out:
+            raise CommandTimeoutError(f"timeout after {action.timeout} seconds while running command "
+                                      f"{action.command!r}")
+        if action.check == "ignore":
+            return BashObservation(output=output, exit_code=None, expect_string=PS1)
+        if action.check == "raise" and r.exit_code != 0:
+            msg = (f"Command {action.command!r} failed with exit code {r.exit_code}. Here is the output:\n"
+                   f"{output!r}")
+            raise NonZeroExitCodeError(f"{action.error_msg}: {msg}" if action.error_msg else msg)
+        return BashObservation(output=output, exit_code=r.exit_code, expect_string=PS1)
+
+    async def close_session(self, request: Any) -> CloseBashSessionResponse:
+        session = self._session(request.session)
+        del self._sessions[request.session]
+        async with self._guard(f"close_session({request.session!r})"):
+            await session.close()
+        return CloseBashSessionResponse()
+
+    # ---- commands and files -------------------------------------------------------------
+    async def execute(self, command: Command) -> CommandResponse:
+        """``subprocess.run`` semantics in a fresh ``/bin/sh`` of the sandbox."""
+        timeout = NO_TIMEOUT_S if command.timeout is None else command.timeout
+        script = _command_script(command)
+        async with self._guard("execute"):
+            r = await self.sandbox.exec(script, timeout_s=max(timeout, 0.001), cwd=command.cwd, binary=True)
+        if r.timed_out:
+            raise CommandTimeoutError(f"Timeout ({command.timeout}s) exceeded while running command")
+        resp = CommandResponse(stdout=r.stdout_raw.decode(errors="backslashreplace"),  # type: ignore[attr-defined]
+                               stderr=r.stderr_raw.decode(errors="backslashreplace"),  # type: ignore[attr-defined]
+                               exit_code=r.exit_code)
+        if command.check and r.exit_code != 0:
+            msg = (f"Command {command.command!r} failed with exit code {r.exit_code}. "
+                   f"Stdout:\n{resp.stdout!r}\nStderr:\n{resp.stderr!r}")
+            raise NonZeroExitCodeError(f"{command.error_msg}: {msg}" if command.error_msg else msg)
+        return resp
+
+    async def read_file(self, request: ReadFileRequest) -> ReadFileResponse:
+        async with self._guard(f"read_file({request.path!r})"):
+            try:
+                data = await self.sandbox.read_file(request.path)
+            except SandboxFileError as exc:
+                raise _os_error(str(exc), request.path) from exc
+        return ReadFileResponse(content=data.decode(request.encoding or "utf-8", request.errors or "strict"))
+
+    async def write_file(self, request: WriteFileRequest) -> WriteFileResponse:
+        async with self._guard(f"write_file({request.path!r})"):
+            try:
+                await self.sandbox.write_file(request.path, request.content)
+            except SandboxFileError as exc:
+                raise _os_error(str(exc), request.path) from exc
+        return WriteFileResponse()
+
+    async def upload(self, request: UploadRequest) -> UploadResponse:
+        """A local directory is copied to ``target_path`` (its contents, as
+        ``shutil.copytree``); a file is written there with its mode."""
+        src = request.source_path
+        if not os.path.exists(src):
+            raise FileNotFoundError(f"upload: {src} does not exist")
+        async with self._guard(f"upload({src!r})"):
+            try:
+                if os.path.isdir(src):
+                    await self.sandbox.upload(src, request.target_path)
+                else:
+                    with open(src, "rb") as fh:
+                        data = fh.read()
+                    await self.sandbox.write_file(request.target_path, data, mode=os.stat(src).st_mode & 0o7777)
+            except SandboxFileError as exc:
+                raise _os_error(str(exc), request.target_path) from exc
+        return UploadResponse()
+
+    async def close(self) -> CloseResponse:
+        """Close every session (the sandbox itself is the deployment's to stop)."""
+        sessions, self._sessions = list(self._sessions.values()), {}
+        for s in sessions:
+            with contextlib.suppress(FlowMeshError):
+                await s.close()
+        return CloseResponse()
+
+
+class FlowMeshDeployment(AbstractDeployment):
+    """A SWE-ReX deployment whose runtime is a sandbox of a FlowMesh pool.
+
+    ``pool`` is a pool of a :class:`~flowmesh_sdk.Fleet` (persistent pools hand out warm
+    containers); give ``spec`` (a :class:`~flowmesh_sdk.SandboxSpec`) or ``image`` (the
+    pool's ``default_sandbox(image)``).  ``start()`` takes a sandbox, ``stop()`` closes
+    the runtime's sessions and destroys the sandbox (idempotent)."""
+
+    def __init__(self, pool: Any, *, image: str | None = None, spec: SandboxSpec | None = None,
+                 tenant: str = "default", name: str = "swerex", logger: logging.Logger | None = None) -> None:
+        if not callable(getattr(pool, "sandbox", None)):
+            raise SpecError("pool", f"must be a FlowMesh pool (fleet.pool(...)), got {type(pool).__name__}")
+        if (image is None) == (spec is None):
+            raise SpecError("image", "give exactly one of image= or spec=")
+        self.pool = pool
+        self.spec = spec
+        self.image = image
+        self.tenant = tenant
+        self.name = name
+        self.logger = logger or log
+        self._hooks = CombinedDeploymentHook()
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._runtime: FlowMeshRuntime | None = None
+
+    def __repr__(self) -> str:
+        return f"FlowMeshDeployment(pool={getattr(self.pool, 'name', '?')}, image={self.image or self.spec.image})"  # type: ignore[union-attr]
+
+    def add_hook(self, hook: DeploymentHook) -> None:
+        self._hooks.add_hook(hook)
+
+    @property
+    def sandbox(self) -> Sandbox:
+        return self.runtime.sandbox
+
+    async def start(self, *args: Any, **kwargs: Any) -> None:
+        if self._runtime is not None:
+            return
+        self._hooks.on_custom_step("Taking a FlowMesh sandbox")
+        stack = contextlib.AsyncExitStack()
+        try:
+            cm = (self.pool.sandbox(self.spec, tenant=self.tenant, name=self.name) if self.spec is not None
+                  else self.pool.sandbox(image=self.image, tenant=self.tenant, name=self.name))
+            sb = await stack.enter_async_context(cm)
+        except FlowMeshError as exc:
+            await stack.aclose()
+            raise SwerexException(f"could not start a FlowMesh sandbox: {exc}") from exc
+        self._stack = stack
+        self._runtime = FlowMeshRuntime(sb, logger=self.logger)
+        self.logger.info("started %s in pool %s", sb.name, getattr(self.pool, "name", "?"))
+
+    async def stop(self, *args: Any, **kwargs: Any) -> None:
+        runtime, self._runtime = self._runtime, None
+        stack, self._stack = self._stack, None
+        if runtime is not None:
+            await runtime.close()
+        if stack is not None:
+            with contextlib.suppress(FlowMeshError):   # a lost sandbox is gone already
+                await stack.aclose()
+
+    async def is_alive(self, *, timeout: float | None = None) -> IsAliveResponse:
+        if self._runtime is None:
+            raise DeploymentNotStartedError()
+        return await self._runtime.is_alive(timeout=timeout)
+
+    @property
+    def runtime(self) -> FlowMeshRuntime:
+        if self._runtime is None:
+            raise DeploymentNotStartedError()
+        return self._runtime
+
+    def __del__(self) -> None:
+        # AbstractDeployment.__del__ schedules stop() on whatever loop is current; a
+        # sandbox belongs to its own loop, so only warn about one left open.
+        if getattr(self, "_runtime", None) is not None:
+            log.warning("FlowMeshDeployment garbage-collected without stop(); its sandbox is "
+                        "destroyed when its pool drains")
+
+
+def _session_script(command: str, shell: str) -> str:
+    """The command checked with ``SHELL -n`` first (a syntax error comes back marked on
+    stderr, exit 2, before anything ran), then run with stderr merged into stdout."""
+    tok = f"__FM_EOF_{secrets.token_hex(8)}"
+    return (f"__fm_chk=$({shlex.quote(shell)} -n 2>&1 <<'{tok}'\n{command}\n{tok}\n) || "
+            f"{{ printf '%s\\n%s\\n' {_SYNTAX_MARK} \"$__fm_chk\" >&2; unset __fm_chk; return 2; }}\n"
+            f"unset __fm_chk\n{{\n{command}\n}} 2>&1")
+
+
+def _command_script(command: Command) -> str:
+    """``subprocess.run(command.command, shell=..., env=...)`` as a /bin/sh script."""
+    cmd = command.command
+    if command.shell:
+        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else ["/bin/sh", "-c", *cmd]
+    else:
+        argv = [cmd] if isinstance(cmd, str) else list(cmd)
+    if not argv or not argv[0]:
+        raise SpecError("command.command", "must name a program (an empty command was given)")
+    if command.env is not None:   # subprocess: env replaces the environment
+        argv = ["env", "-i", *(f"{k}={v}" for k, v in command.env.items()), *argv]
+    head = "exec 2>&1\n" if command.merge_output_streams else ""
+    return head + "exec " + shlex.join(argv)
+
+
+def _os_error(message: str, path: str) -> OSError:
+    """A failed file call as the OSError ``pathlib`` would raise (what SWE-ReX's local
+    runtime raises and its remote runtime transfers)."""
+    low = message.lower()
+    cls: type[OSError] = (FileNotFoundError if "no such file" in low else
+                          IsADirectoryError if "is a directory" in low else
+                          PermissionError if "permission denied" in low else OSError)
+    return cls(f"{path}: {message}")

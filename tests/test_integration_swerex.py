@@ -1,0 +1,201 @@
+"""FlowMeshDeployment / FlowMeshRuntime driven as SWE-ReX's client code drives a deployment
+(SWE-agent: start, create a bash session from startup files, run actions with timeouts and
+check modes, interrupt, execute Commands, move files, stop), with the installed swe-rex
+package's own request models -- validated from the JSON shapes its server accepts -- and
+its own exception classes, on real podman (the Debian image: bash)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("swerex")
+
+from pydantic import TypeAdapter  # noqa: E402
+from swerex.deployment.abstract import AbstractDeployment  # noqa: E402
+from swerex.exceptions import (BashIncorrectSyntaxError, CommandTimeoutError, DeploymentNotStartedError,  # noqa: E402
+                               NonZeroExitCodeError, SessionDoesNotExistError, SessionExistsError,
+                               SwerexException)
+from swerex.runtime.abstract import (AbstractRuntime, Action, BashAction, BashInterruptAction,  # noqa: E402
+                                     CloseBashSessionRequest, Command, CreateBashSessionRequest,
+                                     ReadFileRequest, UploadRequest, WriteFileRequest)
+
+from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec  # noqa: E402
+from flowmesh_sdk.errors import FlowMeshError, IntegrationMissingError  # noqa: E402
+from flowmesh_sdk.integrations.swerex import FlowMeshDeployment, FlowMeshRuntime, SandboxLostError  # noqa: E402
+
+ACTION = TypeAdapter(Action)   # what SWE-ReX's server does with a /run_in_session body
+
+
+@pytest.fixture(scope="module")
+async def pool(tmp_path_factory, swe_image):
+    from flowmesh_providers.local import LocalProvider
+
+    home = tmp_path_factory.mktemp("fmhome-swerex")
+    fleet = Fleet("swerex", home=home, providers={
+        "local": LocalProvider(cpus=2, memory_gb=8, state_dir=home / "local" / "instances")})
+    p = await fleet.pool(PoolSpec(name="rex", instance=InstanceSpec(cpus=2, memory_gb=4), min_instances=1,
+                                  max_instances=1, sandboxes_per_instance=2))
+    yield p
+    await fleet.close(timeout_s=30)
+
+
+@pytest.fixture
+async def deployment(pool, swe_image):
+    d = FlowMeshDeployment(pool, spec=SandboxSpec(image=swe_image, cpus=1, memory_gb=0.5))
+    assert isinstance(d, AbstractDeployment)
+    with pytest.raises(DeploymentNotStartedError):
+        d.runtime
+    with pytest.raises(DeploymentNotStartedError):
+        await d.is_alive()
+    await d.start()
+    assert isinstance(d.runtime, AbstractRuntime) and isinstance(d.runtime, FlowMeshRuntime)
+    yield d
+    await d.stop()
+    await d.stop()                      # idempotent
+    with pytest.raises(DeploymentNotStartedError):
+        d.runtime
+
+
+async def test_bash_session_as_swe_agent_drives_it(deployment):
+    rt = deployment.runtime
+    assert await deployment.is_alive()
+    await rt.write_file(WriteFileRequest(path="/root/.fmrc", content="export FROM_RC=rc\ncd /tmp\n"))
+    r = await rt.create_session(CreateBashSessionRequest(startup_source=["/root/.fmrc"], startup_timeout=10))
+    assert r.output == ""
+    with pytest.raises(SessionExistsError):
+        await rt.create_session(CreateBashSessionRequest())
+
+    obs = await rt.run_in_session(ACTION.validate_python(
+        {"action_type": "bash", "command": "mkdir -p w && cd w && X=local && greet() { echo \"hi $1\"; }",
+         "timeout": 30}))
+    assert obs.exit_code == 0 and obs.output == ""
+    # state persists; stdout and stderr come back merged, in order
+    obs = await rt.run_in_session(BashAction(command='pwd; echo "$X|$FROM_RC"; greet you; echo oops >&2; echo end',
+                                             timeout=30))
+    assert (obs.output, obs.exit_code) == ("/tmp/w\nlocal|rc\nhi you\noops\nend\n", 0)
+    # multi-line commands and heredocs run as one action
+    obs = await rt.run_in_session(BashAction(command="cat <<'EOF'\nline $X\nEOF\necho after", timeout=30))
+    assert obs.output == "line $X\nafter\n"
+
+    # check modes
+    with pytest.raises(NonZeroExitCodeError, match=r"setup: Command 'false' failed with exit code 1"):
+        await rt.run_in_session(BashAction(command="false", timeout=30, error_msg="setup"))
+    obs = await rt.run_in_session(BashAction(command="echo x; (exit 3)", timeout=30, check="silent"))
+    assert (obs.output, obs.exit_code) == ("x\n", 3)
+    obs = await rt.run_in_session(BashAction(command="echo y; (exit 4)", timeout=30, check="ignore"))
+    assert (obs.output, obs.exit_code) == ("y\n", None)
+
+    # a syntax error is SWE-ReX's BashIncorrectSyntaxError, and nothing ran
+    with pytest.raises(BashIncorrectSyntaxError) as ei:
+        await rt.run_in_session(BashAction(command="touch /tmp/ran; echo 'unterminated", timeout=30))
+    assert "unexpected EOF" in ei.value.extra_info["bash_stderr"]
+    assert (await rt.execute(Command(command=["test", "-e", "/tmp/ran"]))).exit_code == 1
+
+    # a timeout raises CommandTimeoutError; SWE-agent then interrupts; the session goes on
+    with pytest.raises(CommandTimeoutError, match="timeout after 1.0 seconds"):
+        await rt.run_in_session(BashAction(command="sleep 60; echo not-reached", timeout=1.0))
+    obs = await rt.run_in_session(BashInterruptAction())
+    assert obs.exit_code == 0
+    obs = await rt.run_in_session(BashAction(command='pwd; echo "$X"', timeout=30))
+    assert obs.output == "/tmp/w\nlocal\n"
+
+    # an interrupt while a command runs stops it (Ctrl-C)
+    running = asyncio.create_task(rt.run_in_session(BashAction(command="sleep 60", timeout=None, check="silent")))
+    for _ in range(200):
+        if rt.sessions["default"].running:
+            break
+        await asyncio.sleep(0.02)
+    await rt.run_in_session(ACTION.validate_python({"action_type": "bash_interrupt"}))
+    obs = await asyncio.wait_for(running, 20)
+    assert obs.exit_code == 130
+
+    with pytest.raises(SwerexException, match="interactive"):
+        await rt.run_in_session(BashAction(command="python3", is_interactive_command=True))
+    # a command that ends the shell: the session restarts; the sandbox is not "lost"
+    with pytest.raises(SwerexException) as ei:
+        await rt.run_in_session(BashAction(command="kill -9 $$", timeout=30))
+    assert not isinstance(ei.value, SandboxLostError)
+    assert await deployment.is_alive()
+
+    # a second session is independent; closing one
+    await rt.create_session(CreateBashSessionRequest(session="other"))
+    obs = await rt.run_in_session(BashAction(session="other", command='echo "[$X]"; pwd', timeout=30))
+    assert obs.output == "[]\n/\n"
+    await rt.close_session(CloseBashSessionRequest(session="other"))
+    with pytest.raises(SessionDoesNotExistError):
+        await rt.run_in_session(BashAction(session="other", command="true"))
+    with pytest.raises(SessionDoesNotExistError):
+        await rt.close_session(CloseBashSessionRequest(session="other"))
+
+
+async def test_execute_commands_and_files(deployment, tmp_path):
+    rt = deployment.runtime
+    r = await rt.execute(Command(command=["sh", "-c", 'echo "a b"; echo err >&2; exit 3', "ignored"]))
+    assert (r.stdout, r.stderr, r.exit_code) == ("a b\n", "err\n", 3)
+    r = await rt.execute(Command(command="echo out; echo err >&2", shell=True, merge_output_streams=True))
+    assert (r.stdout, r.stderr, r.exit_code) == ("out\nerr\n", "", 0)
+    r = await rt.execute(Command(command=["printf", "%s|", "with space", "$HOME", ";rm -rf /"]))
+    assert r.stdout == "with space|$HOME|;rm -rf /|"           # argv: no shell involved
+    r = await rt.execute(Command(command="pwd; echo ${ONLY:-unset} ${HOME:-nohome}", shell=True, cwd="/tmp",
+                                 env={"ONLY": "this"}))
+    assert r.stdout == "/tmp\nthis nohome\n"                  # env replaces the environment
+    with pytest.raises(NonZeroExitCodeError, match="compile: Command"):
+        await rt.execute(Command(command="exit 2", shell=True, check=True, error_msg="compile"))
+    with pytest.raises(CommandTimeoutError, match=r"Timeout \(1.0s\)"):
+        await rt.execute(Command(command=["sleep", "30"], timeout=1.0))
+    r = await rt.execute(Command(command=["no-such-program"]))
+    assert r.exit_code == 127
+
+    await rt.write_file(WriteFileRequest(path="/work/deep/dir/f.txt", content="héllo\n"))
+    assert (await rt.read_file(ReadFileRequest(path="/work/deep/dir/f.txt"))).content == "héllo\n"
+    with pytest.raises(FileNotFoundError):
+        await rt.read_file(ReadFileRequest(path="/work/nope.txt"))
+    src = tmp_path / "proj"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "m.py").write_text("X = 1\n")
+    (src / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (src / "run.sh").chmod(0o755)
+    await rt.upload(UploadRequest(source_path=str(src), target_path="/work/proj"))
+    r = await rt.execute(Command(command="cat pkg/m.py && ./run.sh", shell=True, cwd="/work/proj"))
+    assert r.stdout == "X = 1\nran\n"
+    await rt.upload(UploadRequest(source_path=str(src / "run.sh"), target_path="/work/one/run.sh"))
+    assert (await rt.execute(Command(command=["/work/one/run.sh"]))).stdout == "ran\n"
+    with pytest.raises(FileNotFoundError):
+        await rt.upload(UploadRequest(source_path=str(tmp_path / "missing"), target_path="/work/x"))
+
+
+async def test_sandbox_lost_under_a_session(deployment):
+    rt = deployment.runtime
+    await rt.create_session(CreateBashSessionRequest())
+    assert (await rt.run_in_session(BashAction(command="echo up", timeout=30))).output == "up\n"
+    subprocess.run(["podman", "rm", "-f", "-t", "0", deployment.sandbox.container_id], check=True,
+                   capture_output=True)
+    with pytest.raises(SandboxLostError) as ei:
+        await rt.run_in_session(BashAction(command="echo again", timeout=30))
+    assert isinstance(ei.value, SwerexException) and isinstance(ei.value.__cause__, FlowMeshError)
+    alive = await deployment.is_alive()
+    assert not alive and "sandbox lost" in alive.message
+    with pytest.raises(SandboxLostError):
+        await rt.execute(Command(command=["true"]))
+    await deployment.stop()             # stopping a lost deployment is fine
+
+
+def test_missing_package_names_the_extra(monkeypatch):
+    monkeypatch.delitem(sys.modules, "flowmesh_sdk.integrations.swerex")
+    monkeypatch.setitem(sys.modules, "swerex", None)          # as if swe-rex were not installed
+    with pytest.raises(IntegrationMissingError, match=r"pip install 'flowmesh-sdk\[swerex\]'") as ei:
+        importlib.import_module("flowmesh_sdk.integrations.swerex")
+    assert isinstance(ei.value, ImportError) and "swe-rex" in str(ei.value)
+
+
+def test_the_core_imports_no_integration_package():
+    code = ("import sys, flowmesh_sdk, flowmesh_sdk.fleet, flowmesh_sdk.sync, flowmesh_sdk.reuse, "
+            "flowmesh_sdk.integrations; "
+            "print(sorted(m for m in ('swerex', 'minisweagent', 'trl', 'litellm') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "[]"
