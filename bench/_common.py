@@ -3,7 +3,6 @@ and the project's busybox image (built by images/build.py when missing)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 from rich.console import Console
@@ -12,11 +11,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def image_builder():  # type: ignore[no-untyped-def]
-    """``images/build.py`` loaded as a module (it is a script, not a package)."""
-    spec = importlib.util.spec_from_file_location("flowmesh_images", ROOT / "images" / "build.py")
-    assert spec is not None and spec.loader is not None
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
+    """The project's image builder (:mod:`flowmesh_sdk.imagebuild.build`)."""
+    from flowmesh_sdk.imagebuild import build
     return build
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -68,11 +67,8 @@ if not console.is_terminal:
 # --------------------------------------------------------------------------- #
 
 def load_build_module():
-    spec = importlib.util.spec_from_file_location("flowmesh_images", ROOT / "images" / "build.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from flowmesh_sdk.imagebuild import build
+    return build
 
 
 def podman(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:

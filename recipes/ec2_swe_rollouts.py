@@ -65,9 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:      # `python recipes/ec2_swe_rollouts.py` puts recipes/ first
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # the sibling _main_job (also in an installed wheel)
 
 from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -80,7 +78,9 @@ from flowmesh_sdk.provider import TAG_FLEET, ApiRate, Instance, LaunchRequest  #
 from flowmesh_sdk.testing.registry import LocalRegistry  # noqa: E402
 from flowmesh_providers.ec2 import Ec2Provider  # noqa: E402
 from flowmesh_providers.ec2.client import DOC_THROTTLING  # noqa: E402
-from recipes import local_swe_eval as swe_eval  # noqa: E402
+from _main_job import load_main_job  # noqa: E402
+
+swe_eval = load_main_job()
 
 console = swe_eval.console
 ENV_ENDPOINT = "FLOWMESH_EC2_ENDPOINT_URL"

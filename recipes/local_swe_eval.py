@@ -37,7 +37,6 @@ import argparse
 import asyncio
 import contextlib
 import difflib
-import importlib.util
 import json
 import os
 import secrets
@@ -59,7 +58,6 @@ from flowmesh_sdk import EventKind, Fleet, InstanceSpec, PoolSpec, Task, TaskRes
 from flowmesh_sdk.images import ImageInfo
 from flowmesh_sdk.testing.registry import LocalRegistry
 
-ROOT = Path(__file__).resolve().parent.parent
 BASE_IMAGE = "localhost/flowmesh/swe-base:bookworm"   # images/build.py's SWE_BASE_IMAGE
 REPO = "/work/repo"                                    # where the task images hold the repo
 PATCH = "/work/patch.diff"                             # the one file a task ships
@@ -773,13 +771,8 @@ def to_json(registry: str, runs: list[ModeRun], ok: bool) -> dict[str, Any]:
 # --------------------------------------------------------------------------- #
 
 def _load_image_builder() -> Any:
-    path = ROOT / "images" / "build.py"
-    spec = importlib.util.spec_from_file_location("flowmesh_images", path)
-    if spec is None or spec.loader is None:
-        raise RuntimeError(f"cannot load {path}")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from flowmesh_sdk.imagebuild import build   # the project's images, shipped in the package
+    return build
 
 
 def ensure_base(build: Any) -> None:
@@ -806,7 +799,7 @@ async def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     build = _load_image_builder()
     if build.SWE_BASE_IMAGE != BASE_IMAGE:
-        console.print(f"[bold red]images/build.py builds {build.SWE_BASE_IMAGE}, not {BASE_IMAGE}[/]")
+        console.print(f"[bold red]flowmesh_sdk.imagebuild builds {build.SWE_BASE_IMAGE}, not {BASE_IMAGE}[/]")
         return 2
     registry: ExistingRegistry | None = None
     if args.registry:

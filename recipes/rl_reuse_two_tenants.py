@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.util
 import json
 import sys
 import tempfile
@@ -54,7 +53,6 @@ from flowmesh_sdk.reuse import ResultReuse, ReusePolicy
 from flowmesh_sdk.specs import ReuseKind
 from flowmesh_sdk.workflows import Workflow, WorkflowRun
 
-ROOT = Path(__file__).resolve().parent.parent
 console = Console()
 if not console.is_terminal:
     console = Console(width=160)
@@ -141,11 +139,8 @@ def check(run: WorkflowRun, variant: str, tasks: int, rollouts: int) -> list[str
 
 
 def load_busybox() -> str:
-    spec = importlib.util.spec_from_file_location("flowmesh_images", ROOT / "images" / "build.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.build_busybox()
+    from flowmesh_sdk.imagebuild import build_busybox
+    return build_busybox()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -40,10 +40,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-ENTRYPOINT = ROOT / "images" / "gpu-worker" / "entrypoint.py"
+from flowmesh_sdk.imagebuild import GPU_WORKER_ENTRYPOINT
+
+ENTRYPOINT = GPU_WORKER_ENTRYPOINT
 FLEET = "ssh-gpu-workers"
 
 

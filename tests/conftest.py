@@ -1,13 +1,11 @@
 """Shared fixtures.  Everything here is real: podman (runc), the images built from
-Debian packages by images/build.py, the local provider on this host."""
+Debian packages by flowmesh_sdk.imagebuild, the local provider on this host."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,12 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load_images_module():
-    spec = importlib.util.spec_from_file_location("flowmesh_images_build", ROOT / "images" / "build.py")
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    from flowmesh_sdk.imagebuild import build   # the project's images (flowmesh_sdk/imagebuild)
+    return build
 
 
 def pytest_configure(config: pytest.Config) -> None:

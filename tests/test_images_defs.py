@@ -28,8 +28,10 @@ from pathlib import Path
 
 import pytest
 
+from flowmesh_sdk.imagebuild import GPU_WORKER_DIR, SWE_TASK_CONTAINERFILE
+
 ROOT = Path(__file__).resolve().parents[1]
-GPU_DIR = ROOT / "images" / "gpu-worker"
+GPU_DIR = GPU_WORKER_DIR
 GPU_CONTAINERFILE = GPU_DIR / "Containerfile"
 ENTRYPOINT = GPU_DIR / "entrypoint.py"
 
@@ -157,7 +159,7 @@ def test_gpu_containerfile_parses_and_is_pinned():
 
 
 def test_swe_task_containerfile_parses(images_mod):
-    template = (ROOT / "images" / "swe-task.Containerfile").read_text()
+    template = SWE_TASK_CONTAINERFILE.read_text()
     assert "@@BASE_IMAGE@@" in template and "ARG" not in [k for k, _, _ in parse_containerfile(
         template.replace("@@BASE_IMAGE@@", "x:1"))]
     filled = images_mod._fill_task_containerfile("demo", "0" * 64)

@@ -27,6 +27,7 @@ import pytest
 from flowmesh_sdk.control.events import EventBus, EventKind
 from flowmesh_sdk.errors import (NotFoundError, PoolClosedError, ProviderUnavailableError, SpecError,
                                  ThrottledError)
+from flowmesh_sdk.imagebuild import GPU_WORKER_ENTRYPOINT
 from flowmesh_sdk.remote.local import LocalRunner
 from flowmesh_sdk.remote.runtime import ContainerRuntime
 from flowmesh_sdk.testing.fake_vllm import FakeVllmServer, build_standin_worker_image
@@ -35,7 +36,7 @@ from flowmesh_sdk.workers import (HEADER_G_LOC, HEADER_MODEL, HEADER_WORKER, Cha
                                   WorkerStartError, WorkerState, gpu_flags, group_key, wait_until_healthy)
 
 ROOT = Path(__file__).resolve().parents[1]
-ENTRYPOINT = ROOT / "images" / "gpu-worker" / "entrypoint.py"
+ENTRYPOINT = GPU_WORKER_ENTRYPOINT
 
 
 def _entrypoint_module():

@@ -20,12 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from flowmesh_sdk.imagebuild import GPU_WORKER_ENTRYPOINT
+
 from flowmesh_sdk.testing.fake_vllm import build_standin_worker_image
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "ssh_gpu_workers.py"
 BENCH = ROOT / "bench" / "gpu_worker.py"
-ENTRYPOINT = ROOT / "images" / "gpu-worker" / "entrypoint.py"
+ENTRYPOINT = GPU_WORKER_ENTRYPOINT
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
 
 

@@ -27,6 +27,7 @@ import pytest
 from flowmesh_sdk.cas import LocalDirStore
 from flowmesh_sdk.control.events import EventBus, EventKind
 from flowmesh_sdk.errors import SpecError
+from flowmesh_sdk.imagebuild import GPU_WORKER_ENTRYPOINT
 from flowmesh_sdk.remote.local import LocalRunner
 from flowmesh_sdk.remote.runtime import ContainerRuntime
 from flowmesh_sdk.testing.fake_vllm import build_standin_worker_image
@@ -35,7 +36,7 @@ from flowmesh_sdk.workers import (Mount, TrainingFailedError, TrainingSpec, Trai
                                   parse_train_metrics, read_manifest, restore_checkpoint)
 
 ROOT = Path(__file__).resolve().parents[1]
-ENTRYPOINT = ROOT / "images" / "gpu-worker" / "entrypoint.py"
+ENTRYPOINT = GPU_WORKER_ENTRYPOINT
 VENV_BIN = str(Path(sys.executable).parent)
 OFFLINE = OFFLINE_ENV
 #: trainer flags for a 2-step CPU run that checkpoints every step

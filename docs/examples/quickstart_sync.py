@@ -11,7 +11,6 @@ every call below blocks until it is done.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -22,13 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def build_busybox_image() -> str:
-    """Load images/build.py by path and build the busybox image if it is missing."""
-    spec = importlib.util.spec_from_file_location("flowmesh_images_build", ROOT / "images" / "build.py")
-    assert spec is not None and spec.loader is not None
-    images = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = images
-    spec.loader.exec_module(images)
-    return images.build_busybox()  # an image already in podman is left as it is
+    """Build the busybox image if it is missing (flowmesh_sdk.imagebuild)."""
+    from flowmesh_sdk.imagebuild import build_busybox
+    return build_busybox()  # an image already in podman is left as it is
 
 
 def main() -> int:

@@ -46,6 +46,7 @@ from types import MappingProxyType
 from ..cas.base import ContentStore
 from ..control.events import EventBus, EventKind
 from ..errors import FlowMeshError, SpecError
+from ..imagebuild import GPU_WORKER_ENTRYPOINT
 from ..remote.runner import CommandResult, Runner
 from ..remote.runtime import ContainerRuntime
 from .checkpoints import Checkpoint, publish_files
@@ -54,8 +55,8 @@ from .errors import TrainingFailedError
 from .specs import Mount, TrainingSpec
 from .state import WorkerBase, WorkerState, worker_lifecycle
 
-#: the entrypoint in a source checkout (process mode's default on this host)
-REPO_ENTRYPOINT = Path(__file__).resolve().parents[2] / "images" / "gpu-worker" / "entrypoint.py"
+#: the GPU worker image's entrypoint, shipped in the package (process mode's default on this host)
+REPO_ENTRYPOINT = GPU_WORKER_ENTRYPOINT
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 _COMPLETE_MARK = "trainer_state.json"
 
