@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import importlib.util
 import json
 import os
 import re
@@ -73,11 +74,22 @@ def _store() -> MetadataStore:
     return MetadataStore(home_dir() / "flowmesh.db")
 
 
+def recipe_roots() -> list[Path]:
+    """Where ``flowmesh run NAME`` looks, first match wins: ``./recipes`` (your own), then
+    the recipes shipped in the package (``flowmesh_recipes``, the checkout's ``recipes/``
+    in a development install)."""
+    roots = [Path.cwd() / "recipes"]
+    spec = importlib.util.find_spec("flowmesh_recipes")
+    if spec is not None and spec.submodule_search_locations:
+        roots.extend(Path(p) for p in spec.submodule_search_locations)
+    return roots
+
+
 def _find_recipe(name: str) -> Path:
     cand = Path(name)
     if cand.suffix == ".py" and cand.is_file():
         return cand
-    roots = [Path.cwd() / "recipes", Path(__file__).resolve().parents[2] / "recipes"]
+    roots = recipe_roots()
     for root in roots:
         path = root / f"{name.removesuffix('.py')}.py"
         if path.is_file():
@@ -89,7 +101,7 @@ def _find_recipe(name: str) -> Path:
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(ctx: typer.Context, recipe: str = typer.Argument(..., help="recipe name or path to a .py")) -> None:
-    """Run a recipe script (recipes/NAME.py) with the remaining arguments."""
+    """Run a recipe script (./recipes/NAME.py, else one shipped in the package) with the remaining arguments."""
     path = _find_recipe(recipe)
     sys.argv = [str(path), *ctx.args]
     try:

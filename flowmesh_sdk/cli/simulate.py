@@ -5,6 +5,7 @@ table and a PNG.  See ``providers/sim/sweep.py`` and docs/cost-model.md."""
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from typing import Optional
 
@@ -53,6 +54,9 @@ def cost_simulate(
         raise _fail(SpecError("--tasks", f"must be comma-separated integers, got {tasks!r}")) from None
     if not levels or any(n < 1 or n > 100_000 for n in levels):
         raise _fail(SpecError("--tasks", "each level must be in [1, 100000]"))
+    if plot and importlib.util.find_spec("matplotlib") is None:
+        raise _fail(SpecError("--plot", "drawing the PNG needs matplotlib: pip install 'flowmesh-sdk[plot]' "
+                                        "(or --plot '' for tables only)"))
     wanted = [m.strip() for m in modes.split(",") if m.strip()]
     bad = [m for m in wanted if m not in MODES]
     if bad or not wanted:
