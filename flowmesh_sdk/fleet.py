@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from . import gc
 from .catalog.loader import Catalog
 from .config import Owner, home_dir
-from .control.backend import ControlBackend, InProcessBackend
+from .control.backend import ControlBackend, open_backend
 from .control.events import Event, EventBus, EventKind
 from .control.limits import QuotaLimits
 from .control.spend import SpendLedger, SpendSummary
@@ -69,6 +69,10 @@ class Fleet:
     ``providers`` maps names to ready provider objects; any other name is loaded from
     the ``flowmesh_sdk.providers`` entry points with ``provider_options[name]``.
     ``quotas`` sets per-tenant limits (``"*"`` is the default for every tenant).
+    ``state`` picks where the control state lives: ``"redis://host:port/db"`` shares quotas,
+    permits, rate limits, budgets and the fleet's instances with every coordinator on that
+    Redis (the ``[redis]`` extra; see docs/operations.md); default ``FLOWMESH_STATE``, else
+    this process.
     Images: ``localhost/...`` come from this host's store; any other reference is resolved
     in its registry (credentials from ``registry_credentials`` or the podman/docker auth
     files) within ``pull_policy``'s per-registry budget.  ``bootstrap`` says how far bringing
@@ -78,7 +82,8 @@ class Fleet:
     def __init__(self, name: str = "default", *, home: str | Path | None = None,
                  providers: Mapping[str, Provider] | None = None,
                  provider_options: Mapping[str, Mapping[str, Any]] | None = None,
-                 control: ControlBackend | None = None, images: ImageResolver | None = None,
+                 control: ControlBackend | None = None, state: str | None = None,
+                 images: ImageResolver | None = None,
                  runtime_config: RuntimeConfig | None = None,
                  quotas: Mapping[str, QuotaLimits] | None = None,
                  registry_credentials: Mapping[str, Credentials] | None = None,
@@ -102,7 +107,6 @@ class Fleet:
         self.budget_total = budget_total
         self.reconcile_interval_s = reconcile_interval_s
         self._reconciler: asyncio.Future[None] | None = None
-        self.ledger = SpendLedger()
         self.name = name
         self.home = Path(home) if home else home_dir()
         self.home.mkdir(parents=True, exist_ok=True)
@@ -110,7 +114,11 @@ class Fleet:
         self.bus = EventBus()
         self.store = MetadataStore(self.home / "flowmesh.db")
         self.store.attach(self.bus)
-        self.control = control or InProcessBackend()
+        # the control state: in this process, or shared with other coordinators (Redis)
+        self._own_control = control is None
+        self.control = control or open_backend(state)
+        self._control_started = False
+        self.ledger: SpendLedger = self.control.ledger(name)
         self.runtime_config = runtime_config
         self._providers: dict[str, Provider] = dict(providers or {})
         self._owned: set[str] = set()   # loaded here, so closed here (the caller closes its own)
@@ -182,6 +190,16 @@ class Fleet:
             rt = self._runtimes[id(runner)] = ContainerRuntime(runner, self.runtime_config)
         return rt
 
+    async def start(self) -> Fleet:
+        """Connect the control state (with ``state="redis://..."`` or ``FLOWMESH_STATE``: join
+        the shared fleet; a Redis that cannot be reached is a ControlPlaneUnavailableError
+        naming the URL).  ``async with`` and the first pool call it."""
+        if not self._control_started:
+            await self.control.start()
+            self.control.attach(self.name, self.bus)
+            self._control_started = True
+        return self
+
     async def pool(self, spec: PoolSpec | None = None, **kwargs: Any) -> Pool | AutoPool:
         """Create (and start) a pool; ``kwargs`` are PoolSpec fields when no spec is given.
 
@@ -194,6 +212,7 @@ class Fleet:
             spec = PoolSpec(**kwargs)
         elif kwargs:
             raise SpecError("pool", "give a PoolSpec or keyword fields, not both")
+        await self.start()
         if spec.name in self.pools and not self.pools[spec.name].closed:
             raise SpecError("pool.name", f"a pool named {spec.name!r} already exists in this fleet")
         providers, placement = await self._placement(spec)
@@ -332,9 +351,11 @@ class Fleet:
             await self.registry.close()
             await self.store.flush()
             self.store.close()
+            if self._own_control:
+                await self.control.close()
 
     async def __aenter__(self) -> Fleet:
-        return self
+        return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()

@@ -1,17 +1,30 @@
 """Where the three tiers keep their state.
 
-:class:`InProcessBackend` keeps it in this process (the default).  A Redis backend
-implements the same interface so that many coordinators can share one fleet.
+:class:`InProcessBackend` keeps it in this process (the default).
+:class:`~flowmesh_sdk.control.redis.RedisBackend` implements the same interface on Redis
+so that many coordinators share one fleet; :func:`open_backend` picks one from the
+``FLOWMESH_STATE`` setting (or a fleet's ``state=`` argument).
 """
 
 from __future__ import annotations
 
 import abc
+import logging
+import os
 
+from ..errors import ControlPlaneUnavailableError, SpecError
+from .events import EventBus
 from .limits import Quota, QuotaLimits, Semaphore, TokenBucket
+from .spend import SpendLedger
+
+log = logging.getLogger("flowmesh.control")
+
+STATE_ENV = "FLOWMESH_STATE"
 
 
 class ControlBackend(abc.ABC):
+    shared = False   # True: the state is shared with other coordinators (Redis)
+
     @abc.abstractmethod
     def rate_limiter(self, key: str, rate: float, burst: float) -> TokenBucket: ...
 
@@ -20,6 +33,19 @@ class ControlBackend(abc.ABC):
 
     @abc.abstractmethod
     def quota(self, key: str, default: QuotaLimits | None = None) -> Quota: ...
+
+    def ledger(self, fleet: str) -> SpendLedger:
+        """The fleet's spend ledger (shared by every coordinator on a shared backend)."""
+        return SpendLedger()
+
+    def attach(self, fleet: str, bus: EventBus) -> None:
+        """Hook: the fleet's bus (a shared backend forwards its events)."""
+
+    async def start(self) -> None:
+        """Connect (a shared backend); a clear error when the state cannot be reached."""
+
+    async def close(self) -> None:
+        """Give back what this coordinator holds."""
 
 
 class InProcessBackend(ControlBackend):
@@ -47,3 +73,22 @@ class InProcessBackend(ControlBackend):
         if key not in self._quotas:
             self._quotas[key] = Quota(default)
         return self._quotas[key]
+
+
+def open_backend(state: str | None = None, *, lease_s: float = 5.0) -> ControlBackend:
+    """The backend ``state`` names, else ``FLOWMESH_STATE``, else in-process.
+
+    ``redis://host:port/db`` is the Redis backend (the ``[redis]`` extra); ``memory`` (or
+    unset) is in-process.  Nothing is contacted here: the fleet's start does that, and a
+    Redis that cannot be reached is an error, never a silent fall-back to in-process."""
+    value = state if state is not None else os.environ.get(STATE_ENV, "")
+    if value in ("", "memory", "in-process"):
+        return InProcessBackend()
+    if not isinstance(value, str) or not value.startswith(("redis://", "rediss://", "unix://")):
+        raise SpecError("state", f"must be 'memory' or a redis://host:port[/db] URL ({STATE_ENV}), got {value!r}")
+    from .redis import RedisBackend
+
+    return RedisBackend(value, lease_s=lease_s)
+
+
+__all__ = ["ControlBackend", "ControlPlaneUnavailableError", "InProcessBackend", "STATE_ENV", "open_backend"]

@@ -110,6 +110,9 @@ class Semaphore:
                 return
         self.in_flight -= 1
 
+    async def release_async(self) -> None:
+        self.release()
+
     def resize(self, capacity: int) -> None:
         check_number(f"semaphore[{self.key}].capacity", capacity, lo=1, integer=True)
         self.capacity = capacity
@@ -118,6 +121,16 @@ class Semaphore:
             if not fut.done():
                 self.in_flight += 1
                 fut.set_result(None)
+
+
+def quota_error(tenant: str, lim: QuotaLimits, *, in_flight: int | None = None,
+                total: int | None = None) -> QuotaError:
+    """The rejection of a tenant over its quota, with the numbers (one wording for every backend)."""
+    if in_flight is not None:
+        return QuotaError(f"tenant {tenant!r} has {in_flight} tasks in flight, its quota is "
+                          f"{lim.max_in_flight}", code="TenantInFlight")
+    return QuotaError(f"tenant {tenant!r} used its quota of {lim.max_total} tasks ({total} admitted)",
+                      code="TenantTotal")
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,17 +171,22 @@ class Quota:
     def admit(self, tenant: str) -> None:
         lim = self.limits(tenant)
         if lim.max_in_flight is not None and self._in_flight[tenant] >= lim.max_in_flight:
-            raise QuotaError(f"tenant {tenant!r} has {self._in_flight[tenant]} tasks in flight, "
-                             f"its quota is {lim.max_in_flight}", code="TenantInFlight")
+            raise quota_error(tenant, lim, in_flight=self._in_flight[tenant])
         if lim.max_total is not None and self._total[tenant] >= lim.max_total:
-            raise QuotaError(f"tenant {tenant!r} used its quota of {lim.max_total} tasks",
-                             code="TenantTotal")
+            raise quota_error(tenant, lim, total=self._total[tenant])
         self._in_flight[tenant] += 1
         self._total[tenant] += 1
 
     def release(self, tenant: str) -> None:
         if self._in_flight[tenant] > 0:
             self._in_flight[tenant] -= 1
+
+    # the pools' calls: a backend whose state is elsewhere (Redis) answers them remotely
+    async def admit_async(self, tenant: str) -> None:
+        self.admit(tenant)
+
+    async def release_async(self, tenant: str) -> None:
+        self.release(tenant)
 
     def in_flight(self, tenant: str) -> int:
         return self._in_flight[tenant]

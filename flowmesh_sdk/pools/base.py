@@ -331,7 +331,7 @@ class Pool(abc.ABC):
         try:
             self.spec.check_fits(spec)
             info = await self.ctx.images.resolve(spec.image, arch=self.spec.instance.arch)
-            self.ctx.quota.admit(tenant)
+            await self.ctx.quota.admit_async(tenant)
         except FlowMeshError as exc:
             self._reject(run, exc)
         run.mark("checked")
@@ -382,9 +382,13 @@ class Pool(abc.ABC):
                 log.info("pool %s: teardown on lost instance %s: %s", self.name, inst.id, exc)
             finally:
                 run.mark("torn_down")
-                if admitted:
-                    self._sem.release()
-                self.ctx.quota.release(tenant)
+                cancelled: asyncio.CancelledError | None = None
+                try:   # shielded: a task cancelled here still gives its permit and tenant slot back
+                    await asyncio.shield(self._release(tenant, admitted))
+                except asyncio.CancelledError as exc:
+                    cancelled = exc
+                except FlowMeshError as exc:   # a shared backend out of reach: the leases lapse
+                    log.warning("pool %s: releasing %s's slot: %s", self.name, name, exc)
                 self._in_flight -= 1
                 if self._in_flight == 0:
                     self._idle.set()
@@ -396,6 +400,13 @@ class Pool(abc.ABC):
                                   detail=f"instance lost; {run.attempts_left} dispatch(es) left")
                 else:
                     self._finish(run)
+                if cancelled is not None:
+                    raise cancelled
+
+    async def _release(self, tenant: str, admitted: bool) -> None:
+        if admitted:
+            await self._sem.release_async()
+        await self.ctx.quota.release_async(tenant)
 
     def _reject(self, run: TaskRun, exc: FlowMeshError) -> None:
         run.lifecycle.to(TaskState.REJECTED)

@@ -1,0 +1,209 @@
+"""The Redis control backend: the three tiers, the task queues, the event stream, the
+fleet's instances and spend, shared by every coordinator that points at one Redis.
+
+    async with Fleet(state="redis://127.0.0.1:6379/0") as fleet:   # or FLOWMESH_STATE=...
+        ...
+
+Objects are made on first use of a key, as in the in-process backend; nothing talks to
+Redis until :meth:`start` (the fleet calls it), which fails with a
+:class:`ControlPlaneUnavailableError` naming the URL when Redis cannot be reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+from ...backoff import backoff_delay
+from ...errors import FlowMeshError
+from ..backend import ControlBackend
+from ..events import EventBus
+from ..limits import QuotaLimits
+from . import scripts
+from .client import RedisClient, RetrySettings, check_url, redact
+from .coordinator import Coordinator
+from .events import EventStream
+from .fleet_state import SharedSpendLedger
+from .limits import RedisQuota, RedisSemaphore, RedisTokenBucket
+from .queue import TaskQueue
+
+log = logging.getLogger("flowmesh.control.redis")
+
+
+class RedisBackend(ControlBackend):
+    """``url``: ``redis://host:port/db``; ``namespace`` prefixes every key (one Redis can
+    hold several independent fleets' state); ``lease_s``: how long a coordinator that
+    stopped heartbeating keeps its leases (and how soon its work is adopted: within
+    about 1.3 x ``lease_s``)."""
+
+    shared = True
+
+    def __init__(self, url: str, *, namespace: str = "flowmesh", lease_s: float = 5.0,
+                 retry: RetrySettings | None = None) -> None:
+        self.url = check_url(url)
+        self.ns = namespace.rstrip(":") + ":"
+        self.client = RedisClient(url, scripts.ALL, retry=retry)
+        self.coordinator = Coordinator(self.client, self.ns, lease_s=lease_s, on_lost=self._fenced)
+        self._buckets: dict[str, RedisTokenBucket] = {}
+        self._sems: dict[str, RedisSemaphore] = {}
+        self._quotas: dict[str, RedisQuota] = {}
+        self._queues: dict[str, TaskQueue] = {}
+        self._ledgers: dict[str, SharedSpendLedger] = {}
+        self._bg: set[asyncio.Task[Any]] = set()
+        self._events: dict[str, asyncio.Event] = {}
+        self._new_channels: set[str] = set()
+        self._listener: asyncio.Task[None] | None = None
+        self._fence_hooks: list[Any] = []
+        self.started = False
+
+    def __repr__(self) -> str:
+        return f"RedisBackend({redact(self.url)!r}, coordinator={self.coordinator.id!r})"
+
+    def key(self, *parts: str) -> str:
+        return self.ns + ":".join(parts)
+
+    # ---- life ------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self.started:
+            return
+        await self.client.ping()
+        await self.coordinator.join()
+        self._listener = asyncio.ensure_future(self._listen())
+        self.started = True
+        log.info("coordinator %s joined the shared control state at %s", self.coordinator.id, redact(self.url))
+
+    async def close(self) -> None:
+        if not self.started:
+            return
+        self.started = False
+        for ledger in self._ledgers.values():
+            ledger.stop()
+        if self._bg:
+            await asyncio.gather(*list(self._bg), return_exceptions=True)
+        await self.coordinator.leave()
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
+        await self.client.close()
+
+    def on_fenced(self, hook: Any) -> None:
+        """``hook(reason)`` when this coordinator's lease lapsed (its work was adopted)."""
+        self._fence_hooks.append(hook)
+
+    def _fenced(self, reason: str) -> None:
+        for obj in (*self._sems.values(), *self._quotas.values()):
+            obj.drop_local()
+        for hook in self._fence_hooks:
+            hook(reason)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Background work whose failure is logged (a release Redis never got is reclaimed
+        when the lease lapses)."""
+        task = asyncio.ensure_future(coro)
+        self._bg.add(task)
+        task.add_done_callback(self._bg_done)
+
+    def _bg_done(self, task: asyncio.Task[Any]) -> None:
+        self._bg.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("redis background call failed: %s", task.exception())
+
+    # ---- the seam ---------------------------------------------------------------------
+    def rate_limiter(self, key: str, rate: float, burst: float) -> RedisTokenBucket:  # type: ignore[override]
+        if key not in self._buckets:
+            self._buckets[key] = RedisTokenBucket(self, key, rate, burst)
+        return self._buckets[key]
+
+    def semaphore(self, key: str, capacity: int) -> RedisSemaphore:  # type: ignore[override]
+        sem = self._sems.get(key)
+        if sem is None:
+            sem = self._sems[key] = RedisSemaphore(self, key, capacity)
+        elif sem.capacity != capacity:
+            sem.resize(capacity)
+        return sem
+
+    def quota(self, key: str, default: QuotaLimits | None = None) -> RedisQuota:  # type: ignore[override]
+        if key not in self._quotas:
+            self._quotas[key] = RedisQuota(self, key, default)
+        return self._quotas[key]
+
+    def queue(self, name: str) -> TaskQueue:
+        if name not in self._queues:
+            self._queues[name] = TaskQueue(self, name)
+        return self._queues[name]
+
+    def ledger(self, fleet: str) -> SharedSpendLedger:  # type: ignore[override]
+        if fleet not in self._ledgers:
+            self._ledgers[fleet] = SharedSpendLedger(self, fleet)
+        return self._ledgers[fleet]
+
+    def attach(self, fleet: str, bus: EventBus) -> None:
+        """Forward ``bus`` to the fleet's stream; mirror the fleet's spend."""
+        EventStream(self, fleet).attach(bus)
+        self.ledger(fleet).run()
+
+    def events(self, fleet: str) -> EventStream:
+        return EventStream(self, fleet)
+
+    async def release(self, zkey: str, members: list[str], *, channel: str) -> int:
+        n = int(await self.client.script("RELEASE", (zkey, self.coordinator.leases_key), (channel, *members)))
+        if channel:
+            self.notify(channel)
+        return n
+
+    # ---- wake-ups (pub/sub) -----------------------------------------------------------
+    def event(self, channel: str) -> asyncio.Event:
+        """Set when ``channel`` is published on (a release, a push, an adoption), and after a
+        reconnect; clear it before asking, wait on it after."""
+        ev = self._events.get(channel)
+        if ev is None:
+            ev = self._events[channel] = asyncio.Event()
+            ev.set()   # not subscribed yet: the first wait returns at once and asks again
+            self._new_channels.add(channel)
+        return ev
+
+    def notify(self, channel: str) -> None:
+        ev = self._events.get(channel)
+        if ev is not None:
+            ev.set()
+
+    async def wait(self, channel: str, timeout_s: float) -> None:
+        ev = self.event(channel)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(ev.wait(), timeout_s)
+        ev.clear()
+
+    async def _listen(self) -> None:
+        attempt = 0
+        errors = self.client._errors
+        while True:
+            ps = self.client.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await ps.subscribe(self.key("_wake"), *self._events)
+                self._new_channels.clear()
+                attempt = 0
+                for ev in self._events.values():
+                    ev.set()   # a message may have been missed while disconnected
+                while True:
+                    if self._new_channels:
+                        chans, self._new_channels = list(self._new_channels), set()
+                        await ps.subscribe(*chans)
+                    msg = await ps.get_message(timeout=0.2)
+                    if msg is not None:
+                        ch = msg["channel"]
+                        self.notify(ch.decode() if isinstance(ch, bytes) else ch)
+            except errors as exc:
+                attempt += 1
+                wait = backoff_delay(attempt, 0.05, 1.0)
+                log.info("redis pub/sub at %s: %s; reconnecting in %.2f s", redact(self.url), exc, wait)
+                await asyncio.sleep(wait)
+            except FlowMeshError as exc:   # pragma: no cover - defensive
+                log.warning("redis pub/sub: %s", exc)
+                await asyncio.sleep(1.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await ps.aclose()

@@ -1,0 +1,114 @@
+"""What every coordinator of one fleet shares besides the limits: its instances (owned by
+the fleet, held by one live coordinator, handed to an adopter when that one dies) and
+its spend, so that budgets bound the whole fleet, whoever launches.
+
+:class:`SharedSpendLedger` is the fleet's :class:`~flowmesh_sdk.control.spend.SpendLedger`
+with every charge also written to Redis at *server* time, and the other coordinators'
+charges mirrored in every ``refresh_s`` (their times turned into this process's clock by
+differences of server times, so clocks that disagree do not matter).  Budgets are
+therefore fleet-wide to within ``refresh_s``: two coordinators launching in the same
+instant can each see the other's launch up to ``refresh_s`` late.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ... import clock
+from ...catalog.profiles import profile
+from ...errors import FlowMeshError
+from ..spend import Charge, SpendLedger
+
+if TYPE_CHECKING:
+    from .backend import RedisBackend
+
+log = logging.getLogger("flowmesh.control.redis")
+
+
+@dataclass(frozen=True, slots=True)
+class SharedInstance:
+    id: str
+    fleet: str
+    pool: str
+    provider: str
+    holder: str          # the live coordinator responsible for it (an adopter after a crash)
+
+
+class SharedSpendLedger(SpendLedger):
+    def __init__(self, backend: RedisBackend, fleet: str, *, refresh_s: float = 1.0) -> None:
+        super().__init__()
+        self.backend = backend
+        self.fleet = fleet
+        self.refresh_s = refresh_s
+        self._mine: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    def _keys(self) -> tuple[str, str, str, str]:
+        be = self.backend
+        return (be.key("fleet", self.fleet, "charges"), be.key("fleet", self.fleet, "instances"),
+                be.key("fleet", self.fleet, "holder"), be.coordinator.instances_key)
+
+    def start(self, instance_id: str, *, pool: str, provider: str, price_per_hour: float,
+              billing_min_s: float | None = None) -> None:
+        fresh = instance_id not in self._charges
+        super().start(instance_id, pool=pool, provider=provider, price_per_hour=price_per_hour,
+                      billing_min_s=billing_min_s)
+        if not fresh:
+            return
+        self._mine.add(instance_id)
+        minimum = profile(provider).billing_min_s if billing_min_s is None else billing_min_s
+        charge = json.dumps({"pool": pool, "provider": provider, "price": float(price_per_hour), "min_s": minimum})
+        inst = json.dumps({"pool": pool, "provider": provider})
+        self.backend.spawn(self.backend.client.script(
+            "CHARGE_START", self._keys(), (self.fleet, instance_id, self.backend.coordinator.id, charge, inst)))
+
+    def end(self, instance_id: str) -> None:
+        super().end(instance_id)
+        self.backend.spawn(self.backend.client.script("CHARGE_END", self._keys(), (self.fleet, instance_id)))
+
+    async def refresh(self) -> None:
+        """Mirror the other coordinators' charges now."""
+        flat = await self.backend.client.script("CHARGES", (self._keys()[0],), ())
+        server_now, mono_now = int(flat[0]), clock.monotonic()
+        for i in range(1, len(flat), 2):
+            cid = flat[i].decode()
+            if cid in self._mine:
+                continue
+            d = json.loads(flat[i + 1])
+            started = mono_now - (server_now - int(d["started_ms"])) / 1000.0
+            ended = None if d.get("ended_ms") is None else mono_now - (server_now - int(d["ended_ms"])) / 1000.0
+            self._charges[cid] = Charge(cid, d["pool"], d["provider"], float(d["price"]), started,
+                                        float(d["min_s"]), ended)
+
+    def run(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except FlowMeshError as exc:
+                log.warning("fleet %s: spend refresh failed: %s", self.fleet, exc)
+            await asyncio.sleep(self.refresh_s)
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+
+async def instances(backend: RedisBackend, fleet: str) -> list[SharedInstance]:
+    """The fleet's live instances and which coordinator holds each."""
+    rows = await backend.client.command("hgetall", backend.key("fleet", fleet, "instances"))
+    holders = await backend.client.command("hgetall", backend.key("fleet", fleet, "holder"))
+    out = []
+    for k, v in sorted(rows.items()):
+        d = json.loads(v)
+        out.append(SharedInstance(k.decode(), fleet, d.get("pool", ""), d.get("provider", ""),
+                                  holders.get(k, b"").decode()))
+    return out

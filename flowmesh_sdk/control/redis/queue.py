@@ -1,0 +1,91 @@
+"""The FIFO task queue of one pool, shared by every coordinator.
+
+``push`` appends (an id pushed twice is queued once); ``claim`` takes from the front and
+holds each task under the claimer's lease: its visibility timeout is the coordinator's
+lease, renewed by its heartbeat while it lives.  A task whose claimer dies comes back to
+the *front* of the queue -- at once when another coordinator adopts the dead one, at the
+latest on the next claim after the lease lapsed.  ``ack`` removes a finished task;
+``nack`` puts it back at the front (cancelled, or this coordinator is draining).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ...specs import check_name
+
+if TYPE_CHECKING:
+    from .backend import RedisBackend
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    id: str
+    payload: bytes
+    attempt: int       # 1 on the first dispatch; more when a dead coordinator's claim came back
+
+
+class TaskQueue:
+    def __init__(self, backend: RedisBackend, name: str) -> None:
+        check_name("queue.name", name)
+        self.backend = backend
+        self.name = name
+        base = backend.key("q", name)
+        self._ready, self._tasks = f"{base}:ready", f"{base}:tasks"
+        self._claimed, self._attempts = f"{base}:claimed", f"{base}:attempts"
+
+    def __repr__(self) -> str:
+        return f"TaskQueue({self.name!r})"
+
+    async def push(self, items: Iterable[tuple[str, bytes]]) -> int:
+        """Append ``(id, payload)`` pairs in order; returns how many were new."""
+        flat: list[object] = []
+        for task_id, payload in items:
+            flat += [task_id, payload]
+        if not flat:
+            return 0
+        return int(await self.backend.client.script("Q_PUSH", (self._ready, self._tasks), (self._ready, *flat)))
+
+    async def claim(self, n: int = 1) -> list[Claim]:
+        """Up to ``n`` tasks from the front, held under this coordinator's lease."""
+        be = self.backend
+        be.coordinator.check()
+        for _ in range(2):
+            c = be.coordinator
+            flat = await be.client.script(
+                "Q_CLAIM", (self._ready, self._tasks, self._claimed, self._attempts, c.leases_key, c.coord_key), (n,))
+            if flat != [-1]:
+                break
+            await c.lapsed()
+        return [Claim(flat[i].decode(), flat[i + 1], int(flat[i + 2])) for i in range(0, len(flat), 3)]
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until something is pushed or given back (or ``timeout_s``)."""
+        ev = self.backend.event(self._ready)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(ev.wait(), timeout_s)
+        ev.clear()
+
+    async def ack(self, ids: Iterable[str]) -> int:
+        ids = list(ids)
+        if not ids:
+            return 0
+        return int(await self.backend.client.script(
+            "Q_ACK", (self._claimed, self._tasks, self._attempts, self.backend.coordinator.leases_key), ids))
+
+    async def nack(self, ids: Iterable[str]) -> int:
+        ids = list(ids)
+        if not ids:
+            return 0
+        return int(await self.backend.client.script(
+            "Q_NACK", (self._claimed, self._ready, self.backend.coordinator.leases_key), (self._ready, *ids)))
+
+    async def depth(self) -> tuple[int, int]:
+        """(queued, claimed) now."""
+        queued = await self.backend.client.command("llen", self._ready)
+        claimed = await self.backend.client.command("zcard", self._claimed)
+        return int(queued), int(claimed)
