@@ -1,0 +1,145 @@
+"""A mini-swe-agent environment on a FlowMesh sandbox (extra ``[minisweagent]``).
+
+mini-swe-agent's agents call ``env.execute(action, cwd=...)`` and get back
+``{"output", "returncode", "exception_info"}``; they render ``env.get_template_vars()``
+into their prompts and save ``env.serialize()`` with the trajectory.
+:class:`FlowMeshEnvironment` answers those calls from a shell session in a sandbox of a
+FlowMesh pool, so switching from ``DockerEnvironment(image=..., cwd=...)`` is:
+
+    from flowmesh_sdk.integrations.minisweagent import FlowMeshEnvironment
+    with pool.sandbox(image=IMAGE) as sb:             # a flowmesh_sdk.sync SyncPool
+        env = FlowMeshEnvironment(sandbox=sb, cwd="/work/repo")
+
+(or, in async code, ``async with pool.sandbox(...) as sb`` and run the agent in a worker
+thread: ``await asyncio.to_thread(agent.run, task)``; the agent's calls go back to the
+loop the sandbox belongs to.)
+
+Every action runs in the session's shell (bash when the image has it), as mini-swe-agent's
+own environments run it: by default in a fresh subshell (``stateful=False``: a ``cd`` or
+``export`` does not carry over, as its prompts tell the model), stdout and stderr merged,
+the ``timeout`` killing the action's whole process tree (``returncode`` -1 and an
+``exception_info``, as there).  A first output line ``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``
+with exit 0 raises mini-swe-agent's ``Submitted`` with the rest as the submission, by
+mini-swe-agent's own check.  The template variables carry the config and the *sandbox's*
+``uname`` (system, node, release, version, machine).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+from typing import Any
+
+from . import require
+
+os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")   # no banner on import (set it to 0 to see it)
+require("minisweagent", package="mini-swe-agent", extra="minisweagent")
+
+from minisweagent.environments.local import LocalEnvironment  # noqa: E402
+from minisweagent.utils.serialize import recursive_merge  # noqa: E402
+from pydantic import BaseModel  # noqa: E402
+
+from ..errors import FlowMeshError, SpecError  # noqa: E402
+from ..sandbox import Sandbox  # noqa: E402
+from ..sync import SyncSandbox  # noqa: E402
+from ._bridge import LoopBridge  # noqa: E402
+
+__all__ = ["FlowMeshEnvironment", "FlowMeshEnvironmentConfig"]
+
+log = logging.getLogger("flowmesh.integrations.minisweagent")
+_UNAME = ("system", "node", "release", "version", "machine")
+
+
+class FlowMeshEnvironmentConfig(BaseModel):
+    cwd: str = "/"
+    """Working directory of an action without ``cwd=`` (absolute)."""
+    env: dict[str, str] = {}
+    """Environment variables of the session's shell."""
+    timeout: int = 30
+    """Seconds an action may run; past it its processes are killed."""
+    session: str = "mini-swe-agent"
+    """Name of the sandbox session the actions run in."""
+    stateful: bool = False
+    """True: actions share one shell (cd, variables, functions persist); False: each runs
+    in a fresh subshell of it, as mini-swe-agent's own environments do."""
+
+
+class FlowMeshEnvironment:
+    """mini-swe-agent's ``Environment`` on ``sandbox``: a :class:`~flowmesh_sdk.sync.SyncSandbox`,
+    or a :class:`~flowmesh_sdk.sandbox.Sandbox` (make the environment in async code on the
+    sandbox's loop; ``execute`` is then called from another thread)."""
+
+    # mini-swe-agent's own completion check (a Submitted on the magic first line)
+    _check_finished = LocalEnvironment._check_finished
+
+    def __init__(self, *, sandbox: Sandbox | SyncSandbox, config_class: type = FlowMeshEnvironmentConfig,
+                 **kwargs: Any) -> None:
+        self.config = config_class(**kwargs)
+        if not self.config.cwd.startswith("/"):
+            raise SpecError("environment.cwd", f"must be an absolute path, got {self.config.cwd!r}")
+        if isinstance(sandbox, SyncSandbox):
+            self.sandbox, self._bridge = sandbox.sandbox, LoopBridge(sandbox._loop.loop)
+        elif isinstance(sandbox, Sandbox):
+            self.sandbox, self._bridge = sandbox, LoopBridge.current()
+        else:
+            raise SpecError("environment.sandbox", "must be a flowmesh_sdk Sandbox or SyncSandbox, got "
+                                                   f"{type(sandbox).__name__}")
+        self.session = self.sandbox.session(self.config.session, env=self.config.env or None)
+        self._platform: dict[str, str] | None = None
+
+    def __repr__(self) -> str:
+        return f"FlowMeshEnvironment({self.sandbox.name}, cwd={self.config.cwd!r})"
+
+    def execute(self, action: dict, cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:
+        """Run ``action["command"]`` in the sandbox and return mini-swe-agent's output dict."""
+        command = action.get("command", "")
+        cwd = cwd or self.config.cwd
+        timeout = timeout or self.config.timeout
+        body = f"cd {shlex.quote(cwd)} || exit 1\n{command}"
+        script = f"{{\n{body}\n}} 2>&1" if self.config.stateful else f"(\n{body}\n) 2>&1"
+        try:
+            r = self._bridge.call(self.session.run(script, timeout_s=timeout))
+        except SpecError:
+            raise                     # misuse (called on the loop's thread, a NUL in the command)
+        except FlowMeshError as exc:
+            log.warning("%s: action failed in the sandbox: %s", self.sandbox.name, exc)
+            output: dict[str, Any] = {
+                "output": "", "returncode": -1,
+                "exception_info": f"An error occurred while executing the command: {exc}",
+                "extra": {"exception_type": type(exc).__name__, "exception": str(exc)}}
+        else:
+            text = r.stdout + r.stderr
+            if r.timed_out:
+                msg = f"Command {command!r} timed out after {timeout} seconds"
+                output = {"output": text, "returncode": -1,
+                          "exception_info": f"An error occurred while executing the command: {msg}",
+                          "extra": {"exception_type": "TimeoutExpired", "exception": msg}}
+            else:
+                output = {"output": text, "returncode": r.exit_code, "exception_info": ""}
+        self._check_finished(output)
+        return output
+
+    def platform(self) -> dict[str, str]:
+        """The sandbox's ``uname`` as ``platform.uname()._asdict()`` names it (asked once)."""
+        if self._platform is None:
+            r = self._bridge.call(self.sandbox.exec("uname -s; uname -n; uname -r; uname -v; uname -m",
+                                                    timeout_s=30))
+            lines = r.stdout.splitlines() if r.ok else []
+            self._platform = dict(zip(_UNAME, lines)) if len(lines) == len(_UNAME) else dict.fromkeys(_UNAME, "")
+        return self._platform
+
+    def get_template_vars(self, **kwargs: Any) -> dict[str, Any]:
+        return recursive_merge(self.config.model_dump(), self.platform(), kwargs)
+
+    def serialize(self) -> dict:
+        return {"info": {"config": {
+            "environment": self.config.model_dump(mode="json"),
+            "environment_type": f"{self.__class__.__module__}.{self.__class__.__name__}",
+            "sandbox": {"name": self.sandbox.name, "image": self.sandbox.spec.image,
+                        "image_digest": self.sandbox.image_id, "instance": self.sandbox.instance_id},
+        }}}
+
+    def close(self) -> None:
+        """End the session's shell (the sandbox is its pool's to destroy)."""
+        self._bridge.call(self.session.close())

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""mini-swe-agent's own agent loop on FlowMesh sandboxes: the main job's SWE-style tasks
+solved step by step through ``FlowMeshEnvironment``, and each submitted patch graded in a
+fresh sandbox.
+
+Each task (``recipes/local_swe_eval.py``'s: a tiny git repository with one bug, a pytest
+test failing because of it, and a candidate patch, right or wrong) gets its image
+(``build_task_image``: swe-base plus the repository committed at ``/work/repo``; cached
+by content).  In a sandbox of that image mini-swe-agent's ``DefaultAgent`` -- with the
+package's own ``default.yaml`` prompts -- runs until it submits: the model is
+mini-swe-agent's ``DeterministicModel`` fed a SCRIPTED POLICY that STANDS IN FOR AN LLM
+(look at the repository and run the tests, apply the task's candidate patch, run the tests
+again, submit ``git diff``), so every action goes through the environment and the sandbox
+for real.  The submission (the agent's ``git diff``, read from the sandbox) is then graded
+like the main job grades a patch (the test must fail before, ``git apply``, ``tests/``
+restored, pytest) in a fresh sandbox of the same image; right patches must pass and wrong
+ones fail.
+
+    python recipes/mini_swe_agent_eval.py [--tasks N] [--json PATH]
+
+Offline: the local provider, images built on this host, nothing downloaded.  Importable:
+``await main(["--tasks", "2"])`` returns the exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # the sibling _main_job
+
+import yaml  # noqa: E402  (a dependency of mini-swe-agent)
+from rich.table import Table  # noqa: E402
+
+from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, Task  # noqa: E402
+from flowmesh_sdk.integrations.minisweagent import FlowMeshEnvironment  # noqa: E402
+from _main_job import load_main_job  # noqa: E402
+
+from minisweagent.agents.default import DefaultAgent  # noqa: E402
+from minisweagent.config import builtin_config_dir  # noqa: E402
+from minisweagent.models.test_models import DeterministicModel, make_output  # noqa: E402
+
+job = load_main_job()
+console = job.console
+STEP_TIMEOUT_S = 120
+SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git diff"
+
+
+def scripted_policy(task: Any) -> list[dict]:
+    """A SCRIPTED POLICY STANDING IN FOR AN LLM: the actions a model would take, as
+    mini-swe-agent's DeterministicModel outputs (one bash action each)."""
+    patch = task.patch.decode()
+    steps = [
+        ("Look at the repository and run its tests.",
+         "git status --short && ls -R && python3 -m pytest -q -p no:cacheprovider"),
+        (f"The test fails; apply my fix ({task.how}).", f"git apply --whitespace=nowarn <<'FM_PATCH'\n{patch}FM_PATCH"),
+        ("Run the tests again.", "python3 -m pytest -q -p no:cacheprovider"),
+        ("Submit the change.", SUBMIT),
+    ]
+    return [make_output(f"THOUGHT: {thought}\n\n```mswea_bash_command\n{cmd}\n```", [{"command": cmd}])
+            for thought, cmd in steps]
+
+
+def agent_config() -> dict[str, Any]:
+    """mini-swe-agent's own default agent config (prompts and limits)."""
+    cfg = yaml.safe_load((builtin_config_dir / "default.yaml").read_text())
+    agent = dict(cfg["agent"])
+    agent.update(step_limit=10, cost_limit=0.0)
+    return agent
+
+
+def task_text(task: Any) -> str:
+    return (f"`python3 -m pytest -q` fails in {job.REPO} ({task.bug}). Fix the code, not the test, "
+            "and submit your change.")
+
+
+async def solve(pool: Any, task: Any, image: str) -> dict[str, Any]:
+    """mini-swe-agent's agent loop on a sandbox of the task's image; its submission."""
+    t0 = time.monotonic()
+    async with pool.sandbox(pool.default_sandbox(image), name=f"agent-{task.name}") as sb:
+        env = FlowMeshEnvironment(sandbox=sb, cwd=job.REPO, timeout=STEP_TIMEOUT_S,
+                                  env={"PYTHONDONTWRITEBYTECODE": "1", "PAGER": "cat"})
+        agent = DefaultAgent(DeterministicModel(outputs=scripted_policy(task)), env, **agent_config())
+        info = await asyncio.to_thread(agent.run, task_text(task))   # the agent is synchronous
+        traj = agent.serialize()
+    # the exit code of each action, as the agent saw it (rendered into its observations)
+    codes = [int(c) for m in agent.messages if m.get("role") == "user"
+             for c in re.findall(r"<returncode>(-?\d+)</returncode>", str(m.get("content", "")))]
+    return {"exit_status": info.get("exit_status", ""), "submission": info.get("submission", ""),
+            "model_calls": agent.n_calls, "step_exit_codes": codes,
+            "sandbox": traj["info"]["config"]["sandbox"]["name"], "agent_s": time.monotonic() - t0}
+
+
+async def grade(pool: Any, task: Any, image: str, patch: str) -> str:
+    """The main job's verdict on ``patch`` in a fresh sandbox of the task's image."""
+    res = await pool.run_task(Task(name=f"grade-{task.name}", sandbox=pool.default_sandbox(image),
+                                   command=job.TASK_SCRIPT, files={job.PATCH: patch.encode()},
+                                   timeout_s=job.TASK_TIMEOUT_S))
+    return job.verdict_of(res)
+
+
+async def run_one(pool: Any, task: Any, image: str) -> dict[str, Any]:
+    row = {"task": task.name, "patch": task.patch_kind, "how": task.how, "expected": task.expected}
+    row.update(await solve(pool, task, image))
+    row["got"] = (await grade(pool, task, image, row["submission"])
+                  if row["exit_status"] == "Submitted" and row["submission"].strip() else "no-submission")
+    row["matched"] = row["got"] == task.expected
+    return row
+
+
+def table(rows: list[dict[str, Any]]) -> Table:
+    t = Table(title="mini-swe-agent on FlowMesh sandboxes", title_justify="left")
+    for col in ("task", "patch", "expected", "exit status", "model calls", "step exits", "patch lines", "got",
+                "verdict", "agent s"):
+        t.add_column(col, no_wrap=True)
+    for r in rows:
+        t.add_row(r["task"], r["patch"] + ("" if r["patch"] == "right" else f": {r['how']}"), r["expected"],
+                  r["exit_status"], str(r["model_calls"]), ",".join(map(str, r["step_exit_codes"])), str(len(r["submission"].splitlines())), r["got"],
+                  "[green]✓[/]" if r["matched"] else "[bold red]✗[/]", f"{r['agent_s']:.1f}")
+    return t
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="mini_swe_agent_eval.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", type=int, default=4, metavar="N", help="number of tasks (default 4)")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    args = p.parse_args(argv)
+    if args.tasks < 1:
+        p.error("--tasks must be at least 1")
+    return args
+
+
+async def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    build = job._load_image_builder()
+    try:
+        await asyncio.to_thread(job.ensure_base, build)
+        tasks = job.make_tasks(args.tasks)
+        images = {t.name: await asyncio.to_thread(build.build_task_image, t.name, t.repo_files) for t in tasks}
+    except Exception as exc:  # noqa: BLE001 - ImageBuildError and friends, reported plainly
+        console.print(f"[bold red]images not available:[/] {exc}")
+        return 2
+    console.print(f"{len(tasks)} tasks, one image each FROM {job.BASE_IMAGE}; the model is a scripted "
+                  "policy standing in for an LLM (mini-swe-agent's DeterministicModel)")
+    async with Fleet(name="mini-swe-agent") as fleet:
+        pool = await fleet.pool(PoolSpec(name="agents", mode="persistent", instance=InstanceSpec(cpus=2, memory_gb=4),
+                                         min_instances=1, max_instances=1, sandboxes_per_instance=2,
+                                         warm_per_image=0))
+        rows = await asyncio.gather(*(run_one(pool, t, images[t.name]) for t in tasks))
+    console.print(table(rows))
+    ok = all(r["matched"] for r in rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"ok": ok, "results": rows}, indent=2) + "\n")
+        console.print(f"results written to {args.json}")
+    console.print("[bold green]every verdict matched its expectation[/]" if ok else
+                  f"[bold red]{sum(not r['matched'] for r in rows)} verdict(s) did not match[/]")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(sys.argv[1:])))
