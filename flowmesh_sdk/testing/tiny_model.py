@@ -33,14 +33,17 @@ class TinyLm:
 
 
 def build_tiny_lm(root: str | Path, *, rows: int = 64, hidden_size: int = 32, layers: int = 2,
-                  heads: int = 4, seed: int = 0) -> TinyLm:
-    """Write the model, tokenizer and dataset under ``root``; return their paths."""
+                  heads: int = 4, seed: int = 0, texts: list[str] | None = None) -> TinyLm:
+    """Write the model, tokenizer and dataset under ``root``; return their paths.
+    ``texts`` replaces the dataset's rows (and so the tokenizer's vocabulary: a few
+    words give a model that can only say those words)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     root = Path(root)
-    texts = [f"def add_{i}(x): return x + {i}" for i in range(rows)]
+    if texts is None:
+        texts = [f"def add_{i}(x): return x + {i}" for i in range(rows)]
     tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     specials = ["<unk>", "<pad>", "<s>", "</s>"]
@@ -59,4 +62,4 @@ def build_tiny_lm(root: str | Path, *, rows: int = 64, hidden_size: int = 32, la
     data = root / "data"
     data.mkdir(parents=True, exist_ok=True)
     (data / "train.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    return TinyLm(model_dir, data, rows, heads)
+    return TinyLm(model_dir, data, len(texts), heads)
