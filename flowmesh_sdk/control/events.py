@@ -28,6 +28,7 @@ class EventKind(str, enum.Enum):
     # runner-up with T, C, G_loc, U, price; refused: the budget, its cap and the spend
     LAUNCH_DECIDED = "launch.decided"
     LAUNCH_REFUSED = "launch.refused"
+    PROVIDER_RETRY = "provider.retry"   # a provider call retried; detail JSON: provider, region, api, reason, wait_s
     INSTANCE_REQUESTED = "instance.requested"
     INSTANCE_RUNNING = "instance.running"
     INSTANCE_READY = "instance.ready"
