@@ -198,22 +198,30 @@ class RedisQuota:
     def admit(self, tenant: str) -> None:
         raise SpecError("quota.admit", "a quota on Redis is asked with 'await quota.admit_async(tenant)'")
 
-    async def admit_async(self, tenant: str) -> None:
+    def slot_key(self, tenant: str) -> str:
+        """The sorted set of ``tenant``'s in-flight slots."""
+        return self._keys(tenant)[0]
+
+    async def admit_async(self, tenant: str, *, task_id: str | None = None) -> None:
+        """Take a slot for ``tenant`` or raise QuotaError with the numbers.  With ``task_id``
+        the slot belongs to that queued task (it outlives this coordinator and is freed when
+        the task is acked), else to this coordinator's lease (``release_async`` frees it)."""
         be = self.backend
         be.coordinator.check()
         lim = self.limits(tenant)
         inflight, total = self._keys(tenant)
         for _ in range(2):
-            member = f"{be.coordinator.id}:{next(self._seq)}"
+            member = task_id or f"{be.coordinator.id}:{next(self._seq)}"
             ok, what, count = await be.client.script(
                 "QUOTA_ADMIT", (inflight, total, be.coordinator.leases_key, be.coordinator.coord_key),
                 (-1 if lim.max_in_flight is None else lim.max_in_flight,
-                 -1 if lim.max_total is None else lim.max_total, member))
+                 -1 if lim.max_total is None else lim.max_total, member, "1" if task_id else "0"))
             if ok >= 0:
                 break
             await be.coordinator.lapsed()
         if ok == 1:
-            self._held[tenant].append(member)
+            if task_id is None:
+                self._held[tenant].append(member)
             return
         if ok < 0:
             raise ControlPlaneUnavailableError(f"coordinator lease keeps lapsing at {be.client!r}", url=be.client.url)

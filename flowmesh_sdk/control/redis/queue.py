@@ -70,12 +70,16 @@ class TaskQueue:
             await asyncio.wait_for(ev.wait(), timeout_s)
         ev.clear()
 
-    async def ack(self, ids: Iterable[str]) -> int:
+    async def ack(self, ids: Iterable[str], *, slots: Iterable[str] | None = None) -> int:
+        """Remove finished tasks; ``slots``: each task's tenant-slot set (see
+        :meth:`RedisQuota.slot_key`), freed in the same step."""
         ids = list(ids)
         if not ids:
             return 0
+        keys = list(slots) if slots is not None else [""] * len(ids)
+        flat = [x for pair in zip(ids, keys) for x in pair]
         return int(await self.backend.client.script(
-            "Q_ACK", (self._claimed, self._tasks, self._attempts, self.backend.coordinator.leases_key), ids))
+            "Q_ACK", (self._claimed, self._tasks, self._attempts, self.backend.coordinator.leases_key), flat))
 
     async def nack(self, ids: Iterable[str]) -> int:
         ids = list(ids)

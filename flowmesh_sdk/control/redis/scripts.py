@@ -65,7 +65,10 @@ for _, d in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
     for _, f in ipairs(redis.call('HKEYS', lkey)) do
       local i = string.find(f, '\\t', 1, true)
       local z, m = string.sub(f, 1, i - 1), string.sub(f, i + 1)
-      if redis.call('ZREM', z, m) == 1 then
+      local score = redis.call('ZSCORE', z, m)
+      -- only a lease that lapsed with its holder: a claim of the same task id scored in the
+      -- future was taken since by a live coordinator and is not the dead one's to give back
+      if score and tonumber(score) <= now and redis.call('ZREM', z, m) == 1 then
         dropped = dropped + 1
         if string.sub(z, -8) == ':claimed' then
           local base = string.sub(z, 1, -9)
@@ -145,7 +148,9 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms())
 return redis.call('ZCARD', KEYS[1])
 """
 
-# KEYS: in-flight zset, total counter, lease hash, coord key   ARGV: max in flight (-1: none), max total, member
+# KEYS: in-flight zset, total counter, lease hash, coord key
+# ARGV: max in flight (-1: none), max total, member, pinned ('1': the slot belongs to a queued
+# task, not to this coordinator: it outlives it and is freed when the task is acked)
 # -> {1, in flight, total} | {0, 1 (in flight) | 2 (total), count} | {-1}
 QUOTA_ADMIT = _NOW + """
 if redis.call('EXISTS', KEYS[4]) == 0 then return {-1, 0, 0} end
@@ -158,8 +163,12 @@ if lim >= 0 and n >= lim then return {0, 1, n} end
 local t = tonumber(redis.call('GET', KEYS[2]) or '0')
 local tot = tonumber(ARGV[2])
 if tot >= 0 and t >= tot then return {0, 2, t} end
-redis.call('ZADD', KEYS[1], now + redis.call('PTTL', KEYS[4]), ARGV[3])
-redis.call('HSET', KEYS[3], KEYS[1] .. '\\t' .. ARGV[3], 1)
+if ARGV[4] == '1' then
+  redis.call('ZADD', KEYS[1], '+inf', ARGV[3])
+else
+  redis.call('ZADD', KEYS[1], now + redis.call('PTTL', KEYS[4]), ARGV[3])
+  redis.call('HSET', KEYS[3], KEYS[1] .. '\\t' .. ARGV[3], 1)
+end
 redis.call('INCR', KEYS[2])
 return {1, n + 1, t + 1}
 """
@@ -223,14 +232,16 @@ end
 return out
 """
 
-# KEYS: claimed, tasks, attempts, lease hash   ARGV: id...   -> acked
+# KEYS: claimed, tasks, attempts, lease hash   ARGV: id, tenant slot zset ('' for none), ...
+# -> acked (the task's tenant slot, pinned at submission, is freed in the same step)
 Q_ACK = """
 local n = 0
-for i = 1, #ARGV do
+for i = 1, #ARGV, 2 do
   redis.call('ZREM', KEYS[1], ARGV[i])
   n = n + redis.call('HDEL', KEYS[2], ARGV[i])
   redis.call('HDEL', KEYS[3], ARGV[i])
   redis.call('HDEL', KEYS[4], KEYS[1] .. '\\t' .. ARGV[i])
+  if ARGV[i + 1] ~= '' then redis.call('ZREM', ARGV[i + 1], ARGV[i]) end
 end
 return n
 """
