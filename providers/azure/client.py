@@ -18,7 +18,7 @@ Facts checked against the installed libraries (azure-mgmt-compute 39.0, azure-mg
   ``OperationTimeout``) -- azure-core itself polls without one; ``polling_interval`` is
   its delay (a ``Retry-After`` header overrides it; the emulator sends none).
 * There is no async management client in use here: every call (and every poller's
-  ``result()``) runs in a bounded :class:`~concurrent.futures.ThreadPoolExecutor`.
+  ``result()``) runs in the bounded thread pool of a :class:`~flowmesh_sdk.offloop.OffLoop`.
 
 Credentials: ``DefaultAzureCredential`` (made in a worker thread on the first call) unless
 a credential was given; never logged or shown in a repr.
@@ -34,15 +34,13 @@ describe and list 100 at 10/s each.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from flowmesh_sdk.errors import FlowMeshError, ProviderError, ProviderUnavailableError
+from flowmesh_sdk.offloop import OffLoop
 from flowmesh_sdk.provider import ApiRate
 
 from .errors import PROVIDER, map_http_error, missing_credentials, unreachable
@@ -90,7 +88,7 @@ def deadline_polling(interval: float, deadline_s: float, what: str) -> Any:
 
 
 class AzureClient:
-    """Lazily made management clients for one subscription, and the executor they run in."""
+    """Lazily made management clients for one subscription, called in worker threads (an ``OffLoop``)."""
 
     def __init__(self, *, subscription_id: str, base_url: str | None, credential: Any = None,
                  max_workers: int = 8, allow_http: bool = False, polling_interval_s: float = 5.0) -> None:
@@ -100,10 +98,9 @@ class AzureClient:
         self.allow_http = allow_http
         self.polling_interval_s = polling_interval_s
         self._credential = credential
-        self._clients: dict[str, Any] = {}
-        self._lock = threading.Lock()
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._closed = False
+        self._calls = OffLoop("flowmesh-azure", max_workers, self._make_client,
+                              closed_error=lambda: ProviderError("the azure provider is closed", provider=PROVIDER,
+                                                                 code="Closed"))
 
     def __repr__(self) -> str:
         return f"AzureClient(subscription_id={self.subscription_id!r}, base_url={self.base_url!r})"
@@ -120,26 +117,24 @@ class AzureClient:
 
     def client(self, kind: str) -> Any:
         """``compute``, ``network`` or ``resource`` (made once, same options)."""
-        with self._lock:
-            found = self._clients.get(kind)
-            if found is None:
-                try:
-                    if kind == "compute":
-                        from azure.mgmt.compute import ComputeManagementClient as cls
-                    elif kind == "network":
-                        from azure.mgmt.network import NetworkManagementClient as cls
-                    else:
-                        from azure.mgmt.resource.resources import ResourceManagementClient as cls
-                except ImportError as exc:
-                    raise ProviderError(_INSTALL_HINT, provider=PROVIDER, code="MissingDependency") from exc
-                kwargs: dict[str, Any] = {"retry_total": 0, "polling_interval": self.polling_interval_s}
-                if self.base_url:
-                    kwargs["base_url"] = self.base_url
-                if self.allow_http:
-                    kwargs["per_call_policies"] = [_policy_class()()]
-                found = cls(self._cred(), self.subscription_id, **kwargs)
-                self._clients[kind] = found
-            return found
+        return self._calls.client(kind)
+
+    def _make_client(self, kind: str) -> Any:
+        try:
+            if kind == "compute":
+                from azure.mgmt.compute import ComputeManagementClient as cls
+            elif kind == "network":
+                from azure.mgmt.network import NetworkManagementClient as cls
+            else:
+                from azure.mgmt.resource.resources import ResourceManagementClient as cls
+        except ImportError as exc:
+            raise ProviderError(_INSTALL_HINT, provider=PROVIDER, code="MissingDependency") from exc
+        kwargs: dict[str, Any] = {"retry_total": 0, "polling_interval": self.polling_interval_s}
+        if self.base_url:
+            kwargs["base_url"] = self.base_url
+        if self.allow_http:
+            kwargs["per_call_policies"] = [_policy_class()()]
+        return cls(self._cred(), self.subscription_id, **kwargs)
 
     def _run(self, where: str, fn: Callable[[], T]) -> T:
         from azure.core import exceptions as aexc
@@ -163,27 +158,11 @@ class AzureClient:
     async def call(self, where: str, kind: str, fn: Callable[[Any], T]) -> T:
         """``fn(client(kind))`` in the executor, errors mapped.  A pager is read to the end
         by ``fn`` (``list(...)``) in the same job; a poller's ``result()`` likewise."""
-        if self._closed:
-            raise ProviderError("the azure provider is closed", provider=PROVIDER, code="Closed")
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=self.max_workers,
-                                                                   thread_name_prefix="flowmesh-azure")
         log.debug("azure %s %s", where, kind)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, lambda: self._run(where, lambda: fn(self.client(kind))))
+        return await self._calls.run(lambda: self._run(where, lambda: fn(self.client(kind))))
 
     async def close(self) -> None:
-        self._closed = True
-        executor, self._executor = self._executor, None
-        with self._lock:
-            clients, self._clients = list(self._clients.values()), {}
-        for c in clients:
-            try:
-                c.close()
-            except Exception:  # noqa: BLE001 - best effort
-                pass
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+        await self._calls.close()
 
 
 __all__ = ["AzureClient", "RATES", "deadline_polling"]

@@ -1,8 +1,7 @@
 """boto3 EC2 clients, one per region, driven off the event loop.
 
-Every boto3 call runs in a bounded :class:`~concurrent.futures.ThreadPoolExecutor`
-(``max_workers``) through ``loop.run_in_executor``; nothing blocks the event loop, not
-even creating a client.  botocore's own retries are off (``retries={"mode": "standard",
+Every boto3 call runs in the bounded thread pool of a :class:`~flowmesh_sdk.offloop.OffLoop`
+(``max_workers``); nothing blocks the event loop, not even creating a client.  botocore's own retries are off (``retries={"mode": "standard",
 "total_max_attempts": 1}``: one attempt, no retry -- note that botocore's
 ``max_attempts`` in a ``Config`` counts *retries*, so ``max_attempts=1`` would still
 retry once).  Retries, rate limits and failover wrap the provider contract from outside
@@ -54,15 +53,13 @@ instance IDs" per call.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
 import re
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from flowmesh_sdk.errors import ProviderError
+from flowmesh_sdk.offloop import OffLoop
 from flowmesh_sdk.provider import ApiRate
 
 from .errors import PROVIDER, endpoint_unreachable, map_client_error, missing_credentials
@@ -152,35 +149,27 @@ class Ec2Client:
         self.max_workers = max_workers
         self._session_kwargs = dict(session_kwargs or {})
         self._session: Any = None
-        self._clients: dict[str, Any] = {}
-        self._lock = threading.Lock()
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._closed = False
+        self._calls = OffLoop("flowmesh-ec2", max_workers, self._make_client, closed_error=lambda: ProviderError(
+            "the ec2 provider is closed", provider=PROVIDER, code="Closed"))
         install_log_redaction()
 
     def __repr__(self) -> str:
         return f"Ec2Client(endpoint_url={self.endpoint_url!r}, max_workers={self.max_workers})"
 
     # ---- in a worker thread ------------------------------------------------------
-    def _client(self, region: str) -> Any:
-        with self._lock:
-            client = self._clients.get(region)
-            if client is None:
-                session_mod, config_mod, _ = _import_boto()
-                if self._session is None:
-                    self._session = session_mod.Session(**self._session_kwargs)
-                config = config_mod.Config(retries={"mode": "standard", "total_max_attempts": 1},
-                                           user_agent_extra="flowmesh-sdk")
-                client = self._session.client("ec2", region_name=region, endpoint_url=self.endpoint_url,
-                                              config=config)
-                self._clients[region] = client
-            return client
+    def _make_client(self, region: str) -> Any:
+        session_mod, config_mod, _ = _import_boto()
+        if self._session is None:
+            self._session = session_mod.Session(**self._session_kwargs)
+        config = config_mod.Config(retries={"mode": "standard", "total_max_attempts": 1},
+                                   user_agent_extra="flowmesh-sdk")
+        return self._session.client("ec2", region_name=region, endpoint_url=self.endpoint_url, config=config)
 
     def _run(self, region: str, operation: str, fn: Callable[[Any], T]) -> T:
         """``fn(client)`` with botocore's exceptions turned into the SDK's (cause chained)."""
         _, _, exc_mod = _import_boto()
         try:
-            return fn(self._client(region))
+            return fn(self._calls.client(region))
         except exc_mod.ClientError as exc:
             raise map_client_error(exc, region=region) from exc
         except (exc_mod.NoCredentialsError, exc_mod.PartialCredentialsError) as exc:
@@ -193,20 +182,11 @@ class Ec2Client:
                                 provider=PROVIDER, code=type(exc).__name__) from exc
 
     # ---- on the event loop -------------------------------------------------------
-    async def _submit(self, fn: Callable[[], T]) -> T:
-        if self._closed:
-            raise ProviderError("the ec2 provider is closed", provider=PROVIDER, code="Closed")
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=self.max_workers, thread_name_prefix="flowmesh-ec2")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, fn)
-
     async def call(self, region: str, operation: str, **params: Any) -> dict[str, Any]:
         """One EC2 API call (``operation`` is the boto3 method name, e.g. ``run_instances``)."""
         log.debug("ec2 %s %s", region, operation)
-        return await self._submit(lambda: self._run(region, operation,
-                                                    lambda c: getattr(c, operation)(**params)))
+        return await self._calls.run(lambda: self._run(region, operation,
+                                                       lambda c: getattr(c, operation)(**params)))
 
     async def pages(self, region: str, operation: str, **params: Any) -> list[dict[str, Any]]:
         """Every page of a paginated operation, fetched in one worker job."""
@@ -214,22 +194,10 @@ class Ec2Client:
 
         def all_pages(client: Any) -> list[dict[str, Any]]:
             return list(client.get_paginator(operation).paginate(**params))
-        return await self._submit(lambda: self._run(region, operation, all_pages))
+        return await self._calls.run(lambda: self._run(region, operation, all_pages))
 
     async def close(self) -> None:
-        self._closed = True
-        executor, self._executor = self._executor, None
-        with self._lock:
-            clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
-            close = getattr(client, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception:  # pragma: no cover - best effort
-                    pass
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+        await self._calls.close()
 
 
 __all__ = ["DOC_THROTTLING", "Ec2Client", "MAX_LAUNCH_BATCH", "RATES", "install_log_redaction"]

@@ -3,9 +3,9 @@
 Facts checked against the installed library (google-cloud-compute 1.57, google-api-core
 2.44; 2026-12-01) and what the driver does about each:
 
-* There is no async REST client: every call runs in a bounded
-  :class:`~concurrent.futures.ThreadPoolExecutor` (``max_workers``) through
-  ``loop.run_in_executor``; nothing blocks the event loop, not even making a client.
+* There is no async REST client: every call runs in the bounded thread pool of a
+  :class:`~flowmesh_sdk.offloop.OffLoop` (``max_workers``); nothing blocks the event loop,
+  not even making a client.
 * ``InstancesClient(credentials=..., client_options=ClientOptions(api_endpoint=URL))``
   talks REST to ``URL`` (``http://127.0.0.1:PORT`` for the emulator,
   ``AnonymousCredentials``); int64 fields travel as JSON strings.
@@ -38,16 +38,14 @@ requests/min group.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
 import re
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from flowmesh_sdk.errors import FlowMeshError, ProviderError, ProviderUnavailableError
+from flowmesh_sdk.offloop import OffLoop
 from flowmesh_sdk.provider import ApiRate
 
 from .errors import PROVIDER, map_api_error, map_operation_error, missing_credentials, unreachable
@@ -118,7 +116,7 @@ def _import() -> Any:
 
 
 class GceClient:
-    """Lazily made REST clients for one project, and the executor they are called from."""
+    """Lazily made REST clients for one project, called in worker threads (an ``OffLoop``)."""
 
     def __init__(self, *, project: str, endpoint: str | None, credentials: Any = None, max_workers: int = 8,
                  call_timeout_s: float = CALL_TIMEOUT_S) -> None:
@@ -127,10 +125,10 @@ class GceClient:
         self.max_workers = max_workers
         self.call_timeout_s = call_timeout_s
         self._credentials = credentials
-        self._clients: dict[str, Any] = {}
-        self._lock = threading.Lock()
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._closed = False
+        self._calls = OffLoop("flowmesh-gce", max_workers, self._make_client,
+                              closed_error=lambda: ProviderError("the gce provider is closed", provider=PROVIDER,
+                                                                 code="Closed"),
+                              close_client=lambda c: c.transport.close())
         install_log_redaction()
 
     def __repr__(self) -> str:
@@ -150,17 +148,15 @@ class GceClient:
 
     def client(self, kind: str) -> Any:
         """``instances``, ``machine_types`` or ``zone_operations`` (made once, same options)."""
-        with self._lock:
-            found = self._clients.get(kind)
-            if found is None:
-                compute_v1 = _import()
-                from google.api_core.client_options import ClientOptions
-                cls = {"instances": compute_v1.InstancesClient, "machine_types": compute_v1.MachineTypesClient,
-                       "zone_operations": compute_v1.ZoneOperationsClient}[kind]
-                opts = ClientOptions(api_endpoint=self.endpoint) if self.endpoint else None
-                found = cls(credentials=self._creds(), client_options=opts, transport="rest")
-                self._clients[kind] = found
-            return found
+        return self._calls.client(kind)
+
+    def _make_client(self, kind: str) -> Any:
+        compute_v1 = _import()
+        from google.api_core.client_options import ClientOptions
+        cls = {"instances": compute_v1.InstancesClient, "machine_types": compute_v1.MachineTypesClient,
+               "zone_operations": compute_v1.ZoneOperationsClient}[kind]
+        opts = ClientOptions(api_endpoint=self.endpoint) if self.endpoint else None
+        return cls(credentials=self._creds(), client_options=opts, transport="rest")
 
     def _run(self, where: str, fn: Callable[[], T]) -> T:
         from google.api_core import exceptions as gexc
@@ -184,11 +180,6 @@ class GceClient:
     async def call(self, where: str, kind: str, method: str, **request: Any) -> Any:
         """``client(kind).method(request=request, retry=None, timeout=...)`` in the executor.
         Pagers are read to the end in the same worker job (a list comes back)."""
-        if self._closed:
-            raise ProviderError("the gce provider is closed", provider=PROVIDER, code="Closed")
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=self.max_workers,
-                                                                   thread_name_prefix="flowmesh-gce")
         log.debug("gce %s %s.%s", where, kind, method)
 
         def job() -> Any:
@@ -199,7 +190,7 @@ class GceClient:
                     return list(result)
                 return result
             return self._run(where, go)
-        return await asyncio.get_running_loop().run_in_executor(self._executor, job)
+        return await self._calls.run(job)
 
     async def wait(self, zone: str, op: Any, *, deadline_s: float) -> Any:
         """Wait for a zone operation with ``zoneOperations.wait`` until it is DONE (its
@@ -228,28 +219,13 @@ class GceClient:
         return op
 
     async def _wait_round(self, where: str, zone: str, name: str, timeout: float) -> Any:
-        if self._executor is None:
-            raise ProviderError("the gce provider is closed", provider=PROVIDER, code="Closed")
-
         def job() -> Any:
             return self._run(where, lambda: self.client("zone_operations").wait(
                 project=self.project, zone=zone, operation=name, retry=None, timeout=timeout + 5))
-        return await asyncio.get_running_loop().run_in_executor(self._executor, job)
+        return await self._calls.run(job)
 
     async def close(self) -> None:
-        self._closed = True
-        executor, self._executor = self._executor, None
-        with self._lock:
-            clients, self._clients = list(self._clients.values()), {}
-        for c in clients:
-            transport = getattr(c, "transport", None)
-            try:
-                if transport is not None:
-                    transport.close()
-            except Exception:  # noqa: BLE001 - best effort
-                pass
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+        await self._calls.close()
 
 
 __all__ = ["GceClient", "MAX_LAUNCH_BATCH", "RATES", "install_log_redaction"]

@@ -8,8 +8,8 @@ driver does about each:
   (``for i in range(retry)``), and the default 3 retries 429/502/503/504 and connection
   errors with sleeps inside the call.  The driver passes ``retry=1``: one attempt, no
   hidden retry; the provisioner owns retries (a 429 has no ``Retry-After`` there).
-* Its calls are blocking ``requests`` calls: every one runs in a bounded
-  :class:`~concurrent.futures.ThreadPoolExecutor` (``max_workers``), never on the loop.
+* Its calls are blocking ``requests`` calls: every one runs in the bounded thread pool of
+  a :class:`~flowmesh_sdk.offloop.OffLoop` (``max_workers``), never on the loop.
 * ``vastai.AsyncClient`` is not used: the issue notes it fetches a certificate from the
   public console when made, which fails offline.  ``VastAI`` talks only to ``server_url``
   (tests check that no connection leaves 127.0.0.0/8).
@@ -30,15 +30,13 @@ same as the simulator's profile, not a published limit.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
 import os
-import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from flowmesh_sdk.errors import FlowMeshError, ProviderError
+from flowmesh_sdk.offloop import OffLoop
 from flowmesh_sdk.provider import ApiRate
 
 from .errors import KEY_VAR, PROVIDER, map_http_error, missing_key, unreachable
@@ -56,39 +54,35 @@ RATES: tuple[ApiRate, ...] = (
 
 
 class VastClient:
-    """One ``VastAI`` object (made in a worker thread on first use) and its executor."""
+    """One ``VastAI`` object, made in a worker thread on first use and called in worker threads."""
 
     def __init__(self, *, api_key: str | None, server_url: str | None, max_workers: int = 4) -> None:
         self._api_key = api_key or os.environ.get(KEY_VAR) or None
         self.server_url = (server_url or SERVER).rstrip("/")
         self.max_workers = max_workers
-        self._sdk: Any = None
-        self._lock = threading.Lock()
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._closed = False
+        self._calls = OffLoop("flowmesh-vast", max_workers, self._make,
+                              closed_error=lambda: ProviderError("the vast provider is closed", provider=PROVIDER,
+                                                                 code="Closed"),
+                              close_client=lambda sdk: None)
 
     def __repr__(self) -> str:
         return f"VastClient(server_url={self.server_url!r}, max_workers={self.max_workers})"
 
-    def _vast(self) -> Any:
-        with self._lock:
-            if self._sdk is None:
-                try:
-                    from vastai import VastAI
-                except ImportError as exc:  # pragma: no cover - the dev extra installs it
-                    raise ProviderError("the vast provider needs the vastai package: pip install "
-                                        "'flowmesh-sdk[vast]'", provider=PROVIDER, code="MissingDependency") from exc
-                try:
-                    self._sdk = VastAI(api_key=self._api_key, server_url=self.server_url, retry=1, raw=True,
-                                       quiet=True)
-                except RuntimeError as exc:   # "No API key found"
-                    raise missing_key() from exc
-            return self._sdk
+    def _make(self, _key: None) -> Any:
+        try:
+            from vastai import VastAI
+        except ImportError as exc:  # pragma: no cover - the dev extra installs it
+            raise ProviderError("the vast provider needs the vastai package: pip install "
+                                "'flowmesh-sdk[vast]'", provider=PROVIDER, code="MissingDependency") from exc
+        try:
+            return VastAI(api_key=self._api_key, server_url=self.server_url, retry=1, raw=True, quiet=True)
+        except RuntimeError as exc:   # "No API key found"
+            raise missing_key() from exc
 
     def _run(self, where: str, fn: Callable[[Any], T], creating: bool) -> T:
         import requests
         try:
-            return fn(self._vast())
+            return fn(self._calls.client())
         except FlowMeshError:
             raise
         except requests.HTTPError as exc:
@@ -100,21 +94,12 @@ class VastClient:
                                 provider=PROVIDER, code="BadAnswer") from exc
 
     async def call(self, where: str, fn: Callable[[Any], T], *, creating: bool = False) -> T:
-        """``fn(VastAI)`` in the executor, errors mapped (cause chained)."""
-        if self._closed:
-            raise ProviderError("the vast provider is closed", provider=PROVIDER, code="Closed")
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=self.max_workers,
-                                                                   thread_name_prefix="flowmesh-vast")
+        """``fn(VastAI)`` in a worker thread, errors mapped (cause chained)."""
         log.debug("vast %s", where)
-        return await asyncio.get_running_loop().run_in_executor(self._executor,
-                                                                lambda: self._run(where, fn, creating))
+        return await self._calls.run(lambda: self._run(where, fn, creating))
 
     async def close(self) -> None:
-        self._closed = True
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+        await self._calls.close()
 
 
 __all__ = ["RATES", "SERVER", "VastClient"]
