@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from .backoff import retry_async
+from .observe import tracing
 from .control.backend import ControlBackend
 from .control.limits import TokenBucket
 from .errors import (AuthError, CapacityError, FlowMeshError, ProviderUnavailableError, QuotaError,
@@ -71,6 +72,8 @@ class Provisioner:
         self.control = control
         self.policy = policy or RetryPolicy()
         self.on_failover = on_failover
+        #: called before each backoff of a retried provider call: (provider, region, api, error, wait_s)
+        self.on_retry: Callable[[str, str, str, BaseException, float], None] | None = None
         self.skipped: set[tuple[str, str]] = set()   # (provider, region) out of quota
         self.auth_failed: dict[str, AuthError] = {}   # provider -> its credential error, skipped for the run
 
@@ -106,12 +109,15 @@ class Provisioner:
             sizes.append(min(tick, count - sum(sizes)))
         return sizes
 
+    @tracing.provider_call
     async def call(self, provider: Provider, region: str, api: str, fn: Callable[[], Awaitable[T]],
                    *, instances: int = 1) -> T:
         """``fn`` within the (provider, region, api) bucket, retrying throttling and outages."""
         def before_sleep(attempt: int, exc: BaseException, wait: float) -> None:
             log.warning("%s %s %s: attempt %d failed (%s); backing off %.1f s", provider.name,
                         region, api, attempt, exc, wait)
+            if self.on_retry is not None:
+                self.on_retry(provider.name, region, api, exc, wait)
 
         async def once() -> T:
             await self._limit(provider, region, api, instances)

@@ -29,6 +29,7 @@ from ..control.spend import SpendLedger, SpendSummary
 from ..errors import ContainerRuntimeError, FlowMeshError, ImageNotFoundError, InstanceLost, PoolClosedError, SpecError
 from ..images import ImageInfo, ImageResolver, PullBudget
 from ..lifecycle import InstanceState, Lifecycle, TaskState, task_lifecycle
+from ..observe import tracing
 from ..placement.ranking import Placement
 from ..provider import LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, LABEL_POOL, LABEL_TASK, Offer, Provider
 from ..provisioning import Provisioner
@@ -82,9 +83,12 @@ class TaskRun:
     cancelled: bool = False
     image_digest: str | None = None
     attempts_left: int = 0   # further dispatches allowed if its instance is lost under it
+    trace: tracing.Journey | None = None   # its spans, when a tracer is configured
 
     def mark(self, what: str) -> None:
         self.marks[what] = clock.monotonic()
+        if self.trace is not None:
+            self.trace.mark(what, self)
 
     def _span(self, a: str, b: str) -> float:
         m = self.marks
@@ -214,6 +218,8 @@ class Pool(abc.ABC):
         so one bad task does not sink a batch.
         """
         run = self._new_run(task.name, task.tenant)
+        if run.trace is not None:
+            run.trace.task = task   # for its H_task
         run.attempts_left = self.spec.task_attempts
         while True:
             run.attempts_left -= 1
@@ -318,6 +324,7 @@ class Pool(abc.ABC):
     def _new_run(self, name: str, tenant: str) -> TaskRun:
         run = TaskRun(id=uuid.uuid4().hex[:16], name=name, tenant=tenant,
                       lifecycle=task_lifecycle(name))
+        run.trace = tracing.journey(self.name, run.id, name, tenant)
         run.mark("submitted")
         self._publish(EventKind.TASK_SUBMITTED, task_id=run.id, task_name=name)
         return run

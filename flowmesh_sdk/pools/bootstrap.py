@@ -28,6 +28,7 @@ from pathlib import Path
 from .. import clock
 from ..errors import BootstrapError, FlowMeshError, RuntimeMissingError, SpecError
 from ..images import ImageInfo
+from ..observe.tracing import traced
 from ..specs import BootstrapReport, BootstrapStep, check_number
 from .images import InstanceImages
 from .instance import ManagedInstance
@@ -119,6 +120,7 @@ class Bootstrapper:
         self.logins = logins
         self.images = images
 
+    @traced("flowmesh.bootstrap", lambda _self, mi, *_a, **_k: {"instance": mi.id})
     async def run(self, mi: ManagedInstance, warm: Sequence[ImageInfo]) -> BootstrapReport:
         steps: list[BootstrapStep] = []
 

@@ -13,6 +13,7 @@ from .. import clock
 from ..control.events import EventKind
 from ..errors import ImageNotFoundError
 from ..images import ImageInfo, PullBudget
+from ..observe.tracing import traced
 from .instance import CachedImage, ManagedInstance
 
 LOW_WATER = 0.8   # evict down to this share of the budget
@@ -39,6 +40,7 @@ class InstanceImages:
             fut.add_done_callback(lambda _f: mi.pulls.pop(info.digest, None))
         return await asyncio.shield(fut)
 
+    @traced("flowmesh.image.pull", lambda _self, mi, info: {"instance": mi.id, "image": info.image})
     async def _pull(self, mi: ManagedInstance, info: ImageInfo) -> CachedImage:
         t0 = clock.monotonic()
         pulled = False
