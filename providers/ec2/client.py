@@ -58,6 +58,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from flowmesh_sdk import redaction
 from flowmesh_sdk.errors import ProviderError
 from flowmesh_sdk.offloop import OffLoop
 from flowmesh_sdk.provider import ApiRate
@@ -105,26 +106,10 @@ _USER_DATA_VALUE = re.compile(
 _REDACTED_LOGGERS = ("botocore.endpoint", "botocore.parsers")
 
 
-class _RedactUserData(logging.Filter):
-    """Replaces user-data values in botocore's DEBUG records with ``<redacted>``."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            msg = record.getMessage()
-        except Exception:  # noqa: BLE001 - a broken record is not ours to fix
-            return True
-        if "serData" in msg:
-            record.msg = _USER_DATA_VALUE.sub(r"\1<redacted>", msg)
-            record.args = ()
-        return True
-
-
 def install_log_redaction() -> None:
     """Put the user-data redaction filter on botocore's request/response loggers (once)."""
-    for name in _REDACTED_LOGGERS:
-        lg = logging.getLogger(name)
-        if not any(isinstance(f, _RedactUserData) for f in lg.filters):
-            lg.addFilter(_RedactUserData())
+    redaction.install(_REDACTED_LOGGERS, "ec2-user-data", lambda m: _USER_DATA_VALUE.sub(r"\1<redacted>", m),
+                      trigger="serData")
 
 
 def _import_boto() -> tuple[Any, Any, Any]:

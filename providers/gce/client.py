@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from flowmesh_sdk import redaction
 from flowmesh_sdk.errors import FlowMeshError, ProviderError, ProviderUnavailableError
 from flowmesh_sdk.offloop import OffLoop
 from flowmesh_sdk.provider import ApiRate
@@ -81,30 +82,11 @@ def _redact(text: str) -> str:
     return _USER_DATA_REV.sub(r"\1<redacted>\2", _USER_DATA.sub(r"\1<redacted>\2", text))
 
 
-class _RedactUserData(logging.Filter):
-    """Replaces metadata user-data values in the Compute clients' DEBUG records."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            msg = record.getMessage()
-        except Exception:  # noqa: BLE001 - a broken record is not ours to fix
-            return True
-        if "user-data" in msg:
-            record.msg, record.args = _redact(msg), ()
-        for name in ("httpRequest", "httpResponse"):
-            extra = getattr(record, name, None)
-            if isinstance(extra, dict) and isinstance(extra.get("payload"), str):
-                setattr(record, name, {**extra, "payload": _redact(extra["payload"])})
-        return True
-
-
 def install_log_redaction() -> None:
     """Put the user-data redaction filter on the Compute clients' loggers (once)."""
-    for svc in _REDACTED_SERVICES:
-        for mod in _REDACTED_MODULES:
-            lg = logging.getLogger(f"google.cloud.compute_v1.services.{svc}.{mod}")
-            if not any(isinstance(f, _RedactUserData) for f in lg.filters):
-                lg.addFilter(_RedactUserData())
+    redaction.install([f"google.cloud.compute_v1.services.{svc}.{mod}" for svc in _REDACTED_SERVICES
+                       for mod in _REDACTED_MODULES], "gce-user-data", _redact, trigger="user-data",
+                      extras=("httpRequest", "httpResponse"))
 
 
 def _import() -> Any:
