@@ -10,6 +10,7 @@ the control backend, the image resolver and the providers, and makes pools.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from .control.events import Event, EventBus, EventKind
 from .control.limits import QuotaLimits
 from .control.spend import SpendLedger, SpendSummary
 from .control.store import MetadataStore
-from .errors import FlowMeshError, SpecError
+from .errors import FlowMeshError, SpecError, ThrottledError
 from .images import (DefaultResolver, ImageResolver, LocalStoreResolver, PullBudget, PullPolicy,
                      RegistryResolver)
 from .placement import Placement, place, providers_named
@@ -44,6 +45,7 @@ from .remote.runtime import ContainerRuntime, RuntimeConfig
 from .specs import Offer, PoolMode, PoolSpec, check_name, check_number
 
 if TYPE_CHECKING:
+    from .observe.metrics import FleetMetrics
     from .reuse import ResultReuse
     from .specs import Task, TaskResult
 
@@ -77,6 +79,9 @@ class Fleet:
     in its registry (credentials from ``registry_credentials`` or the podman/docker auth
     files) within ``pull_policy``'s per-registry budget.  ``bootstrap`` says how far bringing
     a machine up may go (installing a runtime where missing; see :mod:`.pools.bootstrap`).
+    ``metrics_port`` serves the fleet's Prometheus metrics on ``127.0.0.1:PORT/metrics``
+    (0: any free port, see ``fleet.metrics.port``; the ``[metrics]`` extra;
+    :mod:`.observe.metrics`).
     """
 
     def __init__(self, name: str = "default", *, home: str | Path | None = None,
@@ -93,7 +98,8 @@ class Fleet:
                  bootstrap_timeout_s: float = 600.0,
                  catalog: Catalog | None = None,
                  budget_per_hour: float | None = None, budget_total: float | None = None,
-                 reconcile_interval_s: float | None = 60.0) -> None:
+                 reconcile_interval_s: float | None = 60.0,
+                 metrics_port: int | None = None) -> None:
         check_name("fleet.name", name)
         for field, value in (("fleet.budget_per_hour", budget_per_hour), ("fleet.budget_total", budget_total)):
             if value is not None:
@@ -142,6 +148,13 @@ class Fleet:
         self.pools: dict[str, Pool | AutoPool] = {}
         self._closed = False
         self._results: ResultReuse | None = None   # behind .results, made on first use
+        self.provisioner.on_retry = self._provider_retry
+        self.metrics: FleetMetrics | None = None
+        if metrics_port is not None:
+            from .observe import metrics
+            check_number("fleet.metrics_port", metrics_port, lo=0, hi=65535, integer=True)
+            self.metrics = metrics.FleetMetrics(self)
+            self.metrics.serve(int(metrics_port))
 
     def __repr__(self) -> str:
         return f"Fleet({self.name!r}, pools={sorted(self.pools)})"
@@ -149,6 +162,11 @@ class Fleet:
     def _pull_retry(self, what: str, attempt: int, exc: BaseException, wait_s: float) -> None:
         self.bus.publish(Event(EventKind.IMAGE_PULL_RETRY, fleet=self.name,
                                detail=f"{what}: attempt {attempt} failed ({exc}); retry in {wait_s:.1f} s"))
+
+    def _provider_retry(self, provider: str, region: str, api: str, exc: BaseException, wait_s: float) -> None:
+        reason = "throttled" if isinstance(exc, ThrottledError) else "unavailable"
+        self.bus.publish(Event(EventKind.PROVIDER_RETRY, fleet=self.name, detail=json.dumps(
+            {"provider": provider, "region": region, "api": api, "reason": reason, "wait_s": round(wait_s, 3)})))
 
     def _failover(self, f: Failover, nxt: Offer | None) -> None:
         where = f"{nxt.provider}/{nxt.region}/{nxt.instance_type}" if nxt else "none left"
@@ -351,6 +369,8 @@ class Fleet:
             await self.registry.close()
             await self.store.flush()
             self.store.close()
+            if self.metrics is not None:
+                self.metrics.close()
             if self._own_control:
                 await self.control.close()
 

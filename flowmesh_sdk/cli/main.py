@@ -331,6 +331,10 @@ from .cost import register as _register_cost  # noqa: E402 - `offers`, `catalog`
 
 _register_cost(app)
 
+from .observe import register as _register_observe  # noqa: E402 - serve-metrics, top
+
+_register_observe(app)
+
 
 def main() -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")

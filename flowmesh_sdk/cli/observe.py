@@ -1,0 +1,47 @@
+"""``flowmesh serve-metrics`` and ``flowmesh top``: a FLOWMESH_HOME's metadata store as
+Prometheus metrics, and as a live terminal view."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import typer
+
+from ..config import home_dir
+from ..control.store import MetadataStore
+from ..errors import FlowMeshError
+
+
+def _open_store() -> MetadataStore:
+    return MetadataStore(home_dir() / "flowmesh.db")
+
+
+def serve_metrics(port: int = typer.Option(9464, "--port", help="TCP port of /metrics"),
+                  addr: str = typer.Option("127.0.0.1", "--addr", help="address to listen on"),
+                  once: bool = typer.Option(False, "--once", help="print one scrape on stdout and exit")) -> None:
+    """Serve the metadata store of this FLOWMESH_HOME as Prometheus metrics (flowmesh_store_*),
+    read at each scrape; a fleet's own live metrics come from Fleet(metrics_port=...)."""
+    from ..observe import metrics
+    try:
+        registry = metrics.store_registry(_open_store)
+    except FlowMeshError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    import prometheus_client
+    if once:
+        sys.stdout.write(prometheus_client.generate_latest(registry).decode())
+        return
+    server, _thread = prometheus_client.start_http_server(port, addr=addr, registry=registry)
+    typer.echo(f"serving {home_dir() / 'flowmesh.db'} on http://{addr}:{server.server_port}/metrics "
+               "(Ctrl-C to stop)", err=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve-metrics")(serve_metrics)
