@@ -13,7 +13,8 @@ depends on does the key work; no ``ssh-keygen`` subprocess):
 * **The trust record** (:class:`KnownHosts`): ``$FLOWMESH_HOME/keys/known_hosts``, in
   OpenSSH's ``known_hosts`` line format (``HOST KEYTYPE BASE64 COMMENT``).  It holds the
   keys injected at launch (pinned from the start) and the keys learnt by trust on first
-  use, for machines the SDK could not hand a key to: the first connection records the
+  use, for the user's machines marked so (:mod:`.trust`; the user's own known_hosts is
+  read by :mod:`.known_hosts`, never written): the first connection records the
   key with a WARNING naming the host and the fingerprint; later connections must present
   exactly that key; a different one is refused with :class:`AuthError` naming the host
   and both fingerprints.  Nothing is ever replaced silently: to accept a new key, remove
@@ -40,7 +41,7 @@ import logging
 import os
 import stat
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,11 +54,6 @@ FLEET_KEY_NAME = "fleet_ed25519"
 KNOWN_HOSTS_NAME = "known_hosts"
 DIR_MODE = 0o700
 FILE_MODE = 0o600
-
-#: ``host_key_check(host, port, key_type, key_blob)``: returns to accept the server's key,
-#: raises :class:`AuthError` to refuse it (see ``SshRunner(host_key_check=...)``).
-HostKeyCheck = Callable[[str, int, str, bytes], None]
-
 
 def _crypto():
     try:
@@ -339,7 +335,8 @@ class TrustEntry:
 class KnownHosts:
     """The trust record (``known_hosts``): a locked, atomically rewritten file of
     :class:`TrustEntry` lines.  Every method is blocking (small file I/O under ``flock``);
-    the SSH runner calls :meth:`check` from its connect thread."""
+    the SSH runner calls :meth:`check` from its connect thread (through
+    :class:`~flowmesh_sdk.remote.trust.HostTrust`)."""
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else keys_dir() / KNOWN_HOSTS_NAME
@@ -464,23 +461,11 @@ class KnownHosts:
                             "connect. If the machine was really reinstalled, check the new "
                             "fingerprint on it and remove its line from that file", provider="ssh")
 
-    def tofu_check(self, *, name: str = "") -> HostKeyCheck:
-        """A ``host_key_check`` for :class:`~flowmesh_sdk.remote.ssh.SshRunner` that applies
-        :meth:`check` to ``host_id(host, port)``."""
-        def check(host: str, port: int, key_type: str, blob: bytes) -> None:
-            try:
-                key = PublicKey(key_type, blob)
-            except SpecError as exc:
-                raise AuthError(f"{host_id(host, port)}: the server's host key is malformed: {exc}",
-                                provider="ssh") from exc
-            self.check(host_id(host, port), key, name=name)
-        return check
-
 
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-__all__ = ["FleetKey", "HostKeyCheck", "KeyPair", "KnownHosts", "PublicKey", "TrustEntry",
+__all__ = ["FleetKey", "KeyPair", "KnownHosts", "PublicKey", "TrustEntry",
            "check_file", "ensure_private_dir", "fingerprint", "generate_ed25519", "host_id", "keys_dir",
            "secret_fragments"]

@@ -1,52 +1,71 @@
 """The SSH runner: commands on another machine over one multiplexed SSH connection.
 
-:class:`SshRunner` implements :class:`~flowmesh_sdk.remote.runner.Runner` with paramiko.
-One ``paramiko.Transport`` per runner is opened lazily and reused: every :meth:`run`,
-:meth:`open_channel` and SFTP transfer is a new session channel on it.  Past
-``max_sessions`` channels at once (sshd's ``MaxSessions``) a second connection is opened,
-and so on up to ``max_connections``.  When a connection has died it is opened again
-(once per call, after a short backoff).
+:class:`SshRunner` implements :class:`~flowmesh_sdk.remote.runner.Runner` on a
+``fabric.Connection`` (:mod:`.connection`): the user's ssh config applies (host aliases,
+``User``, ``Port``, ``IdentityFile``, ``ProxyJump`` chains, ``ConnectTimeout``), keys come
+from the target, the config or the ssh-agent, and every hop's host key is decided by
+:class:`~flowmesh_sdk.remote.trust.HostTrust` (pinned, the user's known_hosts, trust on
+first use only when asked for; never auto-added).  One connection per runner is opened
+lazily and reused: every :meth:`run`, :meth:`open_channel` and SFTP transfer is a new
+session channel on its transport.  Past ``max_sessions`` channels at once (sshd's
+``MaxSessions``) a second connection is opened, and so on up to ``max_connections``.
+When a connection has died it is opened again (once per call, after a short backoff).
 
-Host keys are pinned: :class:`SshTarget` carries the one public host key line the SDK
-expects (``ssh-ed25519 AAAA...``).  Any other key fails with :class:`AuthError` before
-authentication starts; nothing is ever added to a known-hosts file (only a target with
-no pinned key and a ``host_key_check`` -- trust on first use, :mod:`.keys` -- defers the
-decision to that check).  The private key
-stays in its file; only its path appears in reprs and messages.
+With ``SshTarget(sudo=True)`` every command runs as root through sudo (:mod:`.sudo`):
+passwordless, or answering sudo's prompt with ``sudo_password`` (never logged).
 
-Every blocking paramiko call runs in a worker thread, and each channel's stdout and
-stderr are pumped by a reader thread into asyncio ``StreamReader`` objects
-(``loop.call_soon_threadsafe``), so the event loop never blocks.  Each wait has a deadline.
+Every blocking call (fabric, paramiko) runs in a bounded pool of worker threads, and
+each channel's stdout and stderr are pumped by a reader thread into asyncio
+``StreamReader`` objects (``loop.call_soon_threadsafe``), so the event loop never blocks.
+Each wait has a deadline.  The private key stays in its file; only its path appears in
+reprs and messages.
 
 Remote commands run as ``sh -c 'echo $$; exec "$@"' ...`` from the session's shell,
-which OpenSSH made a session leader (else under ``setsid -w``): the command leads
-its own process group, whose id comes back as the first stdout line; on a timeout (or
-when a channel is closed and its process does not exit) ``kill -KILL -- -PGID`` goes
-out over a second session channel, so the whole remote tree dies.
+which OpenSSH made a session leader (else, and under sudo, under ``setsid -w``): the
+command leads its own process group, whose id comes back as the first stdout line; on a
+timeout (or when a channel is closed and its process does not exit) ``kill -KILL -PGID``
+(``sh``'s builtin: dash's and busybox's take no ``--``) goes out over a second session
+channel, so the whole remote tree dies.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
+import dataclasses
+import functools
 import logging
+import os
 import shlex
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from ..errors import AuthError, ProviderUnavailableError, SandboxClosedError
+from ..errors import AuthError, ProviderUnavailableError, SandboxClosedError, SpecError
+from . import connection
+from .keys import PublicKey
 from .runner import Channel, CommandResult, Runner, StreamChannel
+from .sudo import Sudo, SudoGate
+from .trust import HostTrust
 
-try:  # paramiko is an optional dependency (extra ``ssh``)
+try:  # fabric and paramiko are the optional extra ``ssh``
     import paramiko
 except ImportError:  # pragma: no cover - exercised only without the extra
     paramiko = None  # type: ignore[assignment]
 
 log = logging.getLogger("flowmesh.remote.ssh")
+T = TypeVar("T")
+
+#: every blocking SSH call of every runner in this process runs here (connects, channel
+#: opens, writes, waits): a bound of its own, apart from asyncio's default executor
+_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fm-ssh")
+
+
+async def _blocking(fn: Callable[..., T], *args: Any) -> T:
+    return await asyncio.get_running_loop().run_in_executor(_POOL, functools.partial(fn, *args))
 
 _READ_CHUNK = 65536
 _KILL_GRACE_S = 5.0       # after a kill, how long to wait for the streams to end
@@ -54,10 +73,13 @@ _CLOSE_GRACE_S = 2.0      # a closed channel's process gets this long to exit on
 _RECONNECT_BACKOFF_S = 0.5
 
 
-def _wrap(argv: Sequence[str]) -> str:
+def _wrap(argv: Sequence[str], sudo: Sudo | None = None) -> str:
     """The remote command line: ``argv`` as the leader of a new process group whose id is
-    printed first on stdout."""
+    printed first on stdout (as root through ``sudo`` when given)."""
     inner = "sh -c 'echo $$; exec \"$@\"' fm-run " + shlex.join(argv)
+    if sudo is not None:
+        # sudo's child is no session leader: setsid makes the command lead its own group
+        return f"exec {sudo.prefix()} setsid -w {inner}"
     # OpenSSH starts every session command in a new session (setsid), so the shell
     # already leads its group; ``setsid -w`` only when it does not (it forks and, when
     # the child is killed, writes a line to stderr, which the first form avoids).
@@ -67,48 +89,45 @@ def _wrap(argv: Sequence[str]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class SshTarget:
-    """Where and how to reach a machine.  ``key_path`` is the client's private key file
-    (never its contents); ``host_key`` is the server's expected public key line
-    (``ssh-ed25519 AAAA...``, an optional trailing comment is ignored)."""
+    """Where and how to reach a machine.
+
+    ``host`` is an address or a host alias of the ssh config; ``port``, ``user`` and
+    ``key_path`` (the client's private key file, never its contents) override the
+    config when given (None: the config's, else 22, the local user, the agent and
+    ``~/.ssh/id_*``).  ``host_key`` is the server's expected public key line
+    (``ssh-ed25519 AAAA...``), pinned; empty, the user's known_hosts decides
+    (:class:`~flowmesh_sdk.remote.trust.HostTrust`).  ``ssh_config`` is the ssh config
+    file to read (None: ``/etc/ssh/ssh_config`` and ``~/.ssh/config``; ``""``: none).
+    ``sudo``: every command runs as root through sudo (a login user that is not root)."""
 
     host: str
-    port: int
-    user: str
-    key_path: str
-    host_key: str = field(repr=False)
+    port: int | None = None
+    user: str | None = None
+    key_path: str | None = None
+    host_key: str = field(default="", repr=False)
+    ssh_config: str | None = None
+    sudo: bool = False
 
     @property
     def label(self) -> str:
-        return f"{self.user}@{self.host}:{self.port}"
-
-    def pinned_key(self) -> tuple[str, bytes]:
-        parts = self.host_key.split()
-        if len(parts) < 2:
-            raise AuthError(f"{self.label}: the pinned host key must be '<type> <base64>'",
-                            provider="ssh")
-        try:
-            blob = base64.b64decode(parts[1], validate=True)
-        except ValueError as exc:
-            raise AuthError(f"{self.label}: the pinned host key is not base64", provider="ssh") from exc
-        return parts[0], blob
+        where = self.host if self.port is None else f"{self.host}:{self.port}"
+        return f"{self.user}@{where}" if self.user else where
 
 
 def _need_paramiko() -> None:
-    if paramiko is None:
-        raise ImportError("the SSH runner needs paramiko: pip install 'flowmesh-sdk[ssh]' "
-                          "(or pip install paramiko)")
+    connection.need_fabric()
 
 
 class _Pump:
     """Reads one side of a paramiko channel in a thread and feeds an asyncio StreamReader."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, chan: Any, stderr: bool,
-                 reader: asyncio.StreamReader, on_line: Any = None) -> None:
+                 reader: asyncio.StreamReader, gate: SudoGate | None = None) -> None:
         self._loop = loop
         self._chan = chan
         self._stderr = stderr
         self._reader = reader
-        self._on_line = on_line
+        self._gate = gate
         self.done = threading.Event()
         threading.Thread(target=self._run, daemon=True,
                          name=f"fm-ssh-{'err' if stderr else 'out'}").start()
@@ -126,9 +145,13 @@ class _Pump:
                 data = recv(_READ_CHUNK)
                 if not data:
                     break
+                if self._gate is not None:
+                    data = self._gate.feed(data)
+                    if self._gate.refused:
+                        self._chan.close()   # a wrong sudo password: the command never starts
+                    if not data:
+                        continue
                 self._call(self._reader.feed_data, data)
-                if self._on_line is not None:
-                    self._on_line(data)
         except Exception:  # noqa: BLE001 - a dead transport ends the stream like EOF
             pass
         finally:
@@ -147,12 +170,21 @@ class _Proc:
         loop = asyncio.get_running_loop()
         self.stdout = asyncio.StreamReader(limit=1 << 20)
         self.stderr = asyncio.StreamReader(limit=1 << 20)
+        sudo = runner.sudo
+        self.gate = SudoGate(sudo.password, chan.sendall) if sudo is not None and sudo.password else None
         self._out = _Pump(loop, chan, False, self.stdout)
-        self._err = _Pump(loop, chan, True, self.stderr)
+        self._err = _Pump(loop, chan, True, self.stderr, self.gate)
         self.pgid: int | None = None
 
     async def read_pgid(self, timeout_s: float) -> None:
         line = await asyncio.wait_for(self.stdout.readline(), timeout_s)
+        if self.gate is not None:
+            if self.gate.refused:
+                raise AuthError(f"{self.runner.label}: sudo refused the password given for "
+                                f"{self.runner.resolved_user}", provider="ssh")
+            held = self.gate.release()
+            if held:
+                self.stderr.feed_data(held)
         try:
             self.pgid = int(line.strip())
         except ValueError as exc:
@@ -162,10 +194,10 @@ class _Proc:
                 f"({line[:200]!r} {err.decode('utf-8', 'replace')[:400]})", provider="ssh") from exc
 
     async def write(self, data: bytes) -> None:
-        await asyncio.to_thread(self.chan.sendall, data)
+        await _blocking(self.chan.sendall, data)
 
     async def send_eof(self) -> None:
-        await asyncio.to_thread(self.chan.shutdown_write)
+        await _blocking(self.chan.shutdown_write)
 
     def exited(self) -> bool:
         return self.chan.exit_status_ready()
@@ -173,7 +205,7 @@ class _Proc:
     async def wait_exit(self, timeout_s: float) -> int | None:
         """The exit status, or None if there is none within ``timeout_s`` (or it was
         killed by a signal / the connection died)."""
-        ok = await asyncio.to_thread(self.chan.status_event.wait, timeout_s)
+        ok = await _blocking(self.chan.status_event.wait, timeout_s)
         if not ok:
             return None
         status = self.chan.exit_status
@@ -182,8 +214,8 @@ class _Proc:
     async def kill(self) -> None:
         if self.pgid is not None and self.pgid > 1:
             try:
-                await self.runner._exec_simple(f"kill -KILL -- -{self.pgid} 2>/dev/null; true", 15.0,
-                                               self.conn)
+                await self.runner._exec_simple(["sh", "-c", f"kill -KILL -{self.pgid} 2>/dev/null; true"],
+                                               15.0, self.conn)
             except Exception as exc:  # noqa: BLE001 - best effort; logged
                 log.warning("%s: could not kill remote process group %s: %s",
                             self.runner.label, self.pgid, exc)
@@ -245,109 +277,85 @@ class SshChannel(StreamChannel):
 
 
 class _Conn:
-    """One SSH connection of a runner, and how many session slots are taken on it."""
+    """One SSH connection of a runner (a fabric Connection), and how many session slots
+    are taken on it."""
 
-    __slots__ = ("transport", "busy", "lock")
+    __slots__ = ("cxn", "busy", "lock")
 
     def __init__(self) -> None:
-        self.transport: Any = None
+        self.cxn: Any = None
         self.busy = 0
         self.lock = asyncio.Lock()
 
+    @property
+    def transport(self) -> Any:
+        return self.cxn.transport if self.cxn is not None else None
+
 
 class SshRunner(Runner):
-    """Runs commands on ``target`` over one SSH connection (paramiko), multiplexed."""
+    """Runs commands on ``target`` over one SSH connection (fabric), multiplexed."""
 
     on_this_host = False
 
-    def __init__(self, target: SshTarget, *, connect_timeout_s: float = 10.0,
+    def __init__(self, target: SshTarget, *, connect_timeout_s: float | None = None,
                  keepalive_s: float = 15.0, max_sessions: int = 10, max_connections: int = 8,
-                 host_key_check: Callable[[str, int, str, bytes], None] | None = None) -> None:
+                 trust: HostTrust | None = None, sudo_password: str | None = None) -> None:
         """``max_sessions`` caps concurrent session channels per connection (OpenSSH's
         ``MaxSessions`` is 10 by default).  Held-open channels past it make the runner open
         another connection to the machine, up to ``max_connections`` (so a machine can hold
         more sandbox channels than one connection allows); commands past it, and channels
-        past all connections, wait for a slot to be given back.  ``host_key_check(host,
-        port, key_type, key_blob)`` decides on the server's key when ``target.host_key``
-        is empty (trust on first use: :meth:`flowmesh_sdk.remote.keys.KnownHosts.tofu_check`);
-        it returns to accept and raises AuthError to refuse."""
+        past all connections, wait for a slot to be given back.
+
+        ``connect_timeout_s`` None: the ssh config's ``ConnectTimeout``, else 10 s.
+        ``trust`` decides on host keys when ``target.host_key`` pins none (default: the
+        user's known_hosts, no trust on first use).  ``sudo_password`` answers sudo's
+        prompt when ``target.sudo`` is set (None: passwordless sudo)."""
         _need_paramiko()
         self.target = target
-        self.host_key_check = host_key_check
+        if target.host_key:
+            try:
+                pinned = PublicKey.parse(target.host_key, field_name="ssh.host_key")
+            except SpecError as exc:
+                raise AuthError(f"{target.label}: the pinned host key must be '<type> <base64>': {exc}",
+                                provider="ssh") from exc
+            self.trust = dataclasses.replace(trust or HostTrust(), pinned=pinned)
+        else:
+            self.trust = trust or HostTrust()
+        self.sudo = Sudo(sudo_password) if target.sudo else None
         self.label = target.label
-        self.connect_timeout_s = connect_timeout_s
+        self._timeout_given = connect_timeout_s
+        self.connect_timeout_s = connect_timeout_s or connection.DEFAULT_CONNECT_TIMEOUT_S
         self.keepalive_s = keepalive_s
         self.max_sessions = max_sessions
         self.max_connections = max_connections
         self._conns: list[_Conn] = []
         self._freed = asyncio.Event()   # a session slot was given back
         self._closed = False
+        self._resolved: connection.Resolved | None = None
         #: how many SSH connections this runner has opened (1 while it never had to reconnect)
         self.connects = 0
 
     def __repr__(self) -> str:
-        return f"SshRunner({self.label}, key={self.target.key_path})"
+        return f"SshRunner({self.label}, key={self.target.key_path}, sudo={self.sudo})"
+
+    @property
+    def resolved_user(self) -> str:
+        return self._resolved.user if self._resolved else (self.target.user or "the login user")
 
     # ---- the connection ------------------------------------------------------------
+    def _build(self) -> Any:
+        """The fabric Connection (ssh config applied, nothing opened); the label and
+        timeout follow what the config resolved."""
+        c = connection.build(self.target, self._timeout_given)
+        r = self._resolved = connection.resolve(c)
+        where = f"{r.user}@{r.host}:{r.port}"
+        self.label = where if self.target.host == r.host else f"{self.target.host} ({where})"
+        if self._timeout_given is None:
+            self.connect_timeout_s = r.connect_timeout_s
+        return c
+
     def _connect_blocking(self) -> Any:
-        t = self.target
-        tofu = not t.host_key and self.host_key_check is not None
-        key_type, key_blob = ("", b"") if tofu else t.pinned_key()
-        try:
-            sock = socket.create_connection((t.host, t.port), timeout=self.connect_timeout_s)
-        except OSError as exc:
-            raise ProviderUnavailableError(f"{self.label}: cannot connect: {exc}", provider="ssh") from exc
-        transport = paramiko.Transport(sock)
-        try:
-            opts = transport.get_security_options()
-            if tofu:
-                wanted = list(opts.key_types)   # no pinned key: the check decides after the handshake
-            elif key_type == "ssh-rsa":
-                wanted = ["rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"]
-            else:
-                wanted = [key_type]
-            usable = [k for k in wanted if k in opts.key_types]
-            if not usable:
-                raise AuthError(f"{self.label}: pinned host key type {key_type!r} is not "
-                                "supported by paramiko", provider="ssh")
-            opts.key_types = usable  # negotiate the pinned kind of key only
-            transport.banner_timeout = self.connect_timeout_s
-            transport.auth_timeout = self.connect_timeout_s
-            try:
-                transport.start_client(timeout=self.connect_timeout_s)
-            except paramiko.SSHException as exc:
-                if "Incompatible ssh" in str(exc) or "no acceptable host key" in str(exc):
-                    raise AuthError(f"{self.label}: the server offers no {key_type} host key "
-                                    f"(pinned): {exc}", provider="ssh") from exc
-                raise ProviderUnavailableError(f"{self.label}: SSH handshake failed: {exc}",
-                                               provider="ssh") from exc
-            server_key = transport.get_remote_server_key()
-            if tofu:
-                self.host_key_check(t.host, t.port, server_key.get_name(), server_key.asbytes())
-            elif server_key.get_name() != key_type or server_key.asbytes() != key_blob:
-                raise AuthError(
-                    f"{self.label}: host key mismatch: the server presented "
-                    f"{server_key.get_name()} SHA256:{_fp(server_key.asbytes())}, the pinned key is "
-                    f"{key_type} SHA256:{_fp(key_blob)}; refusing to connect", provider="ssh")
-            try:
-                pkey = paramiko.PKey.from_path(t.key_path)
-            except (OSError, paramiko.SSHException, ValueError) as exc:
-                raise AuthError(f"{self.label}: cannot load the private key {t.key_path}: "
-                                f"{type(exc).__name__}", provider="ssh") from exc
-            try:
-                transport.auth_publickey(t.user, pkey)
-            except paramiko.AuthenticationException as exc:
-                raise AuthError(f"{self.label}: the server refused the key {t.key_path} "
-                                f"for {t.user}", provider="ssh") from exc
-            except paramiko.SSHException as exc:
-                raise ProviderUnavailableError(f"{self.label}: authentication failed: {exc}",
-                                               provider="ssh") from exc
-            if self.keepalive_s:
-                transport.set_keepalive(int(max(1, self.keepalive_s)))
-            return transport
-        except BaseException:
-            transport.close()
-            raise
+        return connection.open_connection(self._build(), self.trust, keepalive_s=self.keepalive_s)
 
     async def _take_slot(self, *, grow: bool, timeout_s: float = 300.0) -> _Conn:
         """A session slot on a connection with room.  Only ``grow`` callers (held-open
@@ -371,21 +379,23 @@ class SshRunner(Runner):
         conn.busy -= 1
         self._freed.set()
 
+    async def _drop(self, conn: _Conn) -> None:
+        if conn.cxn is not None:
+            cxn, conn.cxn = conn.cxn, None
+            await _blocking(connection.close_connection, cxn)
+
     async def _get_transport(self, conn: _Conn, *, fresh: bool = False) -> Any:
         if self._closed:
             raise SandboxClosedError(f"{self.label}: the runner is closed")
         async with conn.lock:
             t = conn.transport
-            if fresh and t is not None:
-                await asyncio.to_thread(t.close)
-                conn.transport = t = None
-            if t is None or not t.is_active():
-                if t is not None:
-                    await asyncio.to_thread(t.close)
-                    conn.transport = None
-                t = await asyncio.wait_for(asyncio.to_thread(self._connect_blocking),
-                                           self.connect_timeout_s * 3)
-                conn.transport = t
+            if fresh or (t is not None and not t.is_active()):
+                await self._drop(conn)
+                t = None
+            if t is None:
+                cxn = await asyncio.wait_for(_blocking(self._connect_blocking), self.connect_timeout_s * 3)
+                conn.cxn = cxn
+                t = cxn.transport
                 self.connects += 1
             return t
 
@@ -395,24 +405,28 @@ class SshRunner(Runner):
         limit = timeout_s if timeout_s is not None else self.connect_timeout_s * 3
         t = await self._get_transport(conn)
         try:
-            return await asyncio.wait_for(asyncio.to_thread(fn, t), limit)
+            return await asyncio.wait_for(_blocking(fn, t), limit)
         except (EOFError, OSError, paramiko.SSHException) as exc:
             if isinstance(exc, paramiko.ChannelException) or t.is_active():
                 raise ProviderUnavailableError(f"{self.label}: {exc}", provider="ssh") from exc
             log.info("%s: connection lost (%s); reconnecting", self.label, exc)
         await asyncio.sleep(_RECONNECT_BACKOFF_S)
         t = await self._get_transport(conn, fresh=True)
-        return await asyncio.wait_for(asyncio.to_thread(fn, t), limit)
+        return await asyncio.wait_for(_blocking(fn, t), limit)
 
     async def wait_reachable(self, timeout_s: float) -> None:
         """A machine just booted: probe its port (a cheap TCP connect, backing off from
         0.2 s to 2 s) until sshd answers with its banner, then run ``true`` over the
-        connection.  A refused host key is not retried: it fails at once."""
+        connection.  A machine behind jump hosts (or a ProxyCommand) is not probed: the
+        first connection through them is the probe.  A refused host key is not retried:
+        it fails at once."""
         deadline = time.monotonic() + timeout_s
+        if self._resolved is None:
+            await _blocking(self._build)
         delay = 0.2
-        while True:
+        while self._resolved is not None and self._resolved.direct:
             try:
-                await asyncio.wait_for(asyncio.to_thread(self._banner), max(0.5, delay * 2))
+                await asyncio.wait_for(_blocking(self._banner), max(0.5, delay * 2))
                 break
             except (OSError, asyncio.TimeoutError) as exc:
                 if time.monotonic() + delay > deadline:
@@ -423,14 +437,17 @@ class SshRunner(Runner):
         await super().wait_reachable(max(1.0, deadline - time.monotonic()))
 
     def _banner(self) -> None:
-        with socket.create_connection((self.target.host, self.target.port), timeout=2.0) as s:
+        r = self._resolved
+        assert r is not None
+        with socket.create_connection((r.host, r.port), timeout=2.0) as s:
             s.settimeout(2.0)
             if not s.recv(4).startswith(b"SSH-"):
                 raise OSError("the port answers, but not with an SSH banner")
 
     async def _start(self, argv: Sequence[str], conn: _Conn) -> _Proc:
-        """A session channel running ``argv`` (wrapped); the caller holds a slot on ``conn``."""
-        cmd = _wrap(argv)
+        """A session channel running ``argv`` (wrapped; through sudo when the target
+        says so); the caller holds a slot on ``conn`` (or is killing on it)."""
+        cmd = _wrap(argv, self.sudo)
 
         def open_exec(t: Any) -> Any:
             chan = t.open_session(timeout=self.connect_timeout_s)
@@ -450,19 +467,14 @@ class SshRunner(Runner):
             raise
         return proc
 
-    async def _exec_simple(self, command: str, timeout_s: float, conn: _Conn) -> int | None:
-        """Run a shell line on ``conn`` (unwrapped, no slot needed: used to kill) and wait."""
-        def go(t: Any) -> int:
-            chan = t.open_session(timeout=self.connect_timeout_s)
-            try:
-                chan.exec_command(command)
-                chan.shutdown_write()
-                if not chan.status_event.wait(timeout_s):
-                    return -1
-                return chan.exit_status
-            finally:
-                chan.close()
-        return await self._with_transport(conn, go, timeout_s + self.connect_timeout_s * 2)
+    async def _exec_simple(self, argv: Sequence[str], timeout_s: float, conn: _Conn) -> int | None:
+        """Run ``argv`` on ``conn`` without taking a slot (used to kill) and wait."""
+        proc = await self._start(argv, conn)
+        try:
+            await proc.send_eof()
+            return await proc.wait_exit(timeout_s)
+        finally:
+            proc.close()
 
     # ---- Runner --------------------------------------------------------------------
     async def run(self, argv: Sequence[str], *, timeout_s: float,
@@ -529,12 +541,18 @@ class SshRunner(Runner):
         return SshChannel(proc)
 
     async def _sftp(self, op: str, a: str, b: str, timeout_s: float) -> None:
+        """One SFTP transfer on its own SFTP channel; an upload is created 0600 before
+        its first byte is written (credentials never sit readable by others)."""
         def go(t: Any) -> None:
             sftp = paramiko.SFTPClient.from_transport(t)
             try:
                 sftp.get_channel().settimeout(max(60.0, self.connect_timeout_s * 6))
                 if op == "put":
-                    sftp.put(a, b)
+                    with open(a, "rb") as src, sftp.open(b, "wb") as dst:
+                        dst.chmod(0o600)
+                        dst.set_pipelined(True)
+                        while chunk := src.read(1 << 15):
+                            dst.write(chunk)
                 else:
                     sftp.get(a, b)
             finally:
@@ -545,26 +563,43 @@ class SshRunner(Runner):
         finally:
             self._give_slot(conn)
 
+    async def _as_root(self, script: str, *args: str) -> None:
+        res = await self.run(["sh", "-c", script, "fm-file", *args], timeout_s=120)
+        if not res.ok:
+            raise ProviderUnavailableError(f"{self.label}: {res.describe()}", provider="ssh")
+
     async def put_file(self, local_path: str, remote_path: str, *, timeout_s: float = 3600.0) -> None:
-        await self._sftp("put", local_path, remote_path, timeout_s)
+        if self.sudo is None:
+            await self._sftp("put", local_path, remote_path, timeout_s)
+            return
+        # SFTP writes as the login user: into a private temporary file, then moved into
+        # place as root (and owned by root)
+        tmp = f"/tmp/.fm-put-{os.urandom(8).hex()}"
+        try:
+            await self._sftp("put", local_path, tmp, timeout_s)
+            await self._as_root('mv -f -- "$1" "$2" && chown 0:0 -- "$2"', tmp, remote_path)
+        except BaseException:
+            await asyncio.shield(self._as_root('rm -f -- "$1"', tmp))
+            raise
 
     async def get_file(self, remote_path: str, local_path: str, *, timeout_s: float = 3600.0) -> None:
-        await self._sftp("get", remote_path, local_path, timeout_s)
+        if self.sudo is None:
+            await self._sftp("get", remote_path, local_path, timeout_s)
+            return
+        tmp = f"/tmp/.fm-get-{os.urandom(8).hex()}"
+        try:
+            await self._as_root('umask 077 && cp -- "$1" "$2" && chown "$SUDO_UID" -- "$2"', remote_path, tmp)
+            await self._sftp("get", tmp, local_path, timeout_s)
+        finally:
+            await asyncio.shield(self._as_root('rm -f -- "$1"', tmp))
 
     async def close(self) -> None:
         self._closed = True
         for conn in self._conns:
             async with conn.lock:
-                if conn.transport is not None:
-                    await asyncio.to_thread(conn.transport.close)
-                    conn.transport = None
+                await self._drop(conn)
 
 
 async def _drain(reader: asyncio.StreamReader, buf: bytearray) -> None:
     while data := await reader.read(_READ_CHUNK):
         buf += data
-
-
-def _fp(blob: bytes) -> str:
-    import hashlib
-    return base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")

@@ -1,7 +1,10 @@
 """The ssh provider: the user's own machines, each carved into instances of the asked
 size (capacity accounted per machine across processes, as the local provider does for
-this host), reached over SSH with pinned host keys (for a machine the inventory gives
-no ``host_key``: trusted on first use, then pinned; docs/ssh.md).
+this host), reached over SSH the way the user already reaches them: through fabric with
+the user's ssh config (aliases, ``ProxyJump`` bastions, ``IdentityFile``, the ssh-agent),
+host keys pinned by the inventory or checked against the user's known_hosts (trust on
+first use only for hosts marked so), and sudo for a login user that is not root
+(docs/ssh.md).
 
 Launching allocates slices (no machine is created); terminating removes the slice's
 containers on its machine and frees it.  Every slice carries the SDK's tags, so
@@ -20,6 +23,7 @@ from flowmesh_sdk.provider import LABEL_INSTANCE, Capabilities, Instance, Launch
 from flowmesh_sdk.remote.keys import KNOWN_HOSTS_NAME, KnownHosts
 from flowmesh_sdk.remote.keys import keys_dir as default_keys_dir
 from flowmesh_sdk.remote.runner import Runner
+from flowmesh_sdk.remote.trust import HostTrust
 from flowmesh_sdk.remote.runtime import ContainerRuntime, RuntimeConfig
 from flowmesh_sdk.specs import InstanceSpec, Offer
 
@@ -39,8 +43,14 @@ class SshProvider(SlicedProvider):
 
     def __init__(self, hosts: Sequence[SshHost] | None = None, *, inventory: str | Path | None = None,
                  state_dir: str | Path | None = None, runtime_config: RuntimeConfig | None = None,
-                 max_sessions: int = 10, keys_dir: str | Path | None = None) -> None:
-        """``keys_dir`` holds the trust record for hosts given without ``host_key``
+                 max_sessions: int = 10, keys_dir: str | Path | None = None,
+                 ssh_config: str | Path | None = None,
+                 known_hosts: Sequence[str | Path] | None = None) -> None:
+        """``ssh_config``: the ssh config file to read (default: ``/etc/ssh/ssh_config`` and
+        ``~/.ssh/config``, as ``ssh`` reads them; ``""``: none).  ``known_hosts``: the
+        known_hosts files that decide on hosts without a pinned ``host_key`` (default: the
+        ssh config's ``UserKnownHostsFile``/``GlobalKnownHostsFile``, else OpenSSH's).
+        ``keys_dir`` holds the trust record of hosts marked ``trust_on_first_use``
         (default ``$FLOWMESH_HOME/keys``; see :mod:`flowmesh_sdk.remote.keys`)."""
         if hosts is None:
             path = inventory or os.environ.get(ENV_INVENTORY)
@@ -54,6 +64,8 @@ class SshProvider(SlicedProvider):
         self._max_sessions = max_sessions
         self._runners: dict[str, Runner] = {}
         self._keys_dir = Path(keys_dir) if keys_dir is not None else None
+        self._ssh_config = None if ssh_config is None else os.path.expanduser(str(ssh_config))
+        self._known_hosts = None if known_hosts is None else tuple(str(p) for p in known_hosts)
 
     def __repr__(self) -> str:
         return f"SshProvider(hosts={sorted(self.hosts)})"
@@ -127,14 +139,16 @@ class SshProvider(SlicedProvider):
 
     def _runner_for(self, name: str) -> Runner:
         if name not in self._runners:
-            from flowmesh_sdk.remote.ssh import SshRunner, SshTarget  # paramiko is the [ssh] extra
+            from flowmesh_sdk.remote.ssh import SshRunner, SshTarget  # fabric is the [ssh] extra
             h = self.hosts[name]
-            check = None
-            if h.host_key is None:   # no key given: trust on first use, then pinned (docs/ssh.md)
-                trust = KnownHosts((self._keys_dir or default_keys_dir()) / KNOWN_HOSTS_NAME)
-                check = trust.tofu_check(name=f"ssh host {name}")
-            self._runners[name] = SshRunner(SshTarget(h.host, h.port, h.user, h.key_path, h.host_key or ""),
-                                            max_sessions=self._max_sessions, host_key_check=check)
+            tofu = None
+            if h.trust_on_first_use:   # asked for: recorded with a WARNING, then pinned (docs/ssh.md)
+                tofu = KnownHosts((self._keys_dir or default_keys_dir()) / KNOWN_HOSTS_NAME)
+            trust = HostTrust(known_hosts_files=self._known_hosts, tofu=tofu, name=f"ssh host {name}")
+            target = SshTarget(h.host, h.port, h.user, h.key_path, h.host_key or "",
+                               ssh_config=self._ssh_config, sudo=h.sudo)
+            self._runners[name] = SshRunner(target, max_sessions=self._max_sessions, trust=trust,
+                                            sudo_password=h.sudo_password())
         return self._runners[name]
 
     async def close(self) -> None:

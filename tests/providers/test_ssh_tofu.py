@@ -1,6 +1,7 @@
-"""The ssh provider without a pinned host key: trust on first use against a real OpenSSH
-sshd on loopback (LoopbackSshd) -- recorded with a warning, pinned from then on, and a
-host that comes back with a new host key refused."""
+"""The ssh provider without a pinned host key, marked ``trust_on_first_use``: against a
+real OpenSSH sshd on loopback (LoopbackSshd) -- recorded with a warning, pinned from then
+on, and a host that comes back with a new host key refused.  Without the mark such a host
+is refused (tests/test_ssh_trust.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from flowmesh_sdk.testing.sshd import LoopbackSshd  # noqa: E402
 
 def _unpinned(name: str, d: LoopbackSshd, key_path: str) -> SshHost:
     return SshHost(name=name, host=d.host, port=d.port, user=d.user, key_path=key_path, host_key=None,
-                   cpus=4, memory_gb=8)
+                   cpus=4, memory_gb=8, trust_on_first_use=True)
 
 
 async def _one_instance(prov: SshProvider, rid: str):
@@ -35,16 +36,17 @@ async def _one_instance(prov: SshProvider, rid: str):
 
 def _warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
-            and r.name.startswith("flowmesh_sdk.remote.keys")]
+            and r.name == "flowmesh.remote.keys"]
 
 
 def test_inventory_may_leave_host_key_out(tmp_path):
     path = tmp_path / "inv.json"
     row = {"name": "box", "host": "127.0.0.9", "key_path": "/k", "cpus": 4, "memory_gb": 8}
-    for extra in ({}, {"host_key": None}):
+    for extra in ({}, {"host_key": None}, {"trust_on_first_use": True}):
         path.write_text(json.dumps({"hosts": [{**row, **extra}]}))
         (host,) = load_inventory(path)
-        assert host.host_key is None          # trust on first use
+        assert host.host_key is None          # known_hosts decides, or trust on first use if marked
+        assert host.trust_on_first_use is bool(extra.get("trust_on_first_use"))
 
 
 async def test_first_use_is_recorded_with_a_warning_then_pinned_and_a_new_key_refused(tmp_path, caplog):

@@ -1,0 +1,184 @@
+"""One SSH connection through fabric: the user's ssh config, jump hosts, agent, host-key trust.
+
+:func:`open_connection` makes a ``fabric.Connection`` for an
+:class:`~flowmesh_sdk.remote.ssh.SshTarget` with a ``fabric.Config`` that loads the ssh
+config (the target's ``ssh_config`` file when it names one, else OpenSSH's
+``/etc/ssh/ssh_config`` and ``~/.ssh/config``), so a host may be an alias and its
+``HostName``, ``User``, ``Port``, ``IdentityFile``, ``ProxyJump`` (one jump host or a
+chain; fabric builds a gateway ``Connection`` per hop), ``ProxyCommand``,
+``ConnectTimeout``, ``HostKeyAlias`` and ``UserKnownHostsFile`` apply; what the target
+gives explicitly (port, user, key) wins over the config, as on ``ssh``'s command line.
+
+Fabric's own host-key handling is replaced on every hop: fabric gives each
+``SSHClient`` paramiko's ``AutoAddPolicy`` (any key accepted and remembered), here each
+hop gets a policy that asks :class:`~flowmesh_sdk.remote.trust.HostTrust` and a
+transport that negotiates the key types it wants (the pinned type only; certificates
+first when the user's known_hosts lists a CA for the host).  The decision is taken after
+the key exchange and before any authentication.
+
+Authentication: with the target's ``key_path``, that key (and the ssh config's
+``IdentityFile``) only; without it, as ``ssh`` would: the ``IdentityFile`` keys, the
+keys of the running ``ssh-agent`` (``SSH_AUTH_SOCK``), then ``~/.ssh/id_*``.  Jump hosts
+authenticate the same way, with the target's key offered too.
+
+Everything here blocks (sockets, file reads): the runner calls it in a worker thread.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import AuthError, ProviderUnavailableError
+from .trust import HostTrust, hop_names
+
+if TYPE_CHECKING:
+    from .ssh import SshTarget
+
+try:  # fabric (and paramiko) are the optional extra ``ssh``
+    import fabric
+    import paramiko
+except ImportError:  # pragma: no cover - exercised only without the extra
+    fabric = paramiko = None  # type: ignore[assignment]
+
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+
+
+def need_fabric() -> None:
+    if fabric is None:
+        raise ImportError("SSH needs fabric and paramiko: pip install 'flowmesh-sdk[ssh]'")
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """Where a target really goes once its ssh config is applied."""
+
+    host: str
+    port: int
+    user: str
+    jumps: tuple[str, ...]     # the jump hosts, first hop first ("user@host:port")
+    proxy_command: bool
+    connect_timeout_s: float
+
+    @property
+    def direct(self) -> bool:
+        return not self.jumps and not self.proxy_command
+
+
+def _config(target: SshTarget, timeout_s: float | None) -> Any:
+    overrides: dict[str, Any] = {"timeouts": {"connect": math.ceil(timeout_s or DEFAULT_CONNECT_TIMEOUT_S)}}
+    if target.ssh_config == "":
+        overrides["load_ssh_configs"] = False
+        return fabric.Config(overrides=overrides)
+    return fabric.Config(overrides=overrides, runtime_ssh_path=target.ssh_config or None)
+
+
+def _label(c: Any) -> str:
+    return f"{c.user}@{c.host}:{c.port}"
+
+
+def _chain(c: Any) -> list[Any]:
+    """The connection and its gateway connections, the target first."""
+    out = [c]
+    while isinstance(out[-1].gateway, fabric.Connection):
+        out.append(out[-1].gateway)
+    return out
+
+
+def build(target: SshTarget, timeout_s: float | None = None) -> Any:
+    """The fabric Connection for ``target`` (not opened: no network yet, but the ssh
+    config files are read).  ``timeout_s`` None: the ssh config's ``ConnectTimeout``, else 10 s."""
+    need_fabric()
+    kwargs: dict[str, Any] = {}
+    if target.key_path:
+        kwargs = {"key_filename": [target.key_path], "allow_agent": False, "look_for_keys": False}
+    else:
+        kwargs = {"allow_agent": True, "look_for_keys": True}
+    c = fabric.Connection(target.host, user=target.user or None, port=target.port or None,
+                          config=_config(target, timeout_s),
+                          connect_timeout=math.ceil(timeout_s) if timeout_s else None,
+                          connect_kwargs=kwargs)
+    for hop in _chain(c)[1:]:
+        keys = list(hop.connect_kwargs.get("key_filename") or [])
+        if target.key_path and target.key_path not in keys:
+            keys.append(target.key_path)
+        hop.connect_kwargs = {**hop.connect_kwargs, "allow_agent": True, "look_for_keys": True,
+                              **({"key_filename": keys} if keys else {})}
+    return c
+
+
+def resolve(c: Any) -> Resolved:
+    chain = _chain(c)
+    return Resolved(c.host, int(c.port), c.user, tuple(_label(h) for h in reversed(chain[1:])),
+                    isinstance(c.gateway, str), float(c.connect_timeout or DEFAULT_CONNECT_TIMEOUT_S))
+
+
+class _Policy:
+    """paramiko's missing-host-key hook (the SSHClient has no host keys of its own, so it
+    is asked for every server): :meth:`HostTrust.verify`."""
+
+    def __init__(self, trust: HostTrust, c: Any, label: str) -> None:
+        self.trust, self.label = trust, label
+        self.known = trust.known_hosts(c.ssh_config)
+        self.names = hop_names(c.host, int(c.port), c.ssh_config)
+
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        blob = getattr(key, "public_blob", None)
+        cert = blob.key_blob if blob is not None and blob.key_type.endswith("-cert-v01@openssh.com") else None
+        kh_name, principal = self.names
+        self.trust.verify(self.known, [kh_name], key.get_name(), key.asbytes(), cert, self.label, principal)
+
+    def transport(self, sock: Any, disabled_algorithms: Any = None) -> Any:
+        t = paramiko.Transport(sock, disabled_algorithms=disabled_algorithms)
+        opts = t.get_security_options()
+        opts.key_types = self.trust.key_types(self.known, [self.names[0]], list(opts.key_types), self.label)
+        return t
+
+
+def _open_one(c: Any, trust: HostTrust, label: str, timeout_s: float) -> None:
+    policy = _Policy(trust, c, label)
+    c.client.set_missing_host_key_policy(policy)
+    c.connect_kwargs = {**c.connect_kwargs, "transport_factory": policy.transport,
+                        "banner_timeout": timeout_s, "auth_timeout": timeout_s, "channel_timeout": timeout_s}
+    try:
+        c.open()
+    except AuthError:
+        raise
+    except paramiko.AuthenticationException as exc:
+        raise AuthError(f"{label}: the server refused every key offered for {c.user} "
+                        f"({type(exc).__name__})", provider="ssh") from exc
+    except paramiko.SSHException as exc:
+        if "Incompatible ssh" in str(exc) or "no acceptable host key" in str(exc):
+            wanted = f"no {trust.pinned.key_type} host key (pinned)" if trust.pinned else "no usable host key"
+            raise AuthError(f"{label}: the server offers {wanted}: {exc}", provider="ssh") from exc
+        raise ProviderUnavailableError(f"{label}: SSH handshake failed: {exc}", provider="ssh") from exc
+    except (OSError, EOFError) as exc:
+        raise ProviderUnavailableError(f"{label}: cannot connect: {exc}", provider="ssh") from exc
+
+
+def open_connection(c: Any, trust: HostTrust, *, keepalive_s: float = 0) -> Any:
+    """Open ``c`` (from :func:`build`): each jump host first, then the target, every hop
+    checked by ``trust`` (the jump hosts without the target's pin).  Returns ``c``;
+    on failure everything opened is closed and the error says which hop failed."""
+    chain = _chain(c)
+    timeout_s = float(c.connect_timeout or DEFAULT_CONNECT_TIMEOUT_S)
+    try:
+        for hop in reversed(chain[1:]):
+            _open_one(hop, trust.for_jump_host(), f"jump host {_label(hop)}", timeout_s)
+        _open_one(c, trust, f"{trust.name} ({_label(c)})" if trust.name else _label(c), timeout_s)
+        if keepalive_s:
+            c.transport.set_keepalive(int(max(1, keepalive_s)))
+    except BaseException:
+        close_connection(c)
+        raise
+    return c
+
+
+def close_connection(c: Any) -> None:
+    """Close the target's connection and every jump host's."""
+    for hop in _chain(c):
+        try:
+            hop.close()
+        finally:
+            hop.client.close()   # fabric skips it when the transport already died
