@@ -34,9 +34,10 @@ class TaskQueue:
         check_name("queue.name", name)
         self.backend = backend
         self.name = name
-        base = backend.key("q", name)
+        self._base = base = backend.key("q", name)
         self._ready, self._tasks = f"{base}:ready", f"{base}:tasks"
         self._claimed, self._attempts = f"{base}:claimed", f"{base}:attempts"
+        self._order, self._seq = f"{base}:order", f"{base}:seq"
 
     def __repr__(self) -> str:
         return f"TaskQueue({self.name!r})"
@@ -48,7 +49,8 @@ class TaskQueue:
             flat += [task_id, payload]
         if not flat:
             return 0
-        return int(await self.backend.client.script("Q_PUSH", (self._ready, self._tasks), (self._ready, *flat)))
+        return int(await self.backend.client.script("Q_PUSH", (self._ready, self._tasks, self._order, self._seq),
+                                                      (self._ready, *flat)))
 
     async def claim(self, n: int = 1) -> list[Claim]:
         """Up to ``n`` tasks from the front, held under this coordinator's lease."""
@@ -57,7 +59,8 @@ class TaskQueue:
         for _ in range(2):
             c = be.coordinator
             flat = await be.client.script(
-                "Q_CLAIM", (self._ready, self._tasks, self._claimed, self._attempts, c.leases_key, c.coord_key), (n,))
+                "Q_CLAIM", (self._ready, self._tasks, self._claimed, self._attempts, c.leases_key, c.coord_key),
+                (n, self._base))
             if flat != [-1]:
                 break
             await c.lapsed()
@@ -79,7 +82,8 @@ class TaskQueue:
         keys = list(slots) if slots is not None else [""] * len(ids)
         flat = [x for pair in zip(ids, keys) for x in pair]
         return int(await self.backend.client.script(
-            "Q_ACK", (self._claimed, self._tasks, self._attempts, self.backend.coordinator.leases_key), flat))
+            "Q_ACK", (self._claimed, self._tasks, self._attempts, self.backend.coordinator.leases_key,
+                      self._order), flat))
 
     async def nack(self, ids: Iterable[str]) -> int:
         ids = list(ids)

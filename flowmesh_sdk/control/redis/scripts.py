@@ -20,6 +20,13 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+-- claimed tasks back to the front of queue ``base``, in the order they were submitted
+local function requeue(base, ids)
+  local order = {}
+  for _, id in ipairs(ids) do order[id] = tonumber(redis.call('HGET', base .. ':order', id) or '0') end
+  table.sort(ids, function(x, y) return order[x] < order[y] end)
+  for i = #ids, 1, -1 do redis.call('LPUSH', base .. ':ready', ids[i]) end
+end
 """
 
 # KEYS: coord key, coords zset, epoch key   ARGV: coord id, lease ms, epoch if none, info
@@ -61,7 +68,7 @@ for _, d in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
   if d ~= ARGV[2] and redis.call('EXISTS', ns .. 'coord:' .. d) == 0 then
     redis.call('ZREM', KEYS[1], d)
     local lkey = ns .. 'coord:' .. d .. ':leases'
-    local dropped, requeued, woken = 0, 0, {}
+    local dropped, requeued, woken, back = 0, 0, {}, {}
     for _, f in ipairs(redis.call('HKEYS', lkey)) do
       local i = string.find(f, '\\t', 1, true)
       local z, m = string.sub(f, 1, i - 1), string.sub(f, i + 1)
@@ -73,7 +80,8 @@ for _, d in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
         if string.sub(z, -8) == ':claimed' then
           local base = string.sub(z, 1, -9)
           if redis.call('HEXISTS', base .. ':tasks', m) == 1 then
-            redis.call('LPUSH', base .. ':ready', m)
+            back[base] = back[base] or {}
+            table.insert(back[base], m)
             requeued = requeued + 1
             woken[base .. ':ready'] = true
           end
@@ -82,6 +90,7 @@ for _, d in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
         end
       end
     end
+    for base, ids in pairs(back) do requeue(base, ids) end
     for ch, _ in pairs(woken) do redis.call('PUBLISH', ch, 'adopt') end
     redis.call('DEL', lkey)
     local ikey = ns .. 'coord:' .. d .. ':instances'
@@ -194,11 +203,13 @@ redis.call('PEXPIRE', KEYS[1], math.ceil(burst * 1000 / rate) + 60000)
 return {ok, wait, tostring(tokens)}
 """
 
-# KEYS: ready list, tasks hash   ARGV: channel, id, payload, ...   -> pushed (duplicates of an id are ignored)
+# KEYS: ready list, tasks hash, order hash, sequence   ARGV: channel, id, payload, ...
+# -> pushed (duplicates of an id are ignored)
 Q_PUSH = """
 local pushed = 0
 for i = 2, #ARGV, 2 do
   if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) == 1 then
+    redis.call('HSET', KEYS[3], ARGV[i], redis.call('INCR', KEYS[4]))
     redis.call('RPUSH', KEYS[1], ARGV[i])
     pushed = pushed + 1
   end
@@ -207,17 +218,18 @@ if pushed > 0 then redis.call('PUBLISH', ARGV[1], pushed) end
 return pushed
 """
 
-# KEYS: ready, tasks, claimed zset, attempts hash, lease hash, coord key   ARGV: n
+# KEYS: ready, tasks, claimed zset, attempts hash, lease hash, coord key   ARGV: n, queue base
 # -> flat list: id, payload, attempt, ...  | {-1}
 Q_CLAIM = _NOW + """
 if redis.call('EXISTS', KEYS[6]) == 0 then return {-1} end
 local now = now_ms()
 local exp = now + redis.call('PTTL', KEYS[6])
-local late = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
-for i = #late, 1, -1 do
-  redis.call('ZREM', KEYS[3], late[i])
-  if redis.call('HEXISTS', KEYS[2], late[i]) == 1 then redis.call('LPUSH', KEYS[1], late[i]) end
+local late, back = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now), {}
+for _, id in ipairs(late) do
+  redis.call('ZREM', KEYS[3], id)
+  if redis.call('HEXISTS', KEYS[2], id) == 1 then table.insert(back, id) end
 end
+requeue(ARGV[2], back)
 local out = {}
 for _ = 1, tonumber(ARGV[1]) do
   local id = redis.call('LPOP', KEYS[1])
@@ -232,7 +244,7 @@ end
 return out
 """
 
-# KEYS: claimed, tasks, attempts, lease hash   ARGV: id, tenant slot zset ('' for none), ...
+# KEYS: claimed, tasks, attempts, lease hash, order hash   ARGV: id, tenant slot zset ('' for none), ...
 # -> acked (the task's tenant slot, pinned at submission, is freed in the same step)
 Q_ACK = """
 local n = 0
@@ -240,6 +252,7 @@ for i = 1, #ARGV, 2 do
   redis.call('ZREM', KEYS[1], ARGV[i])
   n = n + redis.call('HDEL', KEYS[2], ARGV[i])
   redis.call('HDEL', KEYS[3], ARGV[i])
+  redis.call('HDEL', KEYS[5], ARGV[i])
   redis.call('HDEL', KEYS[4], KEYS[1] .. '\\t' .. ARGV[i])
   if ARGV[i + 1] ~= '' then redis.call('ZREM', ARGV[i + 1], ARGV[i]) end
 end
