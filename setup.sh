@@ -17,6 +17,8 @@ SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 
 pkgs=(podman runc catatonit debootstrap busybox-static ca-certificates docker-registry apache2-utils openssh-server nftables iproute2 util-linux)
+# --dev: the shared-fleet tests start a real redis-server and skew coordinators' clocks (libfaketime)
+[ "${1:-}" = "--dev" ] && pkgs+=(redis-server faketime)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
