@@ -169,6 +169,15 @@ __all__ = [
 ]
 
 
+class StoreSchemaError(FlowMeshError):
+    """The metadata store was written by a newer FlowMesh (a schema this code does not know)."""
+
+    def __init__(self, path: str, found: int, known: int) -> None:
+        self.path, self.found, self.known = path, found, known
+        super().__init__(f"metadata store {path} has schema version {found}; this FlowMesh knows up to {known} "
+                         "-- upgrade flowmesh-sdk, or point FLOWMESH_HOME elsewhere")
+
+
 class BudgetExceededError(FlowMeshError):
     """A launch would take a pool (or fleet) past its budget: ``which`` is
     ``budget_per_hour`` or ``budget_total``, with the spend that would result and the cap."""

@@ -3,6 +3,12 @@
 It subscribes to the event bus and writes each event as it happens, on one worker
 thread (the event loop never waits on the disk), so a crash loses at most the events
 of the last moment, never a finished task that was already reported.
+
+Schema versions: ``PRAGMA user_version`` says which of :data:`MIGRATIONS` a store has
+(0: written before versions existed).  Opening a store runs the missing ones in order,
+each in one ``BEGIN IMMEDIATE`` transaction that re-reads the version (two processes
+opening an old store migrate it once); a store newer than this code is refused with
+:class:`~flowmesh_sdk.errors.StoreSchemaError` rather than written wrongly.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..catalog.profiles import profile
+from ..errors import StoreSchemaError
 from .events import TASK_END, Event, EventBus, EventKind
 
 log = logging.getLogger("flowmesh.store")
@@ -46,6 +53,16 @@ CREATE TABLE IF NOT EXISTS decisions (
   fleet TEXT, pool TEXT, kind TEXT, detail TEXT, at REAL);
 CREATE INDEX IF NOT EXISTS decisions_pool ON decisions (fleet, pool);
 """
+
+#: version N -> N+1 is ``MIGRATIONS[N]``; append, never edit one that shipped
+MIGRATIONS: tuple[str, ...] = (
+    # 0 -> 1: the first schema; stores written before versions may lack reuse, charges, decisions
+    _SCHEMA,
+    # 1 -> 2: what the live view (flowmesh top) reads at 10,000 instances: live instances, recent tasks
+    """CREATE INDEX IF NOT EXISTS instances_state ON instances (state);
+CREATE INDEX IF NOT EXISTS tasks_finished ON tasks (finished_at);""",
+)
+SCHEMA_VERSION = len(MIGRATIONS)
 
 _INSTANCE_STATE = {
     EventKind.INSTANCE_REQUESTED: "requested", EventKind.INSTANCE_RUNNING: "running",
@@ -158,7 +175,11 @@ class MetadataStore:
         self._queue: collections.deque[Event] = collections.deque()
         self._scheduled = False
         self._flag = threading.Lock()
-        self._pool.submit(self._init).result()
+        try:
+            self._pool.submit(self._init).result()
+        except BaseException:
+            self._pool.shutdown(wait=True)
+            raise
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -170,7 +191,30 @@ class MetadataStore:
         return conn
 
     def _init(self) -> None:
-        self._conn().executescript(_SCHEMA)
+        c = self._conn()
+        c.isolation_level = None     # explicit transactions below; DDL in SQLite is transactional
+        try:
+            if c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+                return
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                version = int(c.execute("PRAGMA user_version").fetchone()[0])
+                if version > SCHEMA_VERSION:
+                    raise StoreSchemaError(self.path, version, SCHEMA_VERSION)
+                for v in range(version, SCHEMA_VERSION):
+                    for stmt in filter(str.strip, MIGRATIONS[v].split(";")):
+                        c.execute(stmt)
+                    log.info("metadata store %s: schema %d -> %d", self.path, v, v + 1)
+                c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                c.execute("COMMIT")
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+        finally:
+            c.isolation_level = ""
+
+    def schema_version(self) -> int:
+        return int(self._query("PRAGMA user_version")[0][0])
 
     # ---- writing ---------------------------------------------------------------
     def attach(self, bus: EventBus) -> None:
@@ -319,6 +363,23 @@ class MetadataStore:
                 a[1] += price
                 a[2] += 1
         return [SpendRow(f, p, prov, v[0], v[1], int(v[2])) for (f, p, prov), v in sorted(acc.items())]
+
+    def instance_places(self) -> list[tuple[str, str, str, int]]:
+        """Instances not terminated, counted by (provider, region, state)."""
+        rows = self._query(
+            "SELECT COALESCE(c.provider, ''), COALESCE(c.region, ''), i.state, COUNT(*) FROM instances i"
+            " LEFT JOIN charges c ON c.id = i.id WHERE i.state != 'terminated' GROUP BY 1, 2, 3 ORDER BY 1, 2, 3")
+        return [(str(p), str(r), str(s), int(n)) for p, r, s, n in rows]
+
+    def task_counts(self, *, finished_since: float | None = None) -> dict[str, int]:
+        """Tasks by state (submitted, running, succeeded, ...); with ``finished_since``
+        (a time.time()), only those that finished since then."""
+        if finished_since is None:
+            rows = self._query("SELECT state, COUNT(*) FROM tasks GROUP BY state")
+        else:
+            rows = self._query("SELECT state, COUNT(*) FROM tasks WHERE finished_at >= ? GROUP BY state",
+                               (finished_since,))
+        return {str(s): int(n) for s, n in rows}
 
     def decisions(self, *, pool: str | None = None, limit: int = 50) -> list[DecisionRow]:
         """Launch decisions, failovers and budget refusals, newest first."""
