@@ -150,6 +150,12 @@ async def test_execute_commands_and_files(deployment, tmp_path):
         await rt.execute(Command(command=["sleep", "30"], timeout=1.0))
     r = await rt.execute(Command(command=["no-such-program"]))
     assert r.exit_code == 127
+    r = await rt.execute(Command(command="pwd", shell=True, cwd="/no/such/dir"))
+    assert r.exit_code == 126
+    # concurrent executes each get their own answer; repeated ones ran on held /bin/sh sessions
+    outs = await asyncio.gather(*(rt.execute(Command(command=["echo", str(i)])) for i in range(6)))
+    assert [o.stdout for o in outs] == [f"{i}\n" for i in range(6)]
+    assert any(name.startswith("swerex-execute-") for name in deployment.sandbox.sessions)
 
     await rt.write_file(WriteFileRequest(path="/work/deep/dir/f.txt", content="héllo\n"))
     assert (await rt.read_file(ReadFileRequest(path="/work/deep/dir/f.txt"))).content == "héllo\n"
