@@ -364,21 +364,20 @@ class MetadataStore:
                 a[2] += 1
         return [SpendRow(f, p, prov, v[0], v[1], int(v[2])) for (f, p, prov), v in sorted(acc.items())]
 
-    def instance_places(self) -> list[tuple[str, str, str, int]]:
-        """Instances not terminated, counted by (provider, region, state)."""
+    def instance_places(self, *, fleet: str | None = None) -> list[tuple[str, str, str, int]]:
+        """Instances not terminated (of one fleet, or all), counted by (provider, region, state)."""
         rows = self._query(
             "SELECT COALESCE(c.provider, ''), COALESCE(c.region, ''), i.state, COUNT(*) FROM instances i"
-            " LEFT JOIN charges c ON c.id = i.id WHERE i.state != 'terminated' GROUP BY 1, 2, 3 ORDER BY 1, 2, 3")
+            " LEFT JOIN charges c ON c.id = i.id WHERE i.state != 'terminated' AND (? IS NULL OR i.fleet = ?)"
+            " GROUP BY 1, 2, 3 ORDER BY 1, 2, 3", (fleet, fleet))
         return [(str(p), str(r), str(s), int(n)) for p, r, s, n in rows]
 
-    def task_counts(self, *, finished_since: float | None = None) -> dict[str, int]:
-        """Tasks by state (submitted, running, succeeded, ...); with ``finished_since``
-        (a time.time()), only those that finished since then."""
-        if finished_since is None:
-            rows = self._query("SELECT state, COUNT(*) FROM tasks GROUP BY state")
-        else:
-            rows = self._query("SELECT state, COUNT(*) FROM tasks WHERE finished_at >= ? GROUP BY state",
-                               (finished_since,))
+    def task_counts(self, *, fleet: str | None = None, finished_since: float | None = None) -> dict[str, int]:
+        """Tasks by state (submitted, running, succeeded, ...) of one fleet (or all); with
+        ``finished_since`` (a time.time()), only those that finished since then."""
+        rows = self._query("SELECT state, COUNT(*) FROM tasks WHERE (? IS NULL OR fleet = ?)"
+                           " AND (? IS NULL OR finished_at >= ?) GROUP BY state",
+                           (fleet, fleet, finished_since, finished_since))
         return {str(s): int(n) for s, n in rows}
 
     def decisions(self, *, pool: str | None = None, limit: int = 50) -> list[DecisionRow]:
