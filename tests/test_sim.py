@@ -244,3 +244,36 @@ def _request(prov):
                   price_per_hour=0.34)
     return LaunchRequest(offer=offer, spec=InstanceSpec(cpus=8, memory_gb=16), count=1, request_id="extra",
                          tags={TAG_FLEET: "other"})
+
+
+def test_sessions_and_processes_on_a_simulated_sandbox_take_virtual_time():
+    """A program written against sessions and start() runs on the simulator unchanged:
+    sim-work takes its virtual seconds there too, and interrupts, kills and timeouts end it."""
+    from flowmesh_providers.sim.scenario import REGISTRY
+    from flowmesh_sdk.specs import SandboxSpec
+
+    async def body(fleet, prov, pool):
+        async with pool.sandbox(SandboxSpec(image=f"{REGISTRY}/sim/base:1", cpus=1, memory_gb=1)) as sb:
+            sh = sb.session()
+            t0 = clock.monotonic()
+            r = await sh.run("sim-work 30")
+            ran = clock.monotonic() - t0
+            assert (r.exit_code, r.stdout) == (0, "ok\n")
+            long = asyncio.ensure_future(sh.run("sim-work 1000"))
+            await asyncio.sleep(5)
+            assert sh.running
+            await sh.interrupt()
+            assert (await long).exit_code == 130
+            late = await sh.run("sim-work 1000", timeout_s=20)
+            assert late.timed_out
+            assert (await sh.run("sim-work 1 3")).exit_code == 3        # the session goes on
+            proc = await sb.start("sim-work 60")
+            assert proc.pid > 0
+            assert await proc.stdout.read() == b"ok\n"
+            assert (await proc.wait()).exit_code == 0
+            sleeper = await sb.start("sim-work 1000")
+            await sleeper.kill()
+            assert (await sleeper.wait(timeout_s=60)).exit_code == 137
+            return ran
+
+    assert _sim_pool_run(body) == pytest.approx(30.0, abs=0.5)

@@ -4,8 +4,9 @@ commands the real :class:`~flowmesh_sdk.remote.runtime.ContainerRuntime` and
 
 The point is that the real control plane runs unchanged above it: the runtime's probe,
 ``podman pull`` / ``run`` / ``rm`` / ``ps`` command lines, and the sandbox agent's framed
-protocol over a held-open ``podman exec -i CTR /bin/sh`` channel are all parsed here and
-answered the way podman and the agent would.  What takes time takes virtual time: a
+protocol over a held-open ``podman exec -i CTR /bin/sh`` channel (:mod:`.agent`: exec,
+streamed processes and session shells) are all parsed here and answered the way podman
+and the agent would.  What takes time takes virtual time: a
 pull crosses the machine's NIC and the registry's egress (:mod:`.network`), a container
 start costs ``container_start_s``, and a task's command ``sim-work SECONDS [EXIT]`` runs
 for that long.  Any other script succeeds at once (file writes, ``true``).
@@ -19,20 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from flowmesh_sdk import clock
 from flowmesh_sdk.errors import ProviderUnavailableError
-from flowmesh_sdk.remote.runner import Channel, CommandResult, Runner, StreamChannel
+from flowmesh_sdk.remote.runner import Channel, CommandResult, Runner
 
+from .agent import AgentShell, EchoShell, SimJob
 from .network import Link, transfer
 
-WORK = re.compile(rb"sim-work\s+([0-9]+(?:\.[0-9]+)?)(?:\s+(-?[0-9]+))?")
-# the agent's framing (flowmesh_sdk.sandbox): a header line, then SCRIPT_LEN + STDIN_LEN bytes
-_RUN = re.compile(rb"^__fm_run (\d+) ([0-9.]+) (\d+) (\d+) (\d+)(?: \d+)?\n")
 # CapEff, ulimit -Hn, cgroups, runc, uid, max user namespaces, subuid `containers` lines, nsenter+ip
 _PROBE_FACTS = "0000003fffffffff\n1048576\nv2\n/usr/bin/runc\n0\n63000\n0\nnetns\n"
 
@@ -47,7 +44,13 @@ class SimContainer:
     name: str
     image: str
     labels: dict[str, str]
-    channels: list[_AgentShell] = field(default_factory=list)
+    channels: list[AgentShell] = field(default_factory=list)
+    jobs: dict[int, SimJob] = field(default_factory=dict)      # running processes and session commands by pid
+    last_pid: int = 1
+
+    def new_pid(self) -> int:
+        self.last_pid += 1
+        return self.last_pid
 
 
 class SimMachine(Runner):
@@ -107,10 +110,10 @@ class SimMachine(Runner):
         self._check()
         argv = list(argv)
         if argv == ["sh"]:
-            return _EchoShell(self)
+            return EchoShell(self)
         if argv[:3] == ["podman", "exec", "-i"] and argv[3] in self.containers:
             c = self.containers[argv[3]]
-            ch = _AgentShell(self)
+            ch = AgentShell(self, c)
             c.channels.append(ch)
             return ch
         raise ProviderUnavailableError(f"{self.label}: cannot open {shlex.join(argv)}", provider="sim")
@@ -187,93 +190,3 @@ class SimMachine(Runner):
             return True
         return [{"Id": c.id, "Names": [c.name], "Image": c.image, "State": "running",
                  "Labels": c.labels} for c in self.containers.values() if match(c)]
-
-
-class _SimChannel(StreamChannel):
-    def __init__(self, machine: SimMachine) -> None:
-        self.machine = machine
-        self._out = asyncio.StreamReader()
-        err = asyncio.StreamReader()
-        err.feed_eof()
-        super().__init__(self._out, err)
-        self._open = True
-
-    @property
-    def alive(self) -> bool:
-        return self._open and self.machine.alive
-
-    def hang_up(self) -> None:
-        if self._open:
-            self._open = False
-            self._out.feed_eof()
-
-    async def close(self) -> None:
-        self.hang_up()
-
-
-class _EchoShell(_SimChannel):
-    """``sh`` on the machine, for bootstrap's agent step: answers ``echo WORD``."""
-
-    async def write(self, data: bytes) -> None:
-        self.machine._check()
-        for line in data.splitlines():
-            if line.startswith(b"echo "):
-                self._out.feed_data(line[5:] + b"\n")
-
-
-class _AgentShell(_SimChannel):
-    """The sandbox agent inside a container: ``__FM_READY__`` after the agent script,
-    then one framed answer per ``__fm_run``."""
-
-    def __init__(self, machine: SimMachine) -> None:
-        super().__init__(machine)
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._buf = b""
-
-    async def write(self, data: bytes) -> None:
-        self.machine._check()
-        if not self._open:
-            raise ProviderUnavailableError(f"{self.machine.label}: channel closed", provider="sim")
-        if b"echo __FM_READY__" in data:
-            self._out.feed_data(b"__FM_READY__\n")
-            return
-        self._buf += data
-        while True:
-            m = _RUN.match(self._buf)
-            if m is None:
-                if b"\n" in self._buf and not self._buf.startswith(b"__fm_run "):
-                    self._buf = b""               # not a frame: dropped, as the agent would
-                return
-            end = m.end() + int(m.group(4)) + int(m.group(5))
-            if len(self._buf) < end:
-                return                            # the rest of the payload is still coming
-            script = self._buf[m.end():m.end() + int(m.group(4))]
-            self._buf = self._buf[end:]
-            self._start(int(m.group(1)), float(m.group(2)), int(m.group(3)), script)
-
-    def _start(self, ident: int, timeout: float, cap: int, script: bytes) -> None:
-        t = asyncio.ensure_future(self._answer(ident, timeout, cap, script))
-        self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
-
-    async def _answer(self, ident: int, timeout: float, cap: int, script: bytes) -> None:
-        w = WORK.search(script)
-        seconds, rc, out = 0.0, 0, b""
-        if w is not None:
-            seconds, rc, out = float(w.group(1)), int(w.group(2) or 0), b"ok\n"
-        timed_out = seconds > timeout
-        t0 = clock.monotonic()
-        if timed_out:
-            seconds, rc, out = timeout, 137, b""
-        if seconds:
-            await asyncio.sleep(seconds)
-        if not self.alive:
-            return
-        self.machine.work_done_s += clock.monotonic() - t0
-        out = out[:cap]
-        self._out.feed_data(f"__FM__ {ident} {rc} {int(timed_out)} {len(out)} 0\n".encode() + out)
-
-    def hang_up(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        super().hang_up()
