@@ -5,7 +5,8 @@
 config (the target's ``ssh_config`` file when it names one, else OpenSSH's
 ``/etc/ssh/ssh_config`` and ``~/.ssh/config``), so a host may be an alias and its
 ``HostName``, ``User``, ``Port``, ``IdentityFile``, ``ProxyJump`` (one jump host or a
-chain; fabric builds a gateway ``Connection`` per hop), ``ProxyCommand``,
+chain, visited in the order written; fabric builds a gateway ``Connection`` per hop),
+``ProxyCommand``,
 ``ConnectTimeout``, ``HostKeyAlias`` and ``UserKnownHostsFile`` apply; what the target
 gives explicitly (port, user, key) wins over the config, as on ``ssh``'s command line.
 
@@ -95,10 +96,10 @@ def build(target: SshTarget, timeout_s: float | None = None) -> Any:
         kwargs = {"key_filename": [target.key_path], "allow_agent": False, "look_for_keys": False}
     else:
         kwargs = {"allow_agent": True, "look_for_keys": True}
-    c = fabric.Connection(target.host, user=target.user or None, port=target.port or None,
-                          config=_config(target, timeout_s),
+    cfg = _config(target, timeout_s)
+    c = fabric.Connection(target.host, user=target.user or None, port=target.port or None, config=cfg,
                           connect_timeout=math.ceil(timeout_s) if timeout_s else None,
-                          connect_kwargs=kwargs)
+                          connect_kwargs=kwargs, gateway=_jump_chain(cfg, target.host))
     for hop in _chain(c)[1:]:
         keys = list(hop.connect_kwargs.get("key_filename") or [])
         if target.key_path and target.key_path not in keys:
@@ -106,6 +107,21 @@ def build(target: SshTarget, timeout_s: float | None = None) -> Any:
         hop.connect_kwargs = {**hop.connect_kwargs, "allow_agent": True, "look_for_keys": True,
                               **({"key_filename": keys} if keys else {})}
     return c
+
+
+def _jump_chain(cfg: Any, host: str) -> Any:
+    """The gateway for a ``ProxyJump`` of two hops or more, visited in the order written,
+    as ssh visits it (fabric 3.2 chains such a list last hop first: its first connection
+    would go to the last jump host, which is often reachable only through the first).
+    None (fabric's own resolution) for one hop, a ProxyCommand or no jump host."""
+    jumps = [h.strip() for h in str(cfg.base_ssh_config.lookup(host).get("proxyjump", "")).split(",")]
+    jumps = [h for h in jumps if h and h.lower() != "none"]
+    if len(jumps) < 2:
+        return None
+    gateway = None
+    for hop in jumps:
+        gateway = fabric.Connection(hop, config=cfg.clone(), **({"gateway": gateway} if gateway else {}))
+    return gateway
 
 
 def resolve(c: Any) -> Resolved:
@@ -132,7 +148,9 @@ class _Policy:
     def transport(self, sock: Any, disabled_algorithms: Any = None) -> Any:
         t = paramiko.Transport(sock, disabled_algorithms=disabled_algorithms)
         opts = t.get_security_options()
-        opts.key_types = self.trust.key_types(self.known, [self.names[0]], list(opts.key_types), self.label)
+        plain = list(opts.key_types)   # paramiko appends the certificate variants only after these
+        available = plain + [k + "-cert-v01@openssh.com" for k in plain]
+        opts.key_types = self.trust.key_types(self.known, [self.names[0]], available, self.label)
         return t
 
 
@@ -152,6 +170,10 @@ def _open_one(c: Any, trust: HostTrust, label: str, timeout_s: float) -> None:
         if "Incompatible ssh" in str(exc) or "no acceptable host key" in str(exc):
             wanted = f"no {trust.pinned.key_type} host key (pinned)" if trust.pinned else "no usable host key"
             raise AuthError(f"{label}: the server offers {wanted}: {exc}", provider="ssh") from exc
+        if "No authentication methods available" in str(exc):
+            raise AuthError(f"{label}: no key to log in as {c.user} with: no key_path, no IdentityFile in "
+                            "the ssh config, no ssh-agent (SSH_AUTH_SOCK) and no ~/.ssh/id_* key",
+                            provider="ssh") from exc
         raise ProviderUnavailableError(f"{label}: SSH handshake failed: {exc}", provider="ssh") from exc
     except (OSError, EOFError) as exc:
         raise ProviderUnavailableError(f"{label}: cannot connect: {exc}", provider="ssh") from exc
