@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
+from typing import Optional
 
 import typer
 
@@ -43,5 +45,40 @@ def serve_metrics(port: int = typer.Option(9464, "--port", help="TCP port of /me
         server.shutdown()
 
 
+def top(interval: float = typer.Option(1.0, "--interval", help="seconds between refreshes"),
+        fleet: Optional[str] = typer.Option(None, "--fleet", help="only this fleet (default: every fleet of the home)"),
+        once: bool = typer.Option(False, "--once", help="draw one screen and exit"),
+        json_out: bool = typer.Option(False, "--json", help="print one snapshot as JSON and exit (schema flowmesh.top/1)"),
+        ) -> None:
+    """A live view of a fleet from this FLOWMESH_HOME's metadata store: instances by provider,
+    region and state, tasks by phase, throughput, failovers, spend and burn, slowest phases."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from .top import as_json, render, snapshot
+    if interval <= 0:
+        raise typer.BadParameter("must be > 0 seconds", param_hint="--interval")
+    store = _open_store()
+    home = str(home_dir())
+    try:
+        if json_out:
+            sys.stdout.write(as_json(snapshot(store, fleet)) + "\n")
+            return
+        console = Console()
+        if once:
+            console.print(render(snapshot(store, fleet), home))
+            return
+        with Live(render(snapshot(store, fleet), home), console=console, auto_refresh=False,
+                  screen=console.is_terminal) as live:
+            while True:
+                time.sleep(interval)
+                live.update(render(snapshot(store, fleet), home), refresh=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        store.close()
+
+
 def register(app: typer.Typer) -> None:
     app.command("serve-metrics")(serve_metrics)
+    app.command("top")(top)
