@@ -14,6 +14,7 @@ from flowmesh_sdk.control.redis.localserver import LocalRedis
 def redis_server(tmp_path_factory):
     if shutil.which("redis-server") is None:
         pytest.fail("redis-server is missing: apt-get install -y redis-server (bash setup.sh --dev)")
+    # AOF with fsync always: a SIGKILLed Redis comes back with every write it answered for
     srv = LocalRedis(tmp_path_factory.mktemp("redis")).start()
     try:
         yield srv

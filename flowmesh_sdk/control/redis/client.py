@@ -1,6 +1,7 @@
 """The one connection to Redis a coordinator uses: the ``redis`` package imported lazily
-(the ``[redis]`` extra), its own retries switched off, every call batched per event-loop
-tick into one pipeline, and retried only by :func:`flowmesh_sdk.backoff.retry_async`.
+(the ``[redis]`` extra), its own retries switched off, calls sent in order as one
+pipeline at a time (what is asked while one is in flight goes in the next), and retried
+only by :func:`flowmesh_sdk.backoff.retry_async`.
 
 A Redis restart loses the server's script cache: a ``NOSCRIPT`` reply reloads every
 script and sends the call again once.
@@ -82,8 +83,7 @@ class RedisClient:
         self._scripts = dict(scripts)
         self._sha = {name: hashlib.sha1(src.encode()).hexdigest() for name, src in self._scripts.items()}
         self._pending: list[_Call] = []
-        self._scheduled = False
-        self._inflight: set[asyncio.Task[None]] = set()
+        self._sender: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"RedisClient({redact(self.url)!r})"
@@ -127,16 +127,17 @@ class RedisClient:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending.append((method, args, kwargs, fut))
-        if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._flush)
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.ensure_future(self._pump())
         return fut
 
-    def _flush(self) -> None:
-        batch, self._pending, self._scheduled = self._pending, [], False
-        task = asyncio.ensure_future(self._send(batch))
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
+    async def _pump(self) -> None:
+        """One pipeline in flight at a time: what is asked meanwhile goes in the next one
+        (calls reach Redis in the order they were made; the busier, the bigger the batch)."""
+        await asyncio.sleep(0)   # let the rest of this loop tick join the first batch
+        while self._pending:
+            batch, self._pending = self._pending, []
+            await self._send(batch)
 
     def _queue(self, pipe: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if method == "evalsha":
@@ -199,6 +200,6 @@ class RedisClient:
                           retry_on=(ControlPlaneUnavailableError,))
 
     async def close(self) -> None:
-        if self._inflight:
-            await asyncio.gather(*list(self._inflight), return_exceptions=True)
+        if self._sender is not None:
+            await asyncio.gather(self._sender, return_exceptions=True)
         await self.redis.aclose()
