@@ -62,6 +62,10 @@ T = TypeVar("T")
 #: every blocking SSH call of every runner in this process runs here (connects, channel
 #: opens, writes, waits): a bound of its own, apart from asyncio's default executor
 _POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fm-ssh")
+#: SSH handshakes in flight at once in this process (key exchanges cost CPU: a pool bringing
+#: up many machines together opens their connections this many at a time)
+MAX_OPENING = 16
+_OPENING = threading.BoundedSemaphore(MAX_OPENING)
 
 
 async def _blocking(fn: Callable[..., T], *args: Any) -> T:
@@ -355,7 +359,9 @@ class SshRunner(Runner):
         return c
 
     def _connect_blocking(self) -> Any:
-        return connection.open_connection(self._build(), self.trust, keepalive_s=self.keepalive_s)
+        c = self._build()
+        with _OPENING:
+            return connection.open_connection(c, self.trust, keepalive_s=self.keepalive_s)
 
     async def _take_slot(self, *, grow: bool, timeout_s: float = 300.0) -> _Conn:
         """A session slot on a connection with room.  Only ``grow`` callers (held-open

@@ -39,7 +39,7 @@ class Sudo:
         with the SDK's own prompt on stderr and reads the answer from stdin."""
         if self.password is None:
             return "sudo -n -H --"
-        return f"LC_ALL=C sudo -S -H -p {shlex.quote(PROMPT)} --"
+        return f"env LC_ALL=C sudo -S -H -p {shlex.quote(PROMPT)} --"
 
 
 class SudoGate:
