@@ -16,7 +16,8 @@ extra=""
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 
-pkgs=(podman runc catatonit debootstrap busybox-static ca-certificates docker-registry apache2-utils openssh-server nftables iproute2 util-linux)
+# sudo: the SSH tests log in as a non-root user that bootstraps its machine through sudo
+pkgs=(podman runc catatonit debootstrap busybox-static ca-certificates docker-registry apache2-utils openssh-server nftables iproute2 util-linux sudo)
 # --dev: the shared-fleet tests start a real redis-server and skew coordinators' clocks (libfaketime)
 [ "${1:-}" = "--dev" ] && pkgs+=(redis-server faketime)
 missing=()
