@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import abc
 import logging
-import os
 
+from .. import settings
 from ..errors import ControlPlaneUnavailableError, SpecError
 from .events import EventBus
 from .limits import Quota, QuotaLimits, Semaphore, TokenBucket
@@ -81,7 +81,7 @@ def open_backend(state: str | None = None, *, lease_s: float = 5.0) -> ControlBa
     ``redis://host:port/db`` is the Redis backend (the ``[redis]`` extra); ``memory`` (or
     unset) is in-process.  Nothing is contacted here: the fleet's start does that, and a
     Redis that cannot be reached is an error, never a silent fall-back to in-process."""
-    value = state if state is not None else os.environ.get(STATE_ENV, "")
+    value = state if state is not None else (settings.value("state") or "")   # FLOWMESH_STATE, flowmesh.toml
     if value in ("", "memory", "in-process"):
         return InProcessBackend()
     if not isinstance(value, str) or not value.startswith(("redis://", "rediss://", "unix://")):
