@@ -13,23 +13,28 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from flowmesh_sdk.control.redis import RedisBackend
+from flowmesh_sdk.control.redis import RedisBackend, RetrySettings
+from flowmesh_sdk.errors import FlowMeshError
 
 pytest_plugins = ("_redis",)   # the redis_server fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+CAPACITY = 10   # permits of the queue's semaphore, fleet-wide; the coordinators ask for 8 each
+
+
 def start_worker(url: str, d: Path, name: str, *, queue: str, submit: int, lease_s: float,
                  faketime: str | None = None) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "flowmesh_sdk.control.redis.worker_main", "--url", url, "--queue", queue,
            "--results", str(d / "cas"), "--log", str(d / f"{name}.log"), "--submit", str(submit),
-           "--task-ms", "50", "--lease-s", str(lease_s), "--capacity", "24", "--concurrency", "8"]
+           "--task-ms", "50", "--lease-s", str(lease_s), "--capacity", str(CAPACITY), "--concurrency", "8"]
     env = dict(os.environ)
     if faketime is not None:   # preloaded into the worker itself, so SIGKILL hits the coordinator
         env.update(LD_PRELOAD=libfaketime(), FAKETIME=faketime)
@@ -74,11 +79,42 @@ async def leftovers(url: str, queue: str) -> tuple[int, int, tuple[int, int]]:
     be = RedisBackend(url, lease_s=1.0)
     await be.start()
     try:
-        sem = await be.semaphore(f"queue:{queue}", 24).held()
+        sem = await be.semaphore(f"queue:{queue}", CAPACITY).held()
         slots = await be.quota(f"queue:{queue}:tenants").in_flight_async("default")
         return sem, slots, await be.queue(queue).depth()
     finally:
         await be.close()
+
+
+class PermitWatch:
+    """Polls the queue's permits held fleet-wide from a thread of its own (through Redis
+    restarts too): the most ever held at once must stay within CAPACITY."""
+
+    def __init__(self, url: str, queue: str) -> None:
+        self.url, self.queue, self.peak, self.samples = url, queue, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        be = RedisBackend(self.url, lease_s=5.0, retry=RetrySettings(attempts=1))
+        await be.client.ping()
+        sem = be.semaphore(f"queue:{self.queue}", CAPACITY)
+        while not self._stop.is_set():
+            try:
+                self.peak = max(self.peak, await sem.held())
+                self.samples += 1
+            except FlowMeshError:
+                pass   # Redis is down for a moment
+            await asyncio.sleep(0.005)
+        await be.client.close()
+
+    def __enter__(self) -> PermitWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
 
 
 def refs(d: Path, queue: str) -> set[str]:
@@ -102,12 +138,14 @@ def test_sigkilled_coordinator_is_adopted_exactly_once_with_skewed_clocks(redis_
     # three coordinators whose clocks disagree by hours: leases run on Redis's clock only
     skews = {"c1": "+2h", "c2": "-3h", "c3": "+0"}
     assert skew_of("+2h") > 7000
-    procs = {name: start_worker(url, tmp_path, name, queue=q, submit=n, lease_s=1.0, faketime=skew)
-             for name, skew in skews.items()}
-    wait_until(lambda: len(published(tmp_path, "c1")) >= 10, 60, "c1 to publish")
-    procs["c1"].send_signal(signal.SIGKILL)
-    assert procs["c1"].wait() == -signal.SIGKILL
-    finish(procs, tmp_path)
+    with PermitWatch(url, q) as watch:
+        procs = {name: start_worker(url, tmp_path, name, queue=q, submit=n, lease_s=1.0, faketime=skew)
+                 for name, skew in skews.items()}
+        wait_until(lambda: len(published(tmp_path, "c1")) >= 10, 60, "c1 to publish")
+        procs["c1"].send_signal(signal.SIGKILL)
+        assert procs["c1"].wait() == -signal.SIGKILL
+        finish(procs, tmp_path)
+    assert 0 < watch.peak <= CAPACITY and watch.samples > 10   # 24 asked for, never more than 10 granted
     submitted = sum(n for name in procs if any(x.startswith("submitted") for x in log_lines(tmp_path, name)))
     assert submitted == 3 * n                       # c1 had queued all of its tasks before dying
     assert len(refs(tmp_path, q)) == submitted      # nothing lost: every task's result published
@@ -122,10 +160,13 @@ def test_sigkilled_coordinator_is_adopted_exactly_once_with_skewed_clocks(redis_
 
 def test_redis_restarted_mid_run_coordinators_resume(redis_server, tmp_path):
     url, q, n = redis_server.url, "restart", 150
-    procs = {name: start_worker(url, tmp_path, name, queue=q, submit=n, lease_s=3.0) for name in ("r1", "r2")}
-    wait_until(lambda: len(published(tmp_path, "r1")) + len(published(tmp_path, "r2")) >= 40, 60, "progress")
-    redis_server.restart(down_s=0.3)               # SIGKILL; what the AOF (fsync always) holds comes back
-    finish(procs, tmp_path)
+    with PermitWatch(url, q) as watch:
+        procs = {name: start_worker(url, tmp_path, name, queue=q, submit=n, lease_s=3.0) for name in ("r1", "r2")}
+        wait_until(lambda: len(published(tmp_path, "r1")) + len(published(tmp_path, "r2")) >= 40, 60, "progress")
+        seen = watch.samples
+        redis_server.restart(down_s=0.3)               # SIGKILL; what the AOF (fsync always) holds comes back
+        finish(procs, tmp_path)
+    assert 0 < watch.peak <= CAPACITY and watch.samples > seen   # nothing granted twice, before or after
     done = [x for name in procs for x in log_lines(tmp_path, name) if x.startswith("done")]
     assert len(done) == 2, [(d, (tmp_path / f"{d}.err").read_text()[-1500:]) for d in procs]
     assert "fenced=0" in done[0] and "fenced=0" in done[1]   # a short outage: nobody lost its lease
