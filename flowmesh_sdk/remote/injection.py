@@ -213,7 +213,7 @@ class KeyInjector:
         fleet = self._fleet_key
         if fleet is None:   # a runner before any launch in this process: load the key once
             fleet = self._fleet_key = FleetKey.load_or_create(self._keys_dir)
-        from .ssh import SshRunner, SshTarget   # paramiko is the [ssh] extra
+        from .ssh import SshRunner, SshTarget   # fabric is the [ssh] extra
         runner = SshRunner(SshTarget(host, port, mode.user, fleet.private_path, key.line),
                            connect_timeout_s=mode.connect_timeout_s, max_sessions=mode.max_sessions)
         self._runners[instance.id] = runner

@@ -3,7 +3,9 @@
 A :class:`Runner` runs a command with a deadline, moves files, and opens long-lived
 :class:`Channel` processes (stdin/stdout pipes) that the container runtime uses to hold
 a shell open inside a container.  :class:`~flowmesh_sdk.remote.local.LocalRunner`
-runs on this host; the SSH runner (fabric/paramiko) implements the same contract.
+runs on this host; :class:`~flowmesh_sdk.remote.ssh.SshRunner` implements the same
+contract over SSH (session channels on a ``fabric.Connection``'s transport: the user's
+ssh config, jump hosts and agent; see :mod:`~flowmesh_sdk.remote.connection`).
 """
 
 from __future__ import annotations
