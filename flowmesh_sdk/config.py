@@ -9,13 +9,10 @@ from pathlib import Path
 
 
 def home_dir() -> Path:
-    """``$FLOWMESH_HOME``, else ``$XDG_STATE_HOME/flowmesh``, else ``~/.local/state/flowmesh``."""
-    env = os.environ.get("FLOWMESH_HOME")
-    if env:
-        path = Path(env)
-    else:
-        base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-        path = Path(base) / "flowmesh"
+    """The ``home`` setting (:mod:`.settings`): ``$FLOWMESH_HOME``, else ``home`` in the config
+    file, else ``$XDG_STATE_HOME/flowmesh``, else ``~/.local/state/flowmesh``; created if missing."""
+    from .settings import value
+    path = Path(value("home")).expanduser()
     path.mkdir(parents=True, exist_ok=True)
     return path
 

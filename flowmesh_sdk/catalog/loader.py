@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
+from .. import settings
 from ..errors import SpecError
 from .records import PROVIDERS, CatalogRow, as_date, canonical_provider, infer_arch
 
@@ -49,27 +50,20 @@ class StaleCatalogWarning(UserWarning):
 
 
 def cache_dir() -> Path:
-    """Where refreshed catalogs live: ``$FLOWMESH_CACHE_DIR/catalog``, else
-    ``$XDG_CACHE_HOME/flowmesh/catalog``, else ``~/.cache/flowmesh/catalog``."""
-    base = os.environ.get("FLOWMESH_CACHE_DIR")
-    if base:
-        return Path(base) / "catalog"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    root = Path(xdg) if xdg else Path.home() / ".cache"
-    return root / "flowmesh" / "catalog"
+    """Where refreshed catalogs live: ``catalog/`` under the ``cache_dir`` setting
+    (``$FLOWMESH_CACHE_DIR``, the config file, else ``$XDG_CACHE_HOME/flowmesh``, else
+    ``~/.cache/flowmesh``)."""
+    return Path(settings.value("cache_dir")).expanduser() / "catalog"
 
 
 def max_age_days() -> float:
-    text = os.environ.get("FLOWMESH_CATALOG_MAX_AGE_DAYS")
-    if not text:
+    """The ``catalog.max_age_days`` setting (``$FLOWMESH_CATALOG_MAX_AGE_DAYS``, the config file)."""
+    found = settings.resolve("catalog.max_age_days")
+    if found.source == "default":
         return DEFAULT_MAX_AGE_DAYS
-    try:
-        value = float(text)
-    except ValueError:
-        raise SpecError("FLOWMESH_CATALOG_MAX_AGE_DAYS", f"must be a number of days, got {text!r}") from None
-    if value <= 0:
-        raise SpecError("FLOWMESH_CATALOG_MAX_AGE_DAYS", f"must be > 0, got {text!r}")
-    return value
+    if found.value <= 0:
+        raise SpecError("catalog.max_age_days", f"{found.source}: must be > 0, got {found.value!r}")
+    return float(found.value)
 
 
 def _num(text: str, where: str, column: str, *, integer: bool = False) -> float | int | None:

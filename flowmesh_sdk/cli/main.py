@@ -21,6 +21,7 @@ from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
 from .. import gc as gc_mod
+from .. import settings
 from ..config import home_dir
 from ..control.store import DecisionRow, MetadataStore
 from ..errors import FlowMeshError
@@ -29,6 +30,7 @@ from ..provider import LABEL_INSTANCE, LABEL_POOL, available_providers, load_pro
 from ..remote.local import LocalRunner
 from ..remote.runtime import ContainerRuntime
 from .output import JSON_HELP, emit
+from .shared import print_shared, shared_status, shared_store
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="FlowMesh SDK: sandboxes and GPU workers for RL, on any cloud.")
@@ -45,11 +47,14 @@ def _global(verbose: int = typer.Option(0, "--verbose", "-v", count=True,
                                                          "(overrides -v)"),
             log_json: bool = typer.Option(False, "--log-json", help="log JSON lines to stderr")) -> None:
     """FlowMesh SDK: sandboxes and GPU workers for RL, on any cloud."""
-    try:
+    try:   # argument > FLOWMESH_LOG_LEVEL / FLOWMESH_LOG_JSON > flowmesh.toml [log] > warning, text
+        if log_level is None and verbose == 0:
+            log_level = settings.value("log.level")
         level = logs.level_from(verbose, log_level)
-    except ValueError as exc:
+        json_lines = bool(settings.value("log.json", True if log_json else None))
+    except (ValueError, FlowMeshError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--log-level") from None
-    logs.configure(level, json_lines=log_json)
+    logs.configure(level, json_lines=json_lines)
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)", re.ASCII)
@@ -71,7 +76,8 @@ def _ms(v: float | None) -> str:
 
 
 def _store() -> MetadataStore:
-    return MetadataStore(home_dir() / "flowmesh.db")
+    # FLOWMESH_STATE=redis://...: the whole shared fleet, replayed from every coordinator's events
+    return shared_store() or MetadataStore(home_dir() / "flowmesh.db")
 
 
 def recipe_roots() -> list[Path]:
@@ -199,7 +205,8 @@ def status(limit: int = typer.Option(20, help="recent tasks to show"),
     finally:
         store.close()
     if json_out:
-        emit("status", home=str(home_dir()), instances=insts, spend=spend, tasks=tasks, reuse=reuse)
+        emit("status", home=str(home_dir()), instances=insts, spend=spend, tasks=tasks, reuse=reuse,
+             **({"shared": shared_status()} if shared_status() else {}))
         return
     it = Table(title="instances not terminated")
     for col in ("id", "fleet", "pool", "state", "requested", "ready", "detail"):
@@ -232,6 +239,7 @@ def status(limit: int = typer.Option(20, help="recent tasks to show"),
             rt.add_row(r.fleet, str(r.hits), str(r.joins), str(r.executions), f"{r.saved_s:.1f}",
                        f"{100 * (r.hits + r.joins) / total:.0f}%" if total else "-")
         console.print(rt)
+    print_shared(console)
 
 
 @app.command()
@@ -334,6 +342,10 @@ _register_cost(app)
 from .observe import register as _register_observe  # noqa: E402 - serve-metrics, top
 
 _register_observe(app)
+
+from .config import register as _register_config  # noqa: E402 - config show
+
+_register_config(app)
 
 
 def main() -> None:

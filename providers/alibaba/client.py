@@ -47,10 +47,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from flowmesh_sdk import settings as _settings
 from flowmesh_sdk.errors import FlowMeshError, ProviderError
 from flowmesh_sdk.provider import ApiRate
 
-from .errors import KEY_ID, KEY_SECRET, PROVIDER, map_error, missing_credentials
+from .errors import PROVIDER, map_error, missing_credentials
 
 log = logging.getLogger("flowmesh.providers.alibaba")
 
@@ -89,8 +90,8 @@ class Credentials:
 
     def __init__(self, *, access_key_id: str | None = None, access_key_secret: str | None = None,
                  security_token: str | None = None, ram_role: bool | str = False) -> None:
-        self._id = access_key_id or os.environ.get(KEY_ID) or None
-        self._secret = access_key_secret or os.environ.get(KEY_SECRET) or None
+        self._id = access_key_id or _settings.value("providers.alibaba.access_key_id")
+        self._secret = access_key_secret or _settings.value("providers.alibaba.access_key_secret")
         self._token = security_token or os.environ.get(ENV_TOKEN) or None
         self.origin = "explicit" if access_key_id else ("env" if self._id else "")
         self._provider: Any = None

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import os
 import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
+from flowmesh_sdk import settings as _settings
 from flowmesh_sdk.catalog.records import CatalogRow
 from flowmesh_sdk.errors import (AuthError, FlowMeshError, ProviderError, ProviderUnavailableError, SpecError,
                                  ThrottledError)
@@ -67,7 +67,8 @@ def _map(exc: Exception, what: str) -> FlowMeshError:
 
 def _client(region: str, endpoint: str | None, keys: tuple[str | None, str | None] = (None, None)) -> Any:
     Client, _models, open_api_models = _sdk()
-    key_id, secret = keys[0] or os.environ.get(KEY_ID), keys[1] or os.environ.get(KEY_SECRET)
+    key_id = keys[0] or _settings.value("providers.alibaba.access_key_id")
+    secret = keys[1] or _settings.value("providers.alibaba.access_key_secret")
     if not key_id or not secret:
         raise AuthError(f"Alibaba Cloud credentials missing: set {KEY_ID} and {KEY_SECRET}", provider=PROVIDER,
                         code="NoCredentials")

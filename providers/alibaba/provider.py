@@ -65,6 +65,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from flowmesh_sdk import settings as _settings
 from flowmesh_sdk.errors import NotFoundError, ProviderError, SpecError
 from flowmesh_sdk.provider import (TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest, Provider,
                                    ProviderState)
@@ -191,8 +192,7 @@ class AlibabaProvider(Provider):
         if not isinstance(image_id, str) or not image_id.strip():
             raise SpecError("alibaba.image_id", f"must be an ECS image id, got {image_id!r}")
         self.image_id = image_id
-        import os
-        endpoint = endpoint if endpoint is not None else (os.environ.get(ENV_ENDPOINT) or None)
+        endpoint = endpoint if endpoint is not None else _settings.value("providers.alibaba.endpoint")
         if endpoint is not None and not re.match(r"^(https?://)?[^/\s]+$", str(endpoint).rstrip("/")):
             raise SpecError("alibaba.endpoint", f"must be host[:port] or an http(s) URL, got {endpoint!r}")
         self.endpoint = endpoint

@@ -66,13 +66,13 @@ import base64
 import datetime as _dt
 import hashlib
 import logging
-import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from flowmesh_sdk import settings as _settings
 from flowmesh_sdk.errors import FlowMeshError, NotFoundError, SpecError
 from flowmesh_sdk.provider import (TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest,
                                    Provider, ProviderState)
@@ -180,7 +180,7 @@ class AzureProvider(Provider):
                  vm_sizes: Sequence[str] | None = None, max_workers: int = 8, operation_timeout_s: float = 900.0,
                  polling_interval_s: float = 5.0, public_ip: bool = False, ssh: SshMode | bool | None = None,
                  runner_factory: RunnerFactory | None = None) -> None:
-        subscription_id = subscription_id or os.environ.get(ENV_SUBSCRIPTION)
+        subscription_id = subscription_id or _settings.value("providers.azure.subscription_id")
         if not subscription_id or not _GUID.match(str(subscription_id)):
             raise SpecError("azure.subscription_id", f"must be a subscription GUID (or set {ENV_SUBSCRIPTION}), "
                                                      f"got {subscription_id!r}")
@@ -205,7 +205,7 @@ class AzureProvider(Provider):
             raise SpecError("azure.admin_username", f"must be a Linux user name other than root/admin, "
                                                     f"got {admin_username!r}")
         self.admin_username = admin_username
-        base_url = base_url if base_url is not None else (os.environ.get(ENV_ENDPOINT) or None)
+        base_url = base_url if base_url is not None else _settings.value("providers.azure.base_url")
         if base_url is not None and not re.match(r"^https?://[^/\s]+", base_url):
             raise SpecError("azure.base_url", f"must be an http(s) URL, got {base_url!r}")
         if allow_http and not (base_url or "").startswith(("http://127.", "http://localhost")):

@@ -100,6 +100,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from flowmesh_sdk import settings as _settings
 from flowmesh_sdk.errors import NotFoundError, ProviderError, SpecError
 from flowmesh_sdk.provider import (TAG_FLEET, TAG_POOL, TAG_REQUEST, Capabilities, Instance, LaunchRequest,
                                    Provider, ProviderState)
@@ -259,13 +260,13 @@ class Ec2Provider(Provider):
             raise SpecError("ec2.regions", "must name at least one region")
         self.regions: tuple[str, ...] = tuple(regs)
 
-        endpoint_url = endpoint_url if endpoint_url is not None else (os.environ.get(ENV_ENDPOINT) or None)
+        endpoint_url = endpoint_url if endpoint_url is not None else _settings.value("providers.ec2.endpoint_url")
         if endpoint_url is not None and not re.match(r"^https?://[^/\s]+", str(endpoint_url)):
             raise SpecError("ec2.endpoint_url", f"must be an http(s) URL, got {endpoint_url!r}")
         self.endpoint_url = endpoint_url
 
         if image_id is None:
-            image_id = os.environ.get(ENV_AMI) or None
+            image_id = _settings.value("providers.ec2.image_id")
         if isinstance(image_id, Mapping):
             images = {}
             for reg, ami in image_id.items():

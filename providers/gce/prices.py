@@ -26,13 +26,13 @@ errors or logs.
 from __future__ import annotations
 
 import datetime as dt
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import replace
 
 import httpx
 
+from flowmesh_sdk import settings as _settings
 from flowmesh_sdk.catalog.http import MAX_PAGES, TIMEOUT_S, request_json
 from flowmesh_sdk.catalog.records import CatalogRow
 from flowmesh_sdk.errors import AuthError, ProviderError
@@ -139,7 +139,7 @@ async def _skus(client: httpx.AsyncClient, base: str, key: str) -> list[dict]:
 async def fetch_prices(*, endpoint: str | None = None, regions: Sequence[str] = (), shapes: Sequence[CatalogRow] = (),
                        api_key: str | None = None) -> list[CatalogRow]:
     """Live on-demand and spot $/h of the catalog's GCE machine types in ``regions``."""
-    key = api_key or next((os.environ[v] for v in KEY_VARS if os.environ.get(v)), None)
+    key = api_key or _settings.value("providers.gce.api_key")
     if not key:
         raise AuthError(f"the Cloud Billing Catalog API needs an API key: set {' or '.join(KEY_VARS)}",
                         provider=PROVIDER, code="NoApiKey")

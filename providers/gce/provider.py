@@ -67,7 +67,6 @@ import asyncio
 import datetime as _dt
 import hashlib
 import logging
-import os
 import re
 import time
 import uuid
@@ -75,6 +74,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from flowmesh_sdk import settings as _settings
 from flowmesh_sdk.errors import NotFoundError, SpecError
 from flowmesh_sdk.provider import (TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest, Provider,
                                    ProviderState)
@@ -194,7 +194,7 @@ class GceProvider(Provider):
                  max_workers: int = 8, operation_timeout_s: float = 300.0,
                  ssh: SshMode | bool | None = None, runner_factory: RunnerFactory | None = None,
                  external_ip: bool = False) -> None:
-        project = project or os.environ.get(ENV_PROJECT) or os.environ.get("GOOGLE_CLOUD_PROJECT")
+        project = project or _settings.value("providers.gce.project")
         if not project or not isinstance(project, str) or not _PROJECT.match(project):
             raise SpecError("gce.project", f"must be a Google Cloud project id like 'my-project-123' (or set "
                                            f"{ENV_PROJECT}), got {project!r}")
@@ -208,7 +208,7 @@ class GceProvider(Provider):
         if bad or not zs:
             raise SpecError("gce.zones", f"must be zone names like 'us-central1-a', got {bad or zs!r}")
         self.zones: tuple[str, ...] = tuple(zs)
-        endpoint = endpoint if endpoint is not None else (os.environ.get(ENV_ENDPOINT) or None)
+        endpoint = endpoint if endpoint is not None else _settings.value("providers.gce.endpoint")
         if endpoint is not None and not re.match(r"^https?://[^/\s]+", str(endpoint)):
             raise SpecError("gce.endpoint", f"must be an http(s) URL, got {endpoint!r}")
         self.endpoint = endpoint

@@ -17,6 +17,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from flowmesh_sdk import settings as _settings
 from flowmesh_sdk.config import home_dir
 from flowmesh_sdk.errors import CapacityError, FlowMeshError, SpecError
 from flowmesh_sdk.provider import LABEL_INSTANCE, Capabilities, Instance, LaunchRequest
@@ -53,7 +54,7 @@ class SshProvider(SlicedProvider):
         ``keys_dir`` holds the trust record of hosts marked ``trust_on_first_use``
         (default ``$FLOWMESH_HOME/keys``; see :mod:`flowmesh_sdk.remote.keys`)."""
         if hosts is None:
-            path = inventory or os.environ.get(ENV_INVENTORY)
+            path = inventory or _settings.value("providers.ssh.inventory")
             if not path:
                 raise SpecError("ssh.inventory", f"give hosts=, inventory= or set {ENV_INVENTORY} "
                                                  "to a JSON inventory of your machines")

@@ -31,15 +31,15 @@ same as the simulator's profile, not a published limit.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from flowmesh_sdk import settings as _settings
 from flowmesh_sdk.errors import FlowMeshError, ProviderError
 from flowmesh_sdk.offloop import OffLoop
 from flowmesh_sdk.provider import ApiRate
 
-from .errors import KEY_VAR, PROVIDER, map_http_error, missing_key, unreachable
+from .errors import PROVIDER, map_http_error, missing_key, unreachable
 
 log = logging.getLogger("flowmesh.providers.vast")
 T = TypeVar("T")
@@ -57,7 +57,7 @@ class VastClient:
     """One ``VastAI`` object, made in a worker thread on first use and called in worker threads."""
 
     def __init__(self, *, api_key: str | None, server_url: str | None, max_workers: int = 4) -> None:
-        self._api_key = api_key or os.environ.get(KEY_VAR) or None
+        self._api_key = api_key or _settings.value("providers.vast.api_key")
         self.server_url = (server_url or SERVER).rstrip("/")
         self.max_workers = max_workers
         self._calls = OffLoop("flowmesh-vast", max_workers, self._make,

@@ -20,12 +20,12 @@ of them (a country code such as ``US``, or a full location string).
 from __future__ import annotations
 
 import datetime as dt
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
+from flowmesh_sdk import settings as _settings
 from flowmesh_sdk.catalog.http import TIMEOUT_S, request_json
 from flowmesh_sdk.catalog.records import CatalogRow
 from flowmesh_sdk.errors import ProviderError
@@ -81,7 +81,7 @@ async def fetch_prices(*, endpoint: str | None = None, regions: Sequence[str] = 
                        shapes: Sequence[CatalogRow] = ()) -> list[CatalogRow]:
     """Live on-demand and interruptible (minimum bid) $/h of the rentable Vast.ai offers."""
     base = (endpoint or ENDPOINT).rstrip("/")
-    key = os.environ.get(KEY_VAR)
+    key = _settings.value("providers.vast.api_key")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     async with httpx.AsyncClient(timeout=TIMEOUT_S, follow_redirects=False) as client:

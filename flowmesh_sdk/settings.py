@@ -1,0 +1,206 @@
+"""One configuration: every setting the SDK reads, from three places, with one precedence.
+
+    argument  >  environment variable  >  config file  >  default
+
+* the **config file** is TOML: ``$FLOWMESH_CONFIG`` if set, else ``flowmesh.toml`` in
+  ``$FLOWMESH_HOME`` (else in the default home, ``$XDG_STATE_HOME/flowmesh`` or
+  ``~/.local/state/flowmesh``).  Keys are the dotted names below, as TOML tables::
+
+      home = "/var/lib/flowmesh"
+      state = "redis://127.0.0.1:6379/0"
+      [catalog]
+      max_age_days = 14
+      [providers.ec2]
+      endpoint_url = "http://127.0.0.1:5000"
+      image_id = "ami-0123456789abcdef0"
+      [providers.ssh]
+      inventory = "/etc/flowmesh/hosts.json"
+
+  The providers read their settings (endpoints, AMIs, projects, inventories, keys) from
+  here whenever the matching constructor argument is not given.
+* **environment variables**: each setting names its own (``FLOWMESH_HOME``,
+  ``FLOWMESH_EC2_ENDPOINT_URL``, the clouds' usual ``VAST_API_KEY``, ...).
+* an **argument** is what the caller passed (a keyword, a CLI option): ``resolve(key, arg)``.
+
+``flowmesh config show`` prints the effective value of each setting and where it came
+from; secrets are shown as ``***``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import SpecError
+
+CONFIG_ENV = "FLOWMESH_CONFIG"
+CONFIG_NAME = "flowmesh.toml"
+REDACTED = "***"
+
+
+def _default_home() -> str:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return str(Path(base) / "flowmesh")
+
+
+def _default_cache() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return str(Path(base) / "flowmesh")
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    key: str                              # dotted name, as in the config file
+    env: tuple[str, ...]                  # environment variables, the first one set wins
+    kind: type = str                      # str, float, int or bool
+    default: Callable[[], Any] | None = None
+    secret: bool = False
+    help: str = ""
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("home", ("FLOWMESH_HOME",), default=_default_home,
+            help="state directory: the metadata store, local instances, the CAS"),
+    Setting("state", ("FLOWMESH_STATE",), help="shared control state, e.g. redis://host:port/db (default: in-process)"),
+    Setting("cache_dir", ("FLOWMESH_CACHE_DIR",), default=_default_cache,
+            help="cache directory (refreshed price catalogs under catalog/)"),
+    Setting("catalog.max_age_days", ("FLOWMESH_CATALOG_MAX_AGE_DAYS",), float, lambda: 30.0,
+            help="a price catalog older than this is stale"),
+    Setting("log.level", ("FLOWMESH_LOG_LEVEL",), help="the CLI's log level (debug, info, warning, ...)"),
+    Setting("log.json", ("FLOWMESH_LOG_JSON",), bool, lambda: False, help="the CLI logs JSON lines"),
+    Setting("providers.ec2.endpoint_url", ("FLOWMESH_EC2_ENDPOINT_URL",), help="EC2 API endpoint (moto, a proxy)"),
+    Setting("providers.ec2.image_id", ("FLOWMESH_EC2_AMI",), help="the AMI instances boot"),
+    Setting("providers.gce.project", ("FLOWMESH_GCE_PROJECT", "GOOGLE_CLOUD_PROJECT"), help="GCP project"),
+    Setting("providers.gce.endpoint", ("FLOWMESH_GCE_ENDPOINT",), help="Compute Engine API endpoint"),
+    Setting("providers.gce.api_key", ("FLOWMESH_GCE_API_KEY", "GOOGLE_API_KEY"), secret=True,
+            help="Cloud Billing Catalog API key (live prices)"),
+    Setting("providers.azure.subscription_id", ("AZURE_SUBSCRIPTION_ID",), help="Azure subscription"),
+    Setting("providers.azure.base_url", ("FLOWMESH_AZURE_ENDPOINT",), help="Azure Resource Manager endpoint"),
+    Setting("providers.alibaba.endpoint", ("FLOWMESH_ALIBABA_ENDPOINT",), help="ECS API endpoint"),
+    Setting("providers.alibaba.access_key_id", ("ALIBABA_CLOUD_ACCESS_KEY_ID",), secret=True),
+    Setting("providers.alibaba.access_key_secret", ("ALIBABA_CLOUD_ACCESS_KEY_SECRET",), secret=True),
+    Setting("providers.vast.api_key", ("VAST_API_KEY",), secret=True, help="Vast.ai API key"),
+    Setting("providers.ssh.inventory", ("FLOWMESH_SSH_INVENTORY",), help="the ssh provider's inventory (JSON)"),
+)
+BY_KEY: Mapping[str, Setting] = {s.key: s for s in SETTINGS}
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    key: str
+    value: Any
+    source: str            # "argument", "env NAME", "file PATH", "default" or "unset"
+    secret: bool = False
+
+    @property
+    def shown(self) -> str:
+        if self.value is None:
+            return "-"
+        return REDACTED if self.secret else str(self.value)
+
+
+def config_path() -> Path:
+    """The config file this process reads (it need not exist)."""
+    named = os.environ.get(CONFIG_ENV)
+    if named:
+        return Path(named).expanduser()
+    home = os.environ.get("FLOWMESH_HOME") or _default_home()
+    return Path(home).expanduser() / CONFIG_NAME
+
+
+_cache: dict[str, tuple[float, dict[str, Any]]] = {}
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def file_values(path: Path | None = None) -> dict[str, Any]:
+    """The config file's keys, flattened to dotted names ({} when there is no file)."""
+    p = path or config_path()
+    try:
+        mtime = p.stat().st_mtime
+    except OSError:
+        if path is None and os.environ.get(CONFIG_ENV):
+            raise SpecError(CONFIG_ENV, f"{p} does not exist") from None
+        return {}
+    hit = _cache.get(str(p))
+    if hit is not None and hit[0] == mtime:
+        return hit[1]
+    try:
+        data = _flatten(tomllib.loads(p.read_text()))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise SpecError("config", f"{p}: not a readable TOML file: {exc}") from exc
+    _cache[str(p)] = (mtime, data)
+    return data
+
+
+def _convert(s: Setting, raw: Any, where: str) -> Any:
+    try:
+        if s.kind is bool:
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(raw)
+        if s.kind in (int, float):
+            if isinstance(raw, bool):
+                raise ValueError(raw)
+            return s.kind(raw)
+        if not isinstance(raw, (str, int, float)):
+            raise ValueError(raw)
+        return str(raw)
+    except (TypeError, ValueError):
+        allowed = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[s.kind]
+        shown = REDACTED if s.secret else repr(raw)
+        raise SpecError(s.key, f"{where}: must be {allowed}, got {shown}") from None
+
+
+def resolve(key: str, argument: Any = None) -> Resolved:
+    """The effective value of ``key``: ``argument`` if not None, else the first of its
+    environment variables that is set (and not empty), else the config file, else the
+    default (None when it has none)."""
+    s = BY_KEY.get(key)
+    if s is None:
+        raise SpecError("setting", f"unknown setting {key!r}; known: {', '.join(BY_KEY)}")
+    if argument is not None:
+        return Resolved(key, _convert(s, argument, "argument"), "argument", s.secret)
+    for var in s.env:
+        text = os.environ.get(var)
+        if text:
+            return Resolved(key, _convert(s, text, f"${var}"), f"env {var}", s.secret)
+    values = file_values()
+    if key in values:
+        return Resolved(key, _convert(s, values[key], str(config_path())), f"file {config_path()}", s.secret)
+    if s.default is not None:
+        return Resolved(key, s.default(), "default", s.secret)
+    return Resolved(key, None, "unset", s.secret)
+
+
+def value(key: str, argument: Any = None) -> Any:
+    """``resolve(key, argument).value``."""
+    return resolve(key, argument).value
+
+
+def effective() -> list[Resolved]:
+    """Every known setting, then the file's unknown keys (source ``file ... (unknown key)``)."""
+    rows = [resolve(s.key) for s in SETTINGS]
+    for key, raw in sorted(file_values().items()):
+        if key not in BY_KEY:
+            secret = any(w in key.lower() for w in ("key", "secret", "password", "token"))
+            rows.append(Resolved(key, raw, f"file {config_path()} (unknown key, ignored)", secret))
+    return rows
