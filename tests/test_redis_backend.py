@@ -5,6 +5,7 @@ lease, sharing the limits, queues, events and spend."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 
 import pytest
@@ -204,3 +205,41 @@ async def test_fleet_on_redis_shares_its_quota_and_ledger(redis_server, tmp_path
         await asyncio.sleep(0.1)
         await f2.ledger.refresh()
         assert f2.spend().burn_per_hour == pytest.approx(2.0)
+
+
+async def test_cli_status_and_pools_show_the_whole_shared_fleet(redis_server, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from flowmesh_sdk.cli.main import app
+    from flowmesh_sdk.specs import PhaseTimings
+
+    ns_url = redis_server.url
+    monkeypatch.setenv("FLOWMESH_HOME", str(tmp_path / "nobody"))   # no local store: all from Redis
+    monkeypatch.setenv("FLOWMESH_STATE", ns_url)
+    f1 = await Fleet("cli", state=ns_url, home=tmp_path / "one", reconcile_interval_s=None).start()
+    f2 = await Fleet("cli", state=ns_url, home=tmp_path / "two", reconcile_interval_s=None).start()
+    try:
+        for f, pool in ((f1, "eval"), (f2, "train")):
+            f.bus.publish(Event(EventKind.POOL_CREATED, fleet="cli", pool=pool, detail='{"mode": "ephemeral"}'))
+            f.bus.publish(Event(EventKind.TASK_SUBMITTED, fleet="cli", pool=pool, task_id=f"{pool}-1", task_name="t"))
+            f.bus.publish(Event(EventKind.TASK_SUCCEEDED, fleet="cli", pool=pool, task_id=f"{pool}-1", task_name="t",
+                                exit_code=0, phases=PhaseTimings(execution=1.25)))
+        f1.ledger.start("i-shared", pool="eval", provider="ec2", price_per_hour=0.5)
+        await asyncio.sleep(0.2)
+        runner = CliRunner()
+        res = await asyncio.to_thread(runner.invoke, app, ["status", "--json"])
+        assert res.exit_code == 0, res.output
+        doc = json.loads(res.stdout)
+        assert sorted((t["pool"], t["state"], t["execution_s"]) for t in doc["tasks"]) == [
+            ("eval", "succeeded", 1.25), ("train", "succeeded", 1.25)]
+        shared = doc["shared"]
+        assert {c["id"] for c in shared["coordinators"]} >= {f1.control.coordinator.id, f2.control.coordinator.id}
+        assert [(i["id"], i["holder"]) for i in shared["instances"] if i["fleet"] == "cli"] == [
+            ("i-shared", f1.control.coordinator.id)]
+        res = await asyncio.to_thread(runner.invoke, app, ["pools", "--json"])
+        assert res.exit_code == 0, res.output
+        pools = json.loads(res.stdout)["pools"]
+        assert sorted((p["pool"], p["tasks"], p["succeeded"]) for p in pools) == [("eval", 1, 1), ("train", 1, 1)]
+    finally:
+        await f1.close()
+        await f2.close()

@@ -75,20 +75,30 @@ class InProcessBackend(ControlBackend):
         return self._quotas[key]
 
 
+def state_url(state: str | None = None) -> str | None:
+    """The Redis URL ``state`` (else ``FLOWMESH_STATE``, else flowmesh.toml's ``state``)
+    names; None for in-process (``memory`` or unset); a SpecError for anything else."""
+    value = state if state is not None else (settings.value("state") or "")
+    if value in ("", "memory", "in-process"):
+        return None
+    if not isinstance(value, str) or not value.startswith(("redis://", "rediss://", "unix://")):
+        raise SpecError("state", f"must be 'memory' or a redis://host:port[/db] URL ({STATE_ENV}), got {value!r}")
+    return value
+
+
 def open_backend(state: str | None = None, *, lease_s: float = 5.0) -> ControlBackend:
-    """The backend ``state`` names, else ``FLOWMESH_STATE``, else in-process.
+    """The backend :func:`state_url` names, else in-process.
 
     ``redis://host:port/db`` is the Redis backend (the ``[redis]`` extra); ``memory`` (or
     unset) is in-process.  Nothing is contacted here: the fleet's start does that, and a
     Redis that cannot be reached is an error, never a silent fall-back to in-process."""
-    value = state if state is not None else (settings.value("state") or "")   # FLOWMESH_STATE, flowmesh.toml
-    if value in ("", "memory", "in-process"):
+    url = state_url(state)
+    if url is None:
         return InProcessBackend()
-    if not isinstance(value, str) or not value.startswith(("redis://", "rediss://", "unix://")):
-        raise SpecError("state", f"must be 'memory' or a redis://host:port[/db] URL ({STATE_ENV}), got {value!r}")
     from .redis import RedisBackend
 
-    return RedisBackend(value, lease_s=lease_s)
+    return RedisBackend(url, lease_s=lease_s)
 
 
-__all__ = ["ControlBackend", "ControlPlaneUnavailableError", "InProcessBackend", "STATE_ENV", "open_backend"]
+__all__ = ["ControlBackend", "ControlPlaneUnavailableError", "InProcessBackend", "STATE_ENV", "open_backend",
+           "state_url"]

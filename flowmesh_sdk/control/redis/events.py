@@ -9,11 +9,14 @@ taken over with :meth:`claim_stale` (``XAUTOCLAIM``).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...errors import FlowMeshError
+from ...specs import PhaseTimings
 from ..events import Event, EventBus, EventKind
 
 if TYPE_CHECKING:
@@ -39,6 +42,8 @@ def encode(ev: Event, coordinator: str) -> dict[str, str]:
             d[f] = str(v)
     if ev.exit_code is not None:
         d["exit_code"] = str(ev.exit_code)
+    if ev.phases is not None:
+        d["phases"] = json.dumps(dataclasses.asdict(ev.phases))
     return d
 
 
@@ -47,7 +52,8 @@ def decode(entry_id: bytes | str, fields: dict[bytes, bytes]) -> StreamEvent:
     ev = Event(EventKind(f["kind"]), fleet=f["fleet"], pool=f.get("pool", ""),
                instance_id=f.get("instance_id"), task_id=f.get("task_id"), task_name=f.get("task_name"),
                detail=f.get("detail", ""),
-               exit_code=int(f["exit_code"]) if "exit_code" in f else None, at=float(f["at"]))
+               exit_code=int(f["exit_code"]) if "exit_code" in f else None, at=float(f["at"]),
+               phases=PhaseTimings(**json.loads(f["phases"])) if "phases" in f else None)
     return StreamEvent(entry_id.decode() if isinstance(entry_id, bytes) else entry_id, f.get("coord", ""), ev)
 
 

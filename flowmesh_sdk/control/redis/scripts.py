@@ -101,8 +101,10 @@ for _, d in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
       redis.call('SADD', ns .. 'coord:' .. ARGV[2] .. ':instances', fi)
     end
     redis.call('DEL', ikey)
-    redis.call('XADD', KEYS[2], 'MAXLEN', '~', 1000, '*', 'dead', d, 'adopter', ARGV[2],
-               'leases', dropped, 'tasks', requeued, 'instances', #insts, 'at_ms', now)
+    if ARGV[2] ~= '-' then   -- '-': a coordinator leaving cleanly, not an adoption
+      redis.call('XADD', KEYS[2], 'MAXLEN', '~', 1000, '*', 'dead', d, 'adopter', ARGV[2],
+                 'leases', dropped, 'tasks', requeued, 'instances', #insts, 'at_ms', now)
+    end
     table.insert(out, d); table.insert(out, dropped); table.insert(out, requeued); table.insert(out, #insts)
   end
 end
