@@ -12,16 +12,24 @@ from __future__ import annotations
 
 # ---- shared pieces ---------------------------------------------------------------------
 _COMMON = r"""
-__fm_ss=; __fm_n=0; command -v setsid >/dev/null 2>&1 && __fm_ss=setsid
+__fm_ss=; __fm_n=0; __fm_q=; command -v setsid >/dev/null 2>&1 && __fm_ss=setsid
 __fm_mk() {
   [ -d "$__fm_d" ] && [ -w "$__fm_d" ] && return 0
   for __fm_d in "$__fm_d0" "/tmp/.flowmesh-$__fm_tag$$" "/dev/shm/.flowmesh-$__fm_tag$$" "/.flowmesh-$__fm_tag$$"; do
     command mkdir -p "$__fm_d" 2>/dev/null && [ -w "$__fm_d" ] && return 0
   done; return 1
 }
+__fm_mkq() {
+  # short scripts go to a tmpfs when there is one (/dev/shm): making a file there costs a
+  # fraction of making one on the container's overlay
+  [ -d "$__fm_q" ] && [ -w "$__fm_q" ] && return 0
+  __fm_q="/dev/shm/.flowmesh-$__fm_tag$$"
+  command mkdir -p "$__fm_q" 2>/dev/null && [ -w "$__fm_q" ] && return 0
+  __fm_q=$__fm_d
+}
 __fm_rot() {
   __fm_n=$((__fm_n + 1))
-  [ $__fm_n -ge 32 ] && { __fm_n=0; command rm -f -- "$__fm_d"/*; }
+  [ $__fm_n -ge 32 ] && { __fm_n=0; command rm -f -- "$__fm_d"/* ${__fm_q:+"$__fm_q"/*} 2>/dev/null; }
 }
 __fm_get() {
   __n=$1; __ok=0
@@ -39,15 +47,17 @@ __fm_get() {
   return $__ok
 }
 __fm_lines() {
-  __n=$1; __ok=0
-  { command exec 8>"$2"; } 2>/dev/null || __ok=1
+  # $1 lines of script into the file $__s, else (the tmpfs full) the same name in $__fm_d
+  __n=$1; __src=
   while [ "$__n" -gt 0 ]; do
     IFS= read -r __l
-    [ $__ok = 0 ] && { printf '%s\n' "$__l" >&8 || __ok=1; } 2>/dev/null
+    __src="$__src$__l
+"
     __n=$((__n - 1))
   done
-  exec 8>&-
-  return $__ok
+  { printf '%s' "$__src" > "$__s"; } 2>/dev/null && return 0
+  __s="$__fm_d/${__s##*/}"
+  { printf '%s' "$__src" > "$__s"; } 2>/dev/null
 }
 __fm_put() {
   # exactly $2 bytes of the file open on fd $1 (padded with NULs should the file have
@@ -67,7 +77,8 @@ __fm_sizes() {
 }
 __fm_store() {
   __bad=
-  if [ "$__sn" -gt 0 ]; then __fm_lines "$__sn" "$__s"; else __fm_get "$__sl" "$__s"; fi \
+  if [ "$__sn" -gt 0 ]; then __fm_mkq; __s="$__fm_q/${__s##*/}"; __fm_lines "$__sn"
+  else __fm_get "$__sl" "$__s"; fi \
     || __bad="flowmesh: cannot store the command in $__fm_d (disk full or not writable)"
 }
 """
