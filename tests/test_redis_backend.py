@@ -243,3 +243,10 @@ async def test_cli_status_and_pools_show_the_whole_shared_fleet(redis_server, tm
     finally:
         await f1.close()
         await f2.close()
+
+
+def test_url_password_never_shown():
+    from flowmesh_sdk.control.redis.client import redact
+    be = RedisBackend("redis://:hunter2@127.0.0.1:1/0")
+    assert "hunter2" not in repr(be) and "hunter2" not in repr(be.client)
+    assert redact("redis://user:hunter2@10.0.0.5:6380/1") == "redis://user:***@10.0.0.5:6380/1"
