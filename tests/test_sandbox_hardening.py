@@ -261,3 +261,18 @@ async def test_output_reproducible_bytes_hash(pool, image):
         body = "x" * 5000
         long = await sb.exec(f"printf '%s' '{body}'  ", binary=True)
         assert hashlib.sha256(long.stdout_raw).hexdigest() == hashlib.sha256(body.encode()).hexdigest()
+
+
+async def test_a_full_dev_shm_costs_no_command(pool, image):
+    """Short scripts are stored on /dev/shm; when it is full they go to the scratch dir."""
+    async with pool.sandbox(_spec(image)) as sb:
+        sh = sb.session()
+        await sh.run("cd /tmp && X=kept")
+        fill = await sb.exec("i=0; while [ $i -lt 20 ] && dd if=/dev/zero of=/dev/shm/fill$i bs=1M count=16 "
+                             "2>/dev/null; do i=$((i + 1)); done; df -k /dev/shm | tail -n 1")
+        assert fill.stdout.split()[-2] == "100%", fill.stdout
+        assert (await sb.exec("echo still")).stdout == "still\n"
+        assert (await sh.run('echo "$PWD $X"')).stdout == "/tmp kept\n"
+        proc = await sb.start("echo streamed")
+        assert (await proc.wait()).stdout == "streamed\n"
+        await sb.exec("rm -f /dev/shm/fill*")
