@@ -250,3 +250,40 @@ def test_url_password_never_shown():
     be = RedisBackend("redis://:hunter2@127.0.0.1:1/0")
     assert "hunter2" not in repr(be) and "hunter2" not in repr(be.client)
     assert redact("redis://user:hunter2@10.0.0.5:6380/1") == "redis://user:***@10.0.0.5:6380/1"
+
+
+async def test_real_pools_of_two_coordinators_share_one_cap_on_redis(redis_server, fm_home, busybox_image):
+    """Two fleets (coordinators) with the same pool on one Redis: the pool's in-flight cap
+    (its semaphore) is one for both; every permit and tenant slot is back after."""
+    from flowmesh_providers.local import LocalProvider
+
+    from flowmesh_sdk import InstanceSpec, PoolSpec, SandboxSpec, Task
+
+    def fleet(i: int) -> Fleet:
+        prov = LocalProvider(cpus=2, memory_gb=8, state_dir=fm_home / f"c{i}" / "local")
+        return Fleet("shared-pools", home=fm_home / f"c{i}", providers={"local": prov}, state=redis_server.url,
+                     quotas={"*": QuotaLimits(max_in_flight=16)}, reconcile_interval_s=None)
+
+    spec = PoolSpec(name="eval", mode="ephemeral", instance=InstanceSpec(cpus=1, memory_gb=1), max_instances=1)
+    running = peak = 0
+
+    def track(ev: Event) -> None:
+        nonlocal running, peak
+        if ev.kind is EventKind.TASK_STARTED:
+            running += 1
+            peak = max(peak, running)
+        elif ev.kind in (EventKind.TASK_SUCCEEDED, EventKind.TASK_FAILED):
+            running -= 1
+
+    async with fleet(1) as f1, fleet(2) as f2:
+        pools = [await f.pool(spec) for f in (f1, f2)]
+        for f in (f1, f2):
+            f.bus.on(track)
+        tasks = [Task(name=f"t{i}", sandbox=SandboxSpec(image=busybox_image, cpus=1, memory_gb=0.5),
+                      command="sleep 0.2; echo ok") for i in range(3)]
+        results = await asyncio.gather(pools[0].map(tasks), pools[1].map(tasks))
+        assert [r.result.stdout.strip() for rs in results for r in rs] == ["ok"] * 6
+        assert peak == 1     # max_instances=1 ephemeral: one task at a time across both coordinators
+        sem = f1.control.semaphore("fleet:shared-pools:pool:eval", 1)
+        assert await sem.held() == 0
+        assert await f1.quota.in_flight_async("default") == 0
