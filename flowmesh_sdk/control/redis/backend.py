@@ -95,8 +95,10 @@ class RedisBackend(ControlBackend):
         self._fence_hooks.append(hook)
 
     def _fenced(self, reason: str) -> None:
-        for obj in (*self._sems.values(), *self._quotas.values()):
-            obj.drop_local()
+        for sem in self._sems.values():
+            sem.drop_local()
+        for quota in self._quotas.values():
+            quota.drop_local()
         for hook in self._fence_hooks:
             hook(reason)
 
@@ -136,7 +138,7 @@ class RedisBackend(ControlBackend):
             self._queues[name] = TaskQueue(self, name)
         return self._queues[name]
 
-    def ledger(self, fleet: str) -> SharedSpendLedger:  # type: ignore[override]
+    def ledger(self, fleet: str) -> SharedSpendLedger:
         if fleet not in self._ledgers:
             self._ledgers[fleet] = SharedSpendLedger(self, fleet)
         return self._ledgers[fleet]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -129,7 +130,7 @@ class SharedQueue:
                         self.stats.redispatched += 1
                     t = asyncio.ensure_future(self._one(job, execute))
                     self._running[job.id] = t
-                    t.add_done_callback(lambda _t, i=job.id: (self._running.pop(i, None), free.set()))
+                    t.add_done_callback(functools.partial(self._done, job.id, free))
                 if claims:
                     continue
                 if until_empty and not self._running and await self.queue.depth() == (0, 0):
@@ -145,6 +146,10 @@ class SharedQueue:
             for t in list(self._running.values()):
                 t.cancel()
             await asyncio.gather(*self._running.values(), return_exceptions=True)
+
+    def _done(self, task_id: str, free: asyncio.Event, _task: object) -> None:
+        self._running.pop(task_id, None)
+        free.set()
 
     async def _one(self, job: Job, execute: Execute) -> None:
         await self.sem.acquire()

@@ -26,10 +26,11 @@ def free_port() -> int:
 class LocalRedis:
     def __init__(self, directory: str | Path, *, port: int | None = None, appendonly: bool = True,
                  fsync: str = "always") -> None:
-        self.binary = shutil.which("redis-server")
-        if self.binary is None:
+        binary = shutil.which("redis-server")
+        if binary is None:
             raise FlowMeshError("redis-server is not installed: apt-get install -y redis-server "
                                 "(bash setup.sh --dev installs it)")
+        self.binary: str = binary
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
