@@ -51,7 +51,7 @@ class _Loop:
             if task.cancelled():
                 done.cancel()
             elif task.exception() is not None:
-                done.set_exception(task.exception())  # type: ignore[arg-type]
+                done.set_exception(task.exception())
             else:
                 done.set_result(task.result())
 

@@ -45,7 +45,7 @@ def check_caps(caps: object) -> None:
         return
     if not hasattr(caps, "items"):
         raise SpecError("caps", f"must be a mapping of catalog row key -> instances, got {type(caps).__name__}")
-    for key, n in caps.items():  # type: ignore[attr-defined]
+    for key, n in caps.items():
         check_number(f"caps[{key!r}]", n, lo=0, integer=True)
 
 

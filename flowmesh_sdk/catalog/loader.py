@@ -105,14 +105,14 @@ def parse_csv(text: str, name: str) -> list[CatalogRow]:
         try:
             rows.append(CatalogRow(
                 provider=provider, region=rec["region"], zone=rec["zone"] or None,
-                instance_type=rec["instance_type"], cpus=cpus, memory_gb=memory,  # type: ignore[arg-type]
+                instance_type=rec["instance_type"], cpus=cpus, memory_gb=memory,
                 gpus=int(gpus), gpu_name=gpu_name,
                 gpu_memory_gb=_num(rec["gpu_memory_gib"], where, "gpu_memory_gib") if gpus else None,
                 on_demand_per_hour=_num(rec["price_hour_usd"], where, "price_hour_usd"),
                 spot_per_hour=_num(rec["spot_price_hour_usd"], where, "spot_price_hour_usd"),
                 source=rec["source"], fetched_at=rec["snapshot_date"] or None, arch=arch,
                 reliability=_num(rec.get("reliability", ""), where, "reliability"),
-                available=_num(rec.get("available", ""), where, "available", integer=True)))  # type: ignore[arg-type]
+                available=_num(rec.get("available", ""), where, "available", integer=True)))
         except SpecError as exc:
             raise SpecError(f"{where} ({exc.field})", str(exc).split(": ", 1)[-1]) from exc
     return rows

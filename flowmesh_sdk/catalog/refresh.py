@@ -61,7 +61,7 @@ def load_adapter(provider: str) -> Adapter:
         raise SpecError("provider", f"no price adapter for {provider!r}; installed: "
                                     f"{', '.join(sorted(found)) or 'none'} (catalog providers: "
                                     f"{', '.join(PROVIDERS)})")
-    return found[name].load()  # type: ignore[no-any-return]
+    return found[name].load()
 
 
 async def refresh(provider: str, *, endpoint: str | None = None, regions: Sequence[str] = (),

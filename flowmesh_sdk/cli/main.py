@@ -12,7 +12,7 @@ import re
 import runpy
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -131,7 +131,7 @@ def pools(explain: bool = typer.Option(False, "--explain",
         decisions = store.decisions(pool=pool, limit=200) if explain else []
     finally:
         store.close()
-    summary = []
+    summary: list[dict[str, Any]] = []
     for p in rows:
         spec = json.loads(p.spec or "{}")
         mine = [t for t in tasks if t.fleet == p.fleet and t.pool == p.name]
@@ -234,10 +234,10 @@ def status(limit: int = typer.Option(20, help="recent tasks to show"),
         rt = Table(title="result reuse")
         for col in ("fleet", "hits", "joins", "executions", "compute saved (s)", "requests saved"):
             rt.add_column(col)
-        for r in reuse:
-            total = r.hits + r.joins + r.executions
-            rt.add_row(r.fleet, str(r.hits), str(r.joins), str(r.executions), f"{r.saved_s:.1f}",
-                       f"{100 * (r.hits + r.joins) / total:.0f}%" if total else "-")
+        for ru in reuse:
+            total = ru.hits + ru.joins + ru.executions
+            rt.add_row(ru.fleet, str(ru.hits), str(ru.joins), str(ru.executions), f"{ru.saved_s:.1f}",
+                       f"{100 * (ru.hits + ru.joins) / total:.0f}%" if total else "-")
         console.print(rt)
     print_shared(console)
 

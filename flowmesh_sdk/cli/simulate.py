@@ -128,7 +128,7 @@ def cost_simulate(
     for n in levels:
         d, c = by.get((n, configs["ephemeral"].label)), by.get((n, configs["centralized"].label))
         if d and c and "ephemeral" in wanted and "centralized" in wanted:
-            saving = 1 - d.result.cost_usd / c.result.cost_usd  # type: ignore[union-attr]
+            saving = 1 - d.result.cost_usd / c.result.cost_usd
             console.print(f"{n:,} tasks: distributed ephemeral costs {abs(saving) * 100:.1f}% "
                           f"{'less' if saving >= 0 else 'more'} than centralized")
     if plot:

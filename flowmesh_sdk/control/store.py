@@ -211,7 +211,7 @@ class MetadataStore:
                 c.execute("ROLLBACK")
                 raise
         finally:
-            c.isolation_level = ""
+            c.isolation_level = "DEFERRED"   # the sqlite3 default (implicit BEGIN)
 
     def schema_version(self) -> int:
         return int(self._query("PRAGMA user_version")[0][0])

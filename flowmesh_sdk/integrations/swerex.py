@@ -238,8 +238,8 @@ class FlowMeshRuntime(AbstractRuntime):
             r = await self._execute(script, timeout, command.cwd)
         if r.timed_out:
             raise CommandTimeoutError(f"Timeout ({command.timeout}s) exceeded while running command")
-        resp = CommandResponse(stdout=r.stdout_raw.decode(errors="backslashreplace"),  # type: ignore[attr-defined]
-                               stderr=r.stderr_raw.decode(errors="backslashreplace"),  # type: ignore[attr-defined]
+        resp = CommandResponse(stdout=r.stdout_raw.decode(errors="backslashreplace"),
+                               stderr=r.stderr_raw.decode(errors="backslashreplace"),
                                exit_code=r.exit_code)
         if command.check and r.exit_code != 0:
             msg = (f"Command {command.command!r} failed with exit code {r.exit_code}. "

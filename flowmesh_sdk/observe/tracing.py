@@ -141,15 +141,16 @@ def journey(pool: str, task_id: str, name: str, tenant: str) -> Journey | None:
     return j if j.recording else None
 
 
-def _provider_call_attrs(_self: Any, provider: Any, region: str, api: str, *_a: Any, **_k: Any) -> dict[str, Any]:
+def _provider_call_attrs(*args: Any) -> dict[str, Any]:
+    _self, provider, region, api = args
     return {"provider": getattr(provider, "name", str(provider)), "region": region, "api": api}
 
 
 def provider_call(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-    """``Provisioner.call(provider, region, api, fn)`` in a ``flowmesh.provider.call`` span."""
+    """``Provisioner.call(provider, region, api, fn)`` in a ``flowmesh.provider.<api>`` span."""
     @functools.wraps(fn)
     async def inner(*args: P.args, **kwargs: P.kwargs) -> R:
-        attrs = _provider_call_attrs(*args, **kwargs)
+        attrs = _provider_call_attrs(*args[:4])
         with span(f"flowmesh.provider.{attrs['api']}", **attrs):
             return await fn(*args, **kwargs)
     return inner

@@ -43,7 +43,7 @@ class InfraEntry:
             if not _PART.fullmatch(part):
                 raise SpecError(field_name, f"region and zone must be letters, digits, '-', '_', '.' or "
                                             f"wildcards; got {part!r}")
-        return cls(*parts)  # type: ignore[arg-type]
+        return cls(*parts)
 
     @property
     def wild_provider(self) -> bool:

@@ -41,7 +41,7 @@ try:  # fabric (and paramiko) are the optional extra ``ssh``
     import fabric
     import paramiko
 except ImportError:  # pragma: no cover - exercised only without the extra
-    fabric = paramiko = None  # type: ignore[assignment]
+    fabric = paramiko = None
 
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 

@@ -54,7 +54,7 @@ from .trust import HostTrust
 try:  # fabric and paramiko are the optional extra ``ssh``
     import paramiko
 except ImportError:  # pragma: no cover - exercised only without the extra
-    paramiko = None  # type: ignore[assignment]
+    paramiko = None
 
 log = logging.getLogger("flowmesh.remote.ssh")
 T = TypeVar("T")

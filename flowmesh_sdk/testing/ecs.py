@@ -226,7 +226,7 @@ class EcsEmulator(AlibabaEcsEmulator):
     def _err(self, status: int, code: str, message: str) -> tuple[int, Any, dict[str, str]]:
         return self._error(status, code, message)
 
-    def answer(self, method, path, query, headers, body, *, raw_query):  # type: ignore[override]
+    def answer(self, method, path, query, headers, body, *, raw_query):
         params = {k: v[0] for k, v in query.items()}
         action = headers.get("x-acs-action") or params.get("Action") or ""
         version = headers.get("x-acs-version") or params.get("Version")

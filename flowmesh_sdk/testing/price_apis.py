@@ -211,7 +211,7 @@ class AwsPricingEmulator(_Emulator):
     def _error(kind: str, message: str, status: int = 400) -> tuple[int, Any, dict[str, str]]:
         return status, {"__type": kind, "message": message}, {"Content-Type": "application/x-amz-json-1.1"}
 
-    def answer(self, method, path, query, headers, body, *, raw_query):  # type: ignore[override]
+    def answer(self, method, path, query, headers, body, *, raw_query):
         if method != "POST" or path != "/":
             return self._error("UnknownOperationException", f"{method} {path}", 404)
         if headers.get("x-amz-target") != self.TARGET:
@@ -305,7 +305,7 @@ class AzureRetailPricesEmulator(_Emulator):
         for row in rows:
             self.items.extend(azure_items(row))
 
-    def answer(self, method, path, query, headers, body, *, raw_query):  # type: ignore[override]
+    def answer(self, method, path, query, headers, body, *, raw_query):
         if method != "GET" or path.rstrip("/") != "/api/retail/prices":
             return 404, {"Error": {"Code": "NotFound", "Message": f"{method} {path}"}}, {}
         version = _one(query, "api-version")
@@ -373,7 +373,7 @@ class GceBillingCatalogEmulator(_Emulator):
         self.api_key = api_key
         self.page_size = page_size
 
-    def answer(self, method, path, query, headers, body, *, raw_query):  # type: ignore[override]
+    def answer(self, method, path, query, headers, body, *, raw_query):
         m = re.fullmatch(r"/v1/services/([^/]+)/skus", path)
         if method != "GET" or not m:
             return 404, {"error": {"code": 404, "message": f"{method} {path}", "status": "NOT_FOUND"}}, {}
@@ -457,7 +457,7 @@ class AlibabaEcsEmulator(_Emulator):
         return status, {"RequestId": str(uuid.uuid4()).upper(), "HostId": "ecs.aliyuncs.com", "Code": code,
                         "Message": message, "Recommend": "https://api.aliyun.com/troubleshoot"}, {}
 
-    def answer(self, method, path, query, headers, body, *, raw_query):  # type: ignore[override]
+    def answer(self, method, path, query, headers, body, *, raw_query):
         params = {k: v[0] for k, v in query.items()}
         if body and headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
             params.update({k: v[0] for k, v in urllib.parse.parse_qs(body.decode()).items()})
@@ -557,7 +557,7 @@ class VastSearchEmulator(_Emulator):
         self.offers = list(offers)
         self.api_key = api_key
 
-    def answer(self, method, path, query, headers, body, *, raw_query):  # type: ignore[override]
+    def answer(self, method, path, query, headers, body, *, raw_query):
         if path.rstrip("/") != "/api/v0/bundles":
             return 404, {"success": False, "error": "not_found", "msg": f"{method} {path}"}, {}
         if self.api_key is not None:

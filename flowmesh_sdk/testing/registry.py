@@ -666,7 +666,7 @@ def _bcrypt_entry(username: str, password: str) -> str | None:
         if proc.returncode == 0 and proc.stdout.startswith(username + ":$2"):
             return proc.stdout.strip()
     try:
-        import bcrypt  # type: ignore[import-not-found]
+        import bcrypt
     except ImportError:
         return None
     hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()

@@ -138,7 +138,7 @@ class VastEmulator(VastSearchEmulator):
         self.hosts.close()
 
     # ---- HTTP ------------------------------------------------------------------------
-    def answer(self, method, path, query, headers, body, *, raw_query):  # type: ignore[override]
+    def answer(self, method, path, query, headers, body, *, raw_query):
         auth = headers.get("authorization", "")
         key = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
         with self._state:

@@ -488,7 +488,7 @@ class ElasticWorkers:
             log.warning("elastic %s: terminating %s failed: %s", self.role, inst_id, exc)
 
     def _side_task(self, coro: object) -> None:
-        t = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        t = asyncio.ensure_future(coro)
         self._side.add(t)
         t.add_done_callback(self._side.discard)
 

@@ -187,7 +187,7 @@ class ElasticWorker:
 
     name: str
     candidate: Candidate
-    lifecycle: Lifecycle  # type: ignore[type-arg]
+    lifecycle: Lifecycle
     requested_at: float
     replaces: str | None = None
     instance: Instance | None = None
@@ -202,7 +202,7 @@ class ElasticWorker:
 
     @property
     def state(self) -> WorkerState:
-        return self.lifecycle.state  # type: ignore[no-any-return]
+        return self.lifecycle.state
 
     @property
     def offer_id(self) -> str | None:

@@ -44,7 +44,7 @@ def _check_text(field_name: str, value: object) -> None:
 
 
 def _check_args(field_name: str, value: object) -> tuple[str, ...]:
-    if isinstance(value, str) or not all(isinstance(a, str) for a in value):  # type: ignore[union-attr]
+    if isinstance(value, str) or not all(isinstance(a, str) for a in value):
         raise SpecError(field_name, f"must be a list of strings (one per argument); got {value!r}")
     return tuple(value)  # type: ignore[arg-type]
 

@@ -34,9 +34,9 @@ WORKER_TRANSITIONS: Mapping[WorkerState, frozenset[WorkerState]] = {
 }
 
 
-def worker_lifecycle(name: str = "") -> Lifecycle:  # type: ignore[type-arg]
+def worker_lifecycle(name: str = "") -> Lifecycle:
     """A fresh lifecycle in STARTING (``Lifecycle`` checks against this table)."""
-    return Lifecycle(WORKER_TRANSITIONS, WorkerState.STARTING, f"worker {name}")  # type: ignore[type-var]
+    return Lifecycle(WORKER_TRANSITIONS, WorkerState.STARTING, f"worker {name}")
 
 
 class WorkerBase:
@@ -46,11 +46,11 @@ class WorkerBase:
     fleet: str
     instance_id: str | None
     bus: EventBus | None
-    lifecycle: Lifecycle  # type: ignore[type-arg]
+    lifecycle: Lifecycle
 
     @property
     def state(self) -> WorkerState:
-        return self.lifecycle.state  # type: ignore[no-any-return]
+        return self.lifecycle.state
 
     def _emit(self, kind: EventKind, detail: str = "") -> None:
         if self.bus is not None:

@@ -31,7 +31,7 @@ class _JumpSelector(selectors.DefaultSelector):
         super().__init__()
         self.loop: VirtualTimeLoop | None = None
 
-    def select(self, timeout: float | None = None):  # type: ignore[override]
+    def select(self, timeout: float | None = None):
         ready = super().select(0)
         loop = self.loop
         if ready or timeout == 0 or loop is None:
