@@ -12,6 +12,43 @@ from the class alone:
 * :class:`SpecError`      -- bad input; the message names the field and what is allowed.
 
 Errors raised from a lower layer chain it as ``__cause__`` (``raise ... from exc``).
+
+The whole tree (each class is importable from ``flowmesh_sdk``; those defined next to
+their part name the module)::
+
+    FlowMeshError
+    ├── SpecError (also a ValueError)          bad input: names the field and what is allowed
+    ├── ProviderError                          a provider call failed (``provider``, ``code``)
+    │   ├── CapacityError                      no capacity for this offer now: try the next
+    │   ├── QuotaError                         a cloud or tenant limit: another region/provider, or wait
+    │   ├── ThrottledError                     rate limited: back off, same offer (``retry_after_s``)
+    │   ├── AuthError                          a credential is missing or refused: stop
+    │   ├── NotFoundError                      the thing asked about does not exist (any more)
+    │   └── ProviderUnavailableError           the API cannot be reached now: retried with backoff
+    │       └── RegistryUnavailableError       an image registry cannot be reached
+    ├── ImageNotFoundError                     an image that does not resolve, at dispatch
+    ├── SandboxTimeout                         a command ran past its deadline (its tree was killed)
+    ├── InstanceLost                           the instance went away under a task
+    ├── RuntimeMissingError                    no podman/docker on a machine (says how to install)
+    ├── BootstrapError                         a bootstrap step failed (``instance_id``, ``step``)
+    ├── ContainerRuntimeError                  the container runtime refused a command
+    │   ├── WorkerStartError                   (workers.errors) a GPU worker did not come up
+    │   └── TrainingFailedError                (workers.errors) a training run failed
+    ├── SandboxFileError                       a file operation inside a sandbox failed
+    ├── SandboxClosedError                     the sandbox is closed
+    ├── PoolClosedError                        the pool is draining or drained
+    ├── LifecycleError                         an invalid lifecycle transition (a bug)
+    ├── IntegrationMissingError (ImportError)  an optional integration's package is missing: names the extra
+    ├── ControlPlaneUnavailableError           the shared control state (Redis) cannot be reached
+    ├── BudgetExceededError                    a launch would exceed a budget (``which``, ``would_be``, ``cap``)
+    ├── StoreSchemaError                       the metadata store was written by a newer FlowMesh
+    ├── NoFeasibleOffer                        (bidder.gates) no offer passes the gates (each gate's count)
+    ├── CasError                               (cas.base) the content-addressed store failed
+    │   ├── CasNotFoundError                   no object with that digest
+    │   └── CasCorruptError                    an object does not match its digest
+    └── ImageBuildError (also a RuntimeError)  (imagebuild.build) building a project image failed
+
+``tests/test_docs_truth.py`` checks this drawing against the classes.
 """
 
 from __future__ import annotations
