@@ -5,9 +5,16 @@ Importing this package imports no cloud SDK; providers load by name from the
 """
 
 from .control import EventKind, QuotaLimits
-from .errors import (AuthError, BudgetExceededError, CapacityError, FlowMeshError, ImageNotFoundError,
-                     InstanceLost, NotFoundError, PoolClosedError, ProviderError, QuotaError, SandboxTimeout,
-                     SpecError, ThrottledError)
+from .errors import (AuthError, BootstrapError, BudgetExceededError, CapacityError, ContainerRuntimeError,
+                     ControlPlaneUnavailableError, FlowMeshError, ImageNotFoundError, InstanceLost,
+                     IntegrationMissingError, LifecycleError, NotFoundError, PoolClosedError, ProviderError,
+                     ProviderUnavailableError, QuotaError, RegistryUnavailableError, RuntimeMissingError,
+                     SandboxClosedError, SandboxFileError, SandboxTimeout, SpecError, StoreSchemaError,
+                     ThrottledError)
+from .bidder.gates import NoFeasibleOffer
+from .cas.base import CasCorruptError, CasError, CasNotFoundError
+from .imagebuild.build import ImageBuildError
+from .workers.errors import TrainingFailedError, WorkerStartError
 from .fleet import Fleet
 from .pools import AutoPool, EphemeralPool, PersistentPool, Pool
 from .pools.bootstrap import BootstrapPolicy
@@ -30,4 +37,9 @@ __all__ = [
     "PhaseTimings", "Pool", "PoolClosedError", "PoolMode", "PoolSpec", "ProviderError", "QuotaError",
     "QuotaLimits", "Sandbox", "SandboxSize", "SandboxSpec", "SandboxTimeout", "SpecError", "Task", "TaskResult",
     "ThrottledError",
+    # the rest of the error tree (errors.py draws it)
+    "BootstrapError", "CasCorruptError", "CasError", "CasNotFoundError", "ContainerRuntimeError",
+    "ControlPlaneUnavailableError", "ImageBuildError", "IntegrationMissingError", "LifecycleError",
+    "NoFeasibleOffer", "ProviderUnavailableError", "RegistryUnavailableError", "RuntimeMissingError",
+    "SandboxClosedError", "SandboxFileError", "StoreSchemaError", "TrainingFailedError", "WorkerStartError",
 ]

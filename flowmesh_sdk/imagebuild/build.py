@@ -56,6 +56,8 @@ import time
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
+from ..errors import FlowMeshError
+
 BUSYBOX_IMAGE = "localhost/flowmesh/busybox:1"
 SWE_BASE_IMAGE = "localhost/flowmesh/swe-base:bookworm"
 
@@ -100,7 +102,7 @@ BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
 CAP_SYS_RESOURCE = 24
 
 
-class ImageBuildError(RuntimeError):
+class ImageBuildError(FlowMeshError, RuntimeError):
     """A build step failed or a required tool is missing (message is one line)."""
 
 

@@ -1,0 +1,72 @@
+"""Statements of docs/api.md and errors.py checked against the code: the error tree drawn
+in errors.py is the real one and every error is exported from the package root; the
+conformance suite runs every registered provider; a drained pool's name may be used again."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import re
+import tomllib
+from pathlib import Path
+
+import flowmesh_sdk
+from flowmesh_sdk import InstanceSpec, PoolSpec, SpecError
+from flowmesh_sdk.errors import FlowMeshError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _error_classes() -> set[type]:
+    found: set[type] = set()
+    for m in pkgutil.walk_packages(flowmesh_sdk.__path__, "flowmesh_sdk."):
+        if m.name.endswith("__main__") or ".testing" in m.name or ".integrations." in m.name:
+            continue
+        mod = importlib.import_module(m.name)
+        found |= {o for o in vars(mod).values()
+                  if inspect.isclass(o) and issubclass(o, FlowMeshError) and o.__module__ == mod.__name__}
+    return found
+
+
+def test_the_error_tree_in_errors_py_is_the_real_one_and_all_exported() -> None:
+    doc = flowmesh_sdk.errors.__doc__ or ""
+    start = doc.index("FlowMeshError\n")
+    drawing = doc[doc.rindex("\n", 0, start) + 1:]      # from the start of its (indented) line
+    drawn: dict[str, int] = {}       # class -> depth in the drawing
+    for line in drawing.splitlines():
+        m = re.match(r"^(\s*)(?:[│ ]*[├└]── )?([A-Z]\w+)", line)
+        if m and ("──" in line or line.strip() == "FlowMeshError"):
+            depth = (line.find(m.group(2)) - 4) // 4   # the block is indented by 4
+            drawn[m.group(2)] = depth
+    classes = _error_classes()
+    assert {c.__name__ for c in classes} == set(drawn), "errors.py's drawing and the classes differ"
+    for c in classes:
+        assert getattr(flowmesh_sdk, c.__name__) is c, f"{c.__name__} not exported from flowmesh_sdk"
+        assert c.__name__ in flowmesh_sdk.__all__
+        parent = next(b for b in c.__mro__[1:] if issubclass(b, FlowMeshError) or b is FlowMeshError) \
+            if c is not FlowMeshError else None
+        if parent is not None:
+            assert drawn[c.__name__] == drawn[parent.__name__] + 1, f"{c.__name__} is drawn under the wrong parent"
+
+
+def test_the_conformance_suite_runs_every_registered_provider() -> None:
+    eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["flowmesh_sdk.providers"]
+    text = (ROOT / "tests" / "providers" / "conftest.py").read_text()
+    envs = re.search(r"ENVIRONMENTS = \[([^\]]*)\]", text)
+    assert envs is not None
+    assert sorted(eval("[" + envs.group(1) + "]")) == sorted(eps)   # noqa: S307 - a literal list
+
+
+async def test_a_drained_pools_name_may_be_used_again(fleet) -> None:
+    spec = PoolSpec(name="again", instance=InstanceSpec(cpus=1, memory_gb=1), max_instances=1)
+    first = await fleet.pool(spec)
+    try:
+        await fleet.pool(spec)
+    except SpecError as exc:
+        assert "already exists" in str(exc)
+    else:
+        raise AssertionError("a second open pool of the same name was accepted")
+    await first.drain()
+    second = await fleet.pool(spec)
+    assert second is not first and fleet.pools["again"] is second
