@@ -28,6 +28,7 @@ Everything here blocks (sockets, file reads): the runner calls it in a worker th
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +93,8 @@ def build(target: SshTarget, timeout_s: float | None = None) -> Any:
     config files are read).  ``timeout_s`` None: the ssh config's ``ConnectTimeout``, else 10 s."""
     need_fabric()
     kwargs: dict[str, Any] = {}
+    if target.key_path and not os.access(target.key_path, os.R_OK):
+        raise AuthError(f"{target.label}: cannot read the private key {target.key_path}", provider="ssh")
     if target.key_path:
         kwargs = {"key_filename": [target.key_path], "allow_agent": False, "look_for_keys": False}
     else:
