@@ -145,3 +145,15 @@ async def test_a_key_held_by_ssh_agent(tmp_path, monkeypatch):
             from flowmesh_sdk.errors import AuthError
             with pytest.raises(AuthError, match="no key to log in as root"):
                 await SshRunner(SshTarget("agent-box", ssh_config=str(cfg))).run(["true"], timeout_s=20)
+
+
+def test_what_the_ssh_config_resolves_and_what_the_target_overrides(tmp_path):
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host slow\n    HostName 127.0.0.58\n    Port 2222\n    User alice\n    ConnectTimeout 3\n")
+    r = SshRunner(SshTarget("slow", ssh_config=str(cfg)))
+    r._build()      # reads the config, opens nothing
+    assert (r.connect_timeout_s, r.label) == (3, "slow (alice@127.0.0.58:2222)")
+    # given explicitly, port, user and the timeout win over the config, as on ssh's command line
+    r = SshRunner(SshTarget("slow", port=22, user="bob", ssh_config=str(cfg)), connect_timeout_s=7)
+    r._build()
+    assert (r.connect_timeout_s, r.label) == (7, "slow (bob@127.0.0.58:22)")
