@@ -81,8 +81,7 @@ class SharedSpendLedger(SpendLedger):
             d = json.loads(flat[i + 1])
             started = mono_now - (server_now - int(d["started_ms"])) / 1000.0
             ended = None if d.get("ended_ms") is None else mono_now - (server_now - int(d["ended_ms"])) / 1000.0
-            self._charges[cid] = Charge(cid, d["pool"], d["provider"], float(d["price"]), started,
-                                        float(d["min_s"]), ended)
+            self.put(Charge(cid, d["pool"], d["provider"], float(d["price"]), started, float(d["min_s"]), ended))
 
     def run(self) -> None:
         if self._task is None:
