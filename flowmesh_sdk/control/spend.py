@@ -104,6 +104,9 @@ class _Totals:
         else:
             self.past_price -= c.price_per_hour
             self.past_price_start -= c.price_per_hour * c.started
+        if not self.live:   # nothing live: exact zeros, not what the subtractions left over
+            self.burn = self.within = self.past_price = self.past_price_start = 0.0
+            self.due.clear()
 
 
 class SpendLedger:
