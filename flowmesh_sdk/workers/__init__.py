@@ -1,5 +1,5 @@
 """GPU workers: the inference role (vLLM) and the training role (TRL), both run from the
-worker image (``images/gpu-worker``) on an instance through the container runtime.
+worker image (``flowmesh_sdk/imagebuild/gpu-worker``) on an instance through the container runtime.
 
 * :class:`InferenceWorker` -- ``join()`` plans, starts and health-checks a vLLM server and
   returns its :class:`InferenceEndpoint` (rate-limited, locality-carrying, micro-batching

@@ -17,7 +17,7 @@ from ..errors import SpecError
 from ..specs import check_choice, check_number, frozen_env
 
 #: the port the worker image's server listens on inside the container
-#: (images/gpu-worker/Containerfile: ``EXPOSE 8000``; entrypoint.py ``DEFAULT_PORT``)
+#: (flowmesh_sdk/imagebuild/gpu-worker/Containerfile: ``EXPOSE 8000``; entrypoint.py ``DEFAULT_PORT``)
 CONTAINER_PORT = 8000
 #: train --recipe values the worker image's entrypoint accepts (entrypoint.py ``RECIPES``)
 RECIPES = ("sft", "dpo", "grpo")
