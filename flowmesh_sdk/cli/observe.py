@@ -55,26 +55,38 @@ def top(interval: float = typer.Option(1.0, "--interval", help="seconds between 
     from rich.console import Console
     from rich.live import Live
 
-    from .top import as_json, render, snapshot
+    from .shared import shared_store
+    from .top import TopSnapshot, as_json, render, snapshot
     if interval <= 0:
         raise typer.BadParameter("must be > 0 seconds", param_hint="--interval")
     store = _open_store()
     home = str(home_dir())
+
+    def take() -> TopSnapshot:
+        shared = shared_store()   # FLOWMESH_STATE=redis://...: the whole shared fleet, replayed anew
+        if shared is None:
+            return snapshot(store, fleet)
+        try:
+            return snapshot(shared, fleet)
+        finally:
+            shared.close()
     try:
         if json_out:
-            sys.stdout.write(as_json(snapshot(store, fleet)) + "\n")
+            sys.stdout.write(as_json(take()) + "\n")
             return
         console = Console()
         if once:
-            console.print(render(snapshot(store, fleet), home))
+            console.print(render(take(), home))
             return
-        with Live(render(snapshot(store, fleet), home), console=console, auto_refresh=False,
-                  screen=console.is_terminal) as live:
+        with Live(render(take(), home), console=console, auto_refresh=False, screen=console.is_terminal) as live:
             while True:
                 time.sleep(interval)
-                live.update(render(snapshot(store, fleet), home), refresh=True)
+                live.update(render(take(), home), refresh=True)
     except KeyboardInterrupt:
         pass
+    except FlowMeshError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
     finally:
         store.close()
 
