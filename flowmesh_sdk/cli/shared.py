@@ -4,6 +4,8 @@ the tables read a store replayed from every coordinator's events
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.table import Table
 
@@ -29,34 +31,26 @@ def shared_status() -> object | None:
     return _VIEW.get("status")
 
 
+def _table(console: Console, title: str, cols: tuple[str, ...], rows: list[tuple[object, ...]],
+           always: bool = False) -> None:
+    if rows or always:
+        t = Table(title=title)
+        for col in cols:
+            t.add_column(col)
+        for r in rows:
+            t.add_row(*(str(x) for x in r))
+        console.print(t)
+
+
 def print_shared(console: Console) -> None:
-    s = shared_status()
+    s: Any = shared_status()
     if s is None:
         return
-    ct = Table(title=f"coordinators sharing the fleet ({s.url})")   # type: ignore[attr-defined]
-    for col in ("coordinator", "host", "pid", "lease left (ms)"):
-        ct.add_column(col)
-    for c in s.coordinators:   # type: ignore[attr-defined]
-        ct.add_row(c.id, c.host, str(c.pid), str(c.lease_left_ms) if c.lease_left_ms >= 0 else "lapsed")
-    console.print(ct)
-    if s.queues:   # type: ignore[attr-defined]
-        qt = Table(title="shared queues")
-        for col in ("queue", "queued", "claimed"):
-            qt.add_column(col)
-        for q in s.queues:   # type: ignore[attr-defined]
-            qt.add_row(q.name, str(q.queued), str(q.claimed))
-        console.print(qt)
-    if s.instances:   # type: ignore[attr-defined]
-        it = Table(title="instances owned by the fleet")
-        for col in ("id", "fleet", "pool", "provider", "held by"):
-            it.add_column(col)
-        for i in s.instances:   # type: ignore[attr-defined]
-            it.add_row(i.id, i.fleet, i.pool, i.provider, i.holder)
-        console.print(it)
-    if s.adoptions:   # type: ignore[attr-defined]
-        at = Table(title="adoptions (dead coordinators' work taken over)")
-        for col in ("dead", "adopter", "leases", "tasks", "instances"):
-            at.add_column(col)
-        for a in s.adoptions:   # type: ignore[attr-defined]
-            at.add_row(a.dead, a.adopter, str(a.leases), str(a.tasks), str(a.instances))
-        console.print(at)
+    _table(console, f"coordinators sharing the fleet ({s.url})", ("coordinator", "host", "pid", "lease left (ms)"),
+           [(c.id, c.host, c.pid, c.lease_left_ms if c.lease_left_ms >= 0 else "lapsed") for c in s.coordinators],
+           always=True)
+    _table(console, "shared queues", ("queue", "queued", "claimed"), [(q.name, q.queued, q.claimed) for q in s.queues])
+    _table(console, "instances owned by the fleet", ("id", "fleet", "pool", "provider", "held by"),
+           [(i.id, i.fleet, i.pool, i.provider, i.holder) for i in s.instances])
+    _table(console, "adoptions (dead coordinators' work taken over)", ("dead", "adopter", "leases", "tasks", "instances"),
+           [(a.dead, a.adopter, a.leases, a.tasks, a.instances) for a in s.adoptions])

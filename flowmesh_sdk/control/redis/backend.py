@@ -128,7 +128,7 @@ class RedisBackend(ControlBackend):
             sem.resize(capacity)
         return sem
 
-    def quota(self, key: str, default: QuotaLimits | None = None) -> RedisQuota:  # type: ignore[override]
+    def quota(self, key: str, default: QuotaLimits | None = None) -> RedisQuota:
         if key not in self._quotas:
             self._quotas[key] = RedisQuota(self, key, default)
         return self._quotas[key]

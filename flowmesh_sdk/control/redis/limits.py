@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ... import clock
 from ...errors import ControlPlaneUnavailableError, QuotaError, SpecError, ThrottledError
 from ...specs import check_number
-from ..limits import QuotaLimits, quota_error
+from ..limits import Quota, QuotaLimits, quota_error
 
 if TYPE_CHECKING:
     from .backend import RedisBackend
@@ -168,29 +168,17 @@ class RedisSemaphore:
         return int(await self.backend.client.script("SEM_COUNT", (self._rkey,), ()))
 
 
-class RedisQuota:
+class RedisQuota(Quota):
     """Per-tenant admission shared by every coordinator.  The limits are this coordinator's
-    configuration (give every coordinator the same); the counts are the fleet's."""
+    configuration (give every coordinator the same; ``set`` and ``limits`` as in
+    :class:`~flowmesh_sdk.control.limits.Quota`); the counts are the fleet's."""
 
     def __init__(self, backend: RedisBackend, key: str, default: QuotaLimits | None = None) -> None:
-        if default is not None and not isinstance(default, QuotaLimits):
-            raise SpecError("quota.default", f"must be a QuotaLimits, got {type(default).__name__}")
+        super().__init__(default)
         self.backend = backend
         self.key = key
-        self.default = default or QuotaLimits()
-        self._limits: dict[str, QuotaLimits] = {}
         self._held: collections.defaultdict[str, list[str]] = collections.defaultdict(list)
         self._seq = itertools.count()
-
-    def set(self, tenant: str, limits: QuotaLimits) -> None:
-        if not isinstance(tenant, str) or not tenant:
-            raise SpecError("quota.tenant", f"must be a non-empty tenant name, got {tenant!r}")
-        if not isinstance(limits, QuotaLimits):
-            raise SpecError(f"quota[{tenant}]", f"must be a QuotaLimits, got {type(limits).__name__}")
-        self._limits[tenant] = limits
-
-    def limits(self, tenant: str) -> QuotaLimits:
-        return self._limits.get(tenant, self.default)
 
     def _keys(self, tenant: str) -> tuple[str, str]:
         return self.backend.key("quota", self.key, tenant, "inflight"), self.backend.key("quota", self.key, tenant, "total")
