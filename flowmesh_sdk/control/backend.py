@@ -9,22 +9,17 @@ so that many coordinators share one fleet; :func:`open_backend` picks one from t
 from __future__ import annotations
 
 import abc
-import logging
 
 from .. import settings
-from ..errors import ControlPlaneUnavailableError, SpecError
+from ..errors import SpecError
 from .events import EventBus
 from .limits import Quota, QuotaLimits, Semaphore, TokenBucket
 from .spend import SpendLedger
-
-log = logging.getLogger("flowmesh.control")
 
 STATE_ENV = "FLOWMESH_STATE"
 
 
 class ControlBackend(abc.ABC):
-    shared = False   # True: the state is shared with other coordinators (Redis)
-
     @abc.abstractmethod
     def rate_limiter(self, key: str, rate: float, burst: float) -> TokenBucket: ...
 
@@ -100,5 +95,4 @@ def open_backend(state: str | None = None, *, lease_s: float = 5.0) -> ControlBa
     return RedisBackend(url, lease_s=lease_s)
 
 
-__all__ = ["ControlBackend", "ControlPlaneUnavailableError", "InProcessBackend", "STATE_ENV", "open_backend",
-           "state_url"]
+__all__ = ["ControlBackend", "InProcessBackend", "STATE_ENV", "open_backend", "state_url"]

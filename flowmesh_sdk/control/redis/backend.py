@@ -39,8 +39,6 @@ class RedisBackend(ControlBackend):
     stopped heartbeating keeps its leases (and how soon its work is adopted: within
     about 1.3 x ``lease_s``)."""
 
-    shared = True
-
     def __init__(self, url: str, *, namespace: str = "flowmesh", lease_s: float = 5.0,
                  retry: RetrySettings | None = None) -> None:
         self.url = check_url(url)

@@ -39,20 +39,16 @@ async def amain(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         await sq.submit((f"{os.getpid()}-{i}".encode() for i in range(args.submit)), tenant=args.tenant)
         log.write(f"submitted {args.submit} in {time.perf_counter() - t0:.3f} s\n")
-    published = sq.stats.published
-
-    def note() -> None:
-        while len(published) > note.seen:   # type: ignore[attr-defined]
-            log.write(f"published {published[note.seen]}\n")   # type: ignore[attr-defined]
-            note.seen += 1   # type: ignore[attr-defined]
-    note.seen = 0   # type: ignore[attr-defined]
-
+    published, logged = sq.stats.published, 0
     serving = asyncio.ensure_future(sq.serve(execute, concurrency=args.concurrency, until_empty=True))
-    while not serving.done():
+    while True:
         await asyncio.wait([serving], timeout=0.01)
-        note()
+        for task_id in published[logged:]:   # what was published since, flushed line by line
+            log.write(f"published {task_id}\n")
+        logged = len(published)
+        if serving.done():
+            break
     serving.result()
-    note()
     s = sq.stats
     log.write(f"done executed={s.executed} published={len(s.published)} already={s.already} "
               f"redispatched={s.redispatched} fenced={s.fenced}\n")
