@@ -25,6 +25,7 @@ that calls ``reward(prompts=..., completions=..., **columns)`` can use it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -96,7 +97,7 @@ class CodeReward:
     def __init__(self, reuse: Any, pool: Any, spec: SandboxSpec, bridge: LoopBridge, *,
                  tests_column: str, answer_path: str, tests_path: str, command: str, timeout_s: float,
                  wait_s: float, tenant: str, extract: Callable[[Any], str],
-                 reward_of: Callable[[ExecResult], float], name: str) -> None:
+                 reward_of: Callable[[ExecResult], float], name: str, history: int) -> None:
         self.reuse = reuse
         self.pool = pool
         self.spec = spec
@@ -113,6 +114,8 @@ class CodeReward:
         self.__name__ = name          # TRL names the reward's metrics after it
         self.stats = RewardStats()
         self.last: list[RewardOutcome] = []
+        #: the outcomes of the last ``history`` calls (one list per training step's batch)
+        self.history: collections.deque[list[RewardOutcome]] = collections.deque(maxlen=history)
 
     def __repr__(self) -> str:
         return f"CodeReward({self.__name__}, pool={getattr(self.pool, 'name', '?')}, image={self.spec.image!r})"
@@ -124,6 +127,7 @@ class CodeReward:
                                                           f"entry per completion (got {type(tests).__name__})")
         outcomes = await self.bridge.hop(self.score(list(completions), [str(t) for t in tests]))
         self.last = outcomes
+        self.history.append(outcomes)
         log_extra, log_metric = kwargs.get("log_extra"), kwargs.get("log_metric")
         if callable(log_extra):
             log_extra("flowmesh_reason", [o.reason for o in outcomes])
@@ -183,7 +187,7 @@ def code_reward(fleet: Any, pool: Any, *, image: str | None = None, spec: Sandbo
                 wait_s: float = 600.0, tenant: str = "default",
                 extract: Callable[[Any], str] = extract_code,
                 reward_of: Callable[[ExecResult], float] = passed,
-                name: str = "flowmesh_code_reward") -> CodeReward:
+                name: str = "flowmesh_code_reward", history: int = 16) -> CodeReward:
     """A ``GRPOTrainer`` reward function grading each completion in a sandbox of ``pool``.
 
     ``fleet`` gives the result reuse (``fleet.results``); ``fleet`` and ``pool`` may be
@@ -192,7 +196,9 @@ def code_reward(fleet: Any, pool: Any, *, image: str | None = None, spec: Sandbo
     goes to ``answer_path`` and the row's ``tests_column`` to ``tests_path``; ``command``
     (default ``python3 -B TESTS_PATH``: the tests ``import answer``) runs under
     ``timeout_s``; ``wait_s`` bounds the whole request (queueing included).  ``reward_of``
-    maps a finished run's ``ExecResult`` to the reward (default: 1.0 if exit 0)."""
+    maps a finished run's ``ExecResult`` to the reward (default: 1.0 if exit 0).  The
+    function keeps ``stats`` (totals), ``last`` (the last batch's :class:`RewardOutcome`\ s)
+    and ``history`` (the last ``history`` batches)."""
     inner_pool, inner_fleet = getattr(pool, "pool", pool), getattr(fleet, "fleet", fleet)
     if not callable(getattr(inner_pool, "run_task", None)):
         raise SpecError("reward.pool", f"must be a FlowMesh pool, got {type(pool).__name__}")
@@ -203,6 +209,7 @@ def code_reward(fleet: Any, pool: Any, *, image: str | None = None, spec: Sandbo
         raise SpecError("reward.image", "give exactly one of image= or spec=")
     check_number("reward.timeout_s", timeout_s, lo=0, hi=7 * 86400, lo_open=True)
     check_number("reward.wait_s", wait_s, lo=0, lo_open=True)
+    check_number("reward.history", history, lo=1, integer=True)
     for fname, path in (("reward.answer_path", answer_path), ("reward.tests_path", tests_path)):
         if not isinstance(path, str) or not path.startswith("/"):
             raise SpecError(fname, f"must be an absolute path, got {path!r}")
@@ -211,4 +218,5 @@ def code_reward(fleet: Any, pool: Any, *, image: str | None = None, spec: Sandbo
     bridge = LoopBridge(sync_loop) if sync_loop is not None else LoopBridge.current()
     return CodeReward(reuse, inner_pool, sb_spec, bridge, tests_column=tests_column, answer_path=answer_path,
                       tests_path=tests_path, command=command or f"python3 -B {tests_path}", timeout_s=timeout_s,
-                      wait_s=wait_s, tenant=tenant, extract=extract, reward_of=reward_of, name=name)
+                      wait_s=wait_s, tenant=tenant, extract=extract, reward_of=reward_of, name=name,
+                      history=history)
