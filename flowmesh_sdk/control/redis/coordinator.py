@@ -111,8 +111,8 @@ class Coordinator:
         """Renew this coordinator's lease and every lease it holds; fence and rejoin if it
         lapsed.  Returns how many leases were renewed."""
         n, _ = await self.client.script(
-            "HEARTBEAT", (self.coord_key, self.leases_key, self.key("coords"), self.key("epoch"),
-                          self.instances_key), (self.id, self.lease_ms, self.epoch))
+            "HEARTBEAT", (self.coord_key, self.leases_key, self.key("coords"), self.key("epoch")),
+            (self.id, self.lease_ms, self.epoch))
         if n >= 0:
             return int(n)
         reason = ("the control state was lost (Redis restarted without its data)" if n == -2

@@ -81,7 +81,6 @@ class RedisSemaphore:
         self._waiters: collections.deque[tuple[asyncio.Future[str], str]] = collections.deque()
         self._seq = itertools.count()
         self._pump: asyncio.Task[None] | None = None
-        self._generation = backend.coordinator.id
 
     @property
     def in_flight(self) -> int:

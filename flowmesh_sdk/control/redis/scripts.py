@@ -39,7 +39,7 @@ redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
 return {ep, now}
 """
 
-# KEYS: coord key, lease hash, coords zset, epoch key, instances set   ARGV: coord id, lease ms, epoch
+# KEYS: coord key, lease hash, coords zset, epoch key   ARGV: coord id, lease ms, epoch
 # -> {n leases renewed, server ms} | {-1} lease lapsed | {-2} state lost (epoch gone or changed)
 HEARTBEAT = _NOW + """
 local ep = redis.call('GET', KEYS[4])
