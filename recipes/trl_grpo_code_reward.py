@@ -78,7 +78,7 @@ async def main(argv: list[str] | None = None) -> int:
     await asyncio.to_thread(job.ensure_base, build)
     work = Path(tempfile.mkdtemp(prefix="flowmesh-grpo-"))
     lm = await asyncio.to_thread(build_tiny_lm, work / "tiny", texts=ANSWERS + [p for p, _ in TASKS])
-    ds = Dataset.from_list([{"prompt": p, "tests": t} for p, t in TASKS] * 2)
+    ds = Dataset.from_list([{"prompt": p, "tests": t} for p, t in TASKS])   # each step: all three
     async with Fleet(name="grpo-reward") as fleet:
         pool = await fleet.pool(PoolSpec(name="rewards", mode="persistent", instance=InstanceSpec(cpus=2, memory_gb=4),
                                          min_instances=1, max_instances=1, sandboxes_per_instance=4))
