@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
-from typing import Any
+from typing import Any, cast
 
 from . import require
 
@@ -69,9 +69,6 @@ class FlowMeshEnvironment:
     """mini-swe-agent's ``Environment`` on ``sandbox``: a :class:`~flowmesh_sdk.sync.SyncSandbox`,
     or a :class:`~flowmesh_sdk.sandbox.Sandbox` (make the environment in async code on the
     sandbox's loop; ``execute`` is then called from another thread)."""
-
-    # mini-swe-agent's own completion check (a Submitted on the magic first line)
-    _check_finished = LocalEnvironment._check_finished
 
     def __init__(self, *, sandbox: Sandbox | SyncSandbox, config_class: type = FlowMeshEnvironmentConfig,
                  **kwargs: Any) -> None:
@@ -119,6 +116,10 @@ class FlowMeshEnvironment:
                 output = {"output": text, "returncode": r.exit_code, "exception_info": ""}
         self._check_finished(output)
         return output
+
+    def _check_finished(self, output: dict) -> None:
+        """mini-swe-agent's own completion check: ``Submitted`` on the magic first line."""
+        LocalEnvironment._check_finished(cast(Any, self), output)
 
     def platform(self) -> dict[str, str]:
         """The sandbox's ``uname`` as ``platform.uname()._asdict()`` names it (asked once)."""

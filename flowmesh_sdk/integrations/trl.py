@@ -164,17 +164,18 @@ class CodeReward:
             what = (f"no result within {self.wait_s:g} s" if isinstance(exc, TimeoutError)
                     else f"{type(exc).__name__}: {exc}")
             return self._zero(i, answer, f"infra: {what}", infra=True, tests=tests)
-        h = tr.provenance.h_task if tr.provenance is not None else None
-        base = dict(reuse=tr.reuse, h_task=h, task_id=(tr.provenance.task_id if tr.provenance else tr.task_id),
-                    instance_id=tr.instance_id, tests=tests)
+        prov = tr.provenance
+        ran: dict[str, Any] = {"reuse": tr.reuse, "h_task": prov.h_task if prov else None,
+                               "task_id": prov.task_id if prov else tr.task_id, "instance_id": tr.instance_id}
         r = tr.result
         if tr.error is not None or r is None:
-            return self._zero(i, answer, f"infra: {tr.error or 'no result'}", infra=True, **base)
+            return self._zero(i, answer, f"infra: {tr.error or 'no result'}", infra=True, tests=tests, **ran)
         if r.timed_out:
-            return self._zero(i, answer, f"timed out after {self.timeout_s:g} s", exit_code=r.exit_code, **base)
+            return self._zero(i, answer, f"timed out after {self.timeout_s:g} s", exit_code=r.exit_code,
+                              tests=tests, **ran)
         reward = float(self.reward_of(r))
         reason = "passed" if r.exit_code == 0 else f"failed (exit {r.exit_code})"
-        return RewardOutcome(i, answer, reward, reason, exit_code=r.exit_code, **base)
+        return RewardOutcome(i, answer, reward, reason, exit_code=r.exit_code, tests=tests, **ran)
 
     def _zero(self, i: int, answer: str, reason: str, *, infra: bool = False, **base: Any) -> RewardOutcome:
         log.warning("%s: reward 0 for completion %d: %s", self.__name__, i, reason)
