@@ -24,30 +24,28 @@ Offline: the local provider, images built on this host, nothing downloaded.  Imp
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))   # the sibling _main_job
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # the sibling _swe_tasks, _main_job
 
 import yaml  # noqa: E402  (a dependency of mini-swe-agent)
 from rich.table import Table  # noqa: E402
 
-from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, Task  # noqa: E402
+from flowmesh_sdk import Task  # noqa: E402
 from flowmesh_sdk.integrations.minisweagent import FlowMeshEnvironment  # noqa: E402
-from _main_job import load_main_job  # noqa: E402
+import _swe_tasks as recipe  # noqa: E402
 
 from minisweagent.agents.default import DefaultAgent  # noqa: E402
 from minisweagent.config import builtin_config_dir  # noqa: E402
 from minisweagent.models.test_models import DeterministicModel, make_output  # noqa: E402
 
-job = load_main_job()
-console = job.console
+job = recipe.job
+console = recipe.console
 STEP_TIMEOUT_S = 120
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git diff"
 
@@ -121,46 +119,17 @@ def table(rows: list[dict[str, Any]]) -> Table:
         t.add_column(col, no_wrap=True)
     for r in rows:
         t.add_row(r["task"], r["patch"] + ("" if r["patch"] == "right" else f": {r['how']}"), r["expected"],
-                  r["exit_status"], str(r["model_calls"]), ",".join(map(str, r["step_exit_codes"])), str(len(r["submission"].splitlines())), r["got"],
+                  r["exit_status"], str(r["model_calls"]), ",".join(map(str, r["step_exit_codes"])),
+                  str(len(r["submission"].splitlines())), r["got"],
                   "[green]✓[/]" if r["matched"] else "[bold red]✗[/]", f"{r['agent_s']:.1f}")
     return t
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="mini_swe_agent_eval.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--tasks", type=int, default=4, metavar="N", help="number of tasks (default 4)")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    args = p.parse_args(argv)
-    if args.tasks < 1:
-        p.error("--tasks must be at least 1")
-    return args
-
-
 async def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    build = job._load_image_builder()
-    try:
-        await asyncio.to_thread(job.ensure_base, build)
-        tasks = job.make_tasks(args.tasks)
-        images = {t.name: await asyncio.to_thread(build.build_task_image, t.name, t.repo_files) for t in tasks}
-    except Exception as exc:  # noqa: BLE001 - ImageBuildError and friends, reported plainly
-        console.print(f"[bold red]images not available:[/] {exc}")
-        return 2
-    console.print(f"{len(tasks)} tasks, one image each FROM {job.BASE_IMAGE}; the model is a scripted "
-                  "policy standing in for an LLM (mini-swe-agent's DeterministicModel)")
-    async with Fleet(name="mini-swe-agent") as fleet:
-        pool = await fleet.pool(PoolSpec(name="agents", mode="persistent", instance=InstanceSpec(cpus=2, memory_gb=4),
-                                         min_instances=1, max_instances=1, sandboxes_per_instance=2,
-                                         warm_per_image=0))
-        rows = await asyncio.gather(*(run_one(pool, t, images[t.name]) for t in tasks))
-    console.print(table(rows))
-    ok = all(r["matched"] for r in rows)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"ok": ok, "results": rows}, indent=2) + "\n")
-        console.print(f"results written to {args.json}")
-    console.print("[bold green]every verdict matched its expectation[/]" if ok else
-                  f"[bold red]{sum(not r['matched'] for r in rows)} verdict(s) did not match[/]")
-    return 0 if ok else 1
+    args = recipe.parse_args("mini_swe_agent_eval.py", __doc__, argv)
+    return await recipe.run_recipe(args, "mini-swe-agent", "the model is a scripted policy standing in for "
+                                   "an LLM (mini-swe-agent's DeterministicModel)", run_one,
+                                   lambda rows: console.print(table(rows)))
 
 
 if __name__ == "__main__":

@@ -19,9 +19,7 @@ Offline: the local provider, images built on this host.  Importable: ``await mai
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -29,18 +27,17 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))   # the sibling _main_job
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # the sibling _swe_tasks, _main_job
 
 from rich.table import Table  # noqa: E402
 from swerex.runtime.abstract import (BashAction, Command, CreateBashSessionRequest, ReadFileRequest,  # noqa: E402
                                      WriteFileRequest)
 
-from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec  # noqa: E402
 from flowmesh_sdk.integrations.swerex import FlowMeshDeployment  # noqa: E402
-from _main_job import load_main_job  # noqa: E402
+import _swe_tasks as recipe  # noqa: E402
 
-job = load_main_job()
-console = job.console
+job = recipe.job
+console = recipe.console
 PYTEST = "python3 -m pytest -q -p no:cacheprovider"
 
 
@@ -105,40 +102,15 @@ def tables(rows: list[dict[str, Any]]) -> tuple[Table, Table]:
     return t, lat
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="swerex_backend.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--tasks", type=int, default=4, metavar="N", help="number of tasks (default 4)")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    args = p.parse_args(argv)
-    if args.tasks < 1:
-        p.error("--tasks must be at least 1")
-    return args
-
-
 async def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    build = job._load_image_builder()
-    try:
-        await asyncio.to_thread(job.ensure_base, build)
-        tasks = job.make_tasks(args.tasks)
-        images = {t.name: await asyncio.to_thread(build.build_task_image, t.name, t.repo_files) for t in tasks}
-    except Exception as exc:  # noqa: BLE001 - ImageBuildError and friends, reported plainly
-        console.print(f"[bold red]images not available:[/] {exc}")
-        return 2
-    async with Fleet(name="swerex-backend") as fleet:
-        pool = await fleet.pool(PoolSpec(name="swerex", mode="persistent", instance=InstanceSpec(cpus=2, memory_gb=4),
-                                         min_instances=1, max_instances=1, sandboxes_per_instance=2,
-                                         warm_per_image=0))
-        rows = await asyncio.gather(*(solve(pool, t, images[t.name]) for t in tasks))
-    for t in tables(rows):
-        console.print(t)
-    ok = all(r["matched"] for r in rows)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"ok": ok, "results": rows}, indent=2) + "\n")
-        console.print(f"results written to {args.json}")
-    console.print("[bold green]every verdict matched its expectation[/]" if ok else
-                  f"[bold red]{sum(not r['matched'] for r in rows)} verdict(s) did not match[/]")
-    return 0 if ok else 1
+    args = recipe.parse_args("swerex_backend.py", __doc__, argv)
+
+    def show(rows: list[dict[str, Any]]) -> None:
+        for t in tables(rows):
+            console.print(t)
+
+    return await recipe.run_recipe(args, "swerex-backend", "each driven through SWE-ReX's calls on "
+                                   "FlowMeshDeployment", solve, show)
 
 
 if __name__ == "__main__":
