@@ -36,7 +36,7 @@ from ..errors import FlowMeshError, SpecError
 from ..specs import ExecResult, ReuseKind, SandboxSpec, Task, TaskResult, check_number
 from ._bridge import LoopBridge
 
-__all__ = ["CodeReward", "RewardOutcome", "RewardStats", "code_reward", "extract_code"]
+__all__ = ["CodeReward", "RewardOutcome", "RewardStats", "code_reward", "extract_code", "passed"]
 
 log = logging.getLogger("flowmesh.integrations.trl")
 
