@@ -36,13 +36,8 @@ PHASES = ("queued", "scheduling", "env_startup", "execution", "teardown")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
                    600.0, 1800.0, 3600.0)
 FAILOVER_REASONS = ("capacity", "quota", "quota (skipped)", "throttled", "auth", "auth (skipped)", "unavailable")
-_INSTANCE_STATE = {
-    EventKind.INSTANCE_REQUESTED: "requested", EventKind.INSTANCE_RUNNING: "running",
-    EventKind.INSTANCE_READY: "ready", EventKind.INSTANCE_DRAINING: "draining",
-    EventKind.INSTANCE_FAILED: "failed", EventKind.INSTANCE_STOPPED: "stopped",
-    EventKind.INSTANCE_TERMINATING: "terminating", EventKind.INSTANCE_TERMINATION_FAILED: "termination_failed",
-    EventKind.INSTANCE_TERMINATED: "terminated",
-}
+#: instance.<state> events; the state label is the part after the dot (as the store records it)
+_INSTANCE_KINDS = frozenset(k for k in EventKind if k.value.startswith("instance."))
 _REUSE = {EventKind.REUSE_HIT: "hit", EventKind.REUSE_JOINED: "joined", EventKind.REUSE_EXECUTED: "executed"}
 _PULL = re.compile(r"\(image size (\d+) bytes\) in ([0-9.]+) s")
 
@@ -130,7 +125,7 @@ class FleetMetrics:
             if ev.phases is not None:
                 for name in PHASES:
                     self.phase.labels(ev.pool, name).observe(getattr(ev.phases, name))
-        elif ev.kind in _INSTANCE_STATE:
+        elif ev.kind in _INSTANCE_KINDS:
             self._instance(ev)
         elif ev.kind is EventKind.LAUNCH_FAILOVER:
             provider, reason = failover_labels(ev.detail)
@@ -154,7 +149,7 @@ class FleetMetrics:
                 self.reuse_saved.inc(float(_json(ev.detail).get("saved_s") or 0.0))
 
     def _instance(self, ev: Event) -> None:
-        state = _INSTANCE_STATE[ev.kind]
+        state = ev.kind.value.removeprefix("instance.")
         iid = ev.instance_id or ""
         pool, provider, _ = self._instances.get(iid, (ev.pool, "", ""))
         if ev.kind is EventKind.INSTANCE_REQUESTED:
