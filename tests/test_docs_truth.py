@@ -70,3 +70,26 @@ async def test_a_drained_pools_name_may_be_used_again(fleet) -> None:
     await first.drain()
     second = await fleet.pool(spec)
     assert second is not first and fleet.pools["again"] is second
+
+
+def test_documented_defaults_are_the_records_defaults() -> None:
+    """The default column of docs/api.md's PoolSpec, InstanceSpec and SandboxSpec tables."""
+    import dataclasses
+
+    from flowmesh_sdk import PoolMode, SandboxSpec
+    text = (ROOT / "docs" / "api.md").read_text()
+    namespace = {"PoolMode": PoolMode, "InstanceSpec": InstanceSpec}
+    for cls, head in ((PoolSpec, "### PoolSpec\n"), (InstanceSpec, "### InstanceSpec\n"), (SandboxSpec, "## SandboxSpec\n")):
+        section = text[text.index(head):]
+        section = section[:section.index("\n#", len(head))]
+        cells = dict(re.findall(r"^\| `(\w+)` \| ([^|]*) \|", section, re.M))
+        for f in dataclasses.fields(cls):
+            assert f.name in cells, f"{cls.__name__}.{f.name} is not in its docs/api.md table"
+            cell = cells[f.name].strip()
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                assert cell.startswith("required"), (cls.__name__, f.name, cell)
+                continue
+            want = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            shown = re.match(r"`([^`]+)`", cell)
+            assert shown is not None, (cls.__name__, f.name, cell)
+            assert eval(shown.group(1), namespace) == want, (cls.__name__, f.name, cell, want)   # noqa: S307
