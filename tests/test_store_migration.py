@@ -103,3 +103,14 @@ def test_a_fresh_store_starts_at_the_current_version(tmp_path: Path) -> None:
         assert store.schema_version() == SCHEMA_VERSION >= 2 and store.tasks() == []
     finally:
         store.close()
+
+
+def test_an_event_after_close_is_dropped_quietly(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A late event (a sandbox closed after its fleet closed the store) is not an error."""
+    store = MetadataStore(tmp_path / "flowmesh.db")
+    bus = EventBus()
+    store.attach(bus)
+    store.close()
+    with caplog.at_level("WARNING", logger="flowmesh"):
+        bus.publish(Event(EventKind.SANDBOX_CLOSED, fleet="f", pool="p"))
+    assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]

@@ -175,6 +175,7 @@ class MetadataStore:
         self._queue: collections.deque[Event] = collections.deque()
         self._scheduled = False
         self._flag = threading.Lock()
+        self._closed = False
         try:
             self._pool.submit(self._init).result()
         except BaseException:
@@ -224,6 +225,9 @@ class MetadataStore:
         """Queue ``ev`` for the writer thread (never blocks).  The writer takes everything
         queued at once and writes it in one transaction: a burst of events costs one
         commit, not one each."""
+        if self._closed:   # an event after the fleet closed its store (a late sandbox close): not recorded
+            log.debug("metadata store %s is closed: %s not recorded", self.path, ev.kind.value)
+            return
         self._queue.append(ev)
         with self._flag:
             if self._scheduled:
@@ -394,6 +398,7 @@ class MetadataStore:
             if conn is not None:
                 conn.close()
                 self._local.conn = None
+        self._closed = True
         self._pool.submit(_close).result()
         self._pool.shutdown(wait=True)
 
