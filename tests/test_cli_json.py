@@ -142,3 +142,20 @@ def test_every_module_logs_under_the_flowmesh_tree() -> None:
                 if "logging.getLogger(__name__)" in line:
                     bad.append(f"{path.relative_to(root)}:{n}")
     assert not bad, f"loggers outside the flowmesh tree: {bad}"
+
+
+def test_catalog_refresh_json_against_the_vast_emulator(tmp_path: Path) -> None:
+    from flowmesh_sdk.testing.vast import VastSearchEmulator, vast_offer
+
+    offers = [vast_offer(7, "RTX 4090", 1, 24564, 0.31, 0.16, geolocation="Texas, US"),
+              vast_offer(8, "H100 SXM", 1, 81559, 1.9, 1.1, geolocation="Quebec, CA")]
+    env_extra = {"VAST_API_KEY": "test-vast-key", "FLOWMESH_CACHE_DIR": str(tmp_path / "cache")}
+    with VastSearchEmulator(offers) as emu:
+        env = {**os.environ, "FLOWMESH_HOME": str(tmp_path), **env_extra}
+        res = subprocess.run([*FLOWMESH, "catalog", "refresh", "--provider", "vast", "--endpoint", emu.url, "--json"],
+                             capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    out = doc(res, "flowmesh.catalog.refresh/1")["result"]
+    assert (out["provider"], out["rows"], out["priced"]) == ("vast", 2, 2)
+    assert out["path"] == str(tmp_path / "cache" / "catalog" / "vast.csv") and Path(out["path"]).is_file()
+    assert "test-vast-key" not in res.stdout + res.stderr

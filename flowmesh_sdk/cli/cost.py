@@ -182,12 +182,16 @@ def catalog_refresh(provider: str = typer.Option(..., "--provider", "-p", help=f
                                                            help="the price API's base URL (default: the real one)"),
                     region: Optional[list[str]] = typer.Option(None, "--region",
                                                                help="region(s) to fetch (default: the adapter's)"),
+                    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
                     ) -> None:
     """Fetch live prices from the provider's own price API into the user's cache directory."""
     try:
         result = asyncio.run(refresh(provider, endpoint=endpoint, regions=_split(region)))
     except FlowMeshError as exc:
         raise _fail(exc) from exc
+    if json_out:
+        emit("catalog.refresh", result=result)
+        return
     console.print(f"{result.provider}: {result.rows} rows ({result.priced} priced) in "
                   f"{len(result.regions)} region(s) -> {result.path} (fetched {result.fetched_at})")
 
