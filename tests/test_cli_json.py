@@ -145,7 +145,7 @@ def test_every_module_logs_under_the_flowmesh_tree() -> None:
 
 
 def test_catalog_refresh_json_against_the_vast_emulator(tmp_path: Path) -> None:
-    from flowmesh_sdk.testing.vast import VastSearchEmulator, vast_offer
+    from flowmesh_sdk.testing.price_apis import VastSearchEmulator, vast_offer
 
     offers = [vast_offer(7, "RTX 4090", 1, 24564, 0.31, 0.16, geolocation="Texas, US"),
               vast_offer(8, "H100 SXM", 1, 81559, 1.9, 1.1, geolocation="Quebec, CA")]
