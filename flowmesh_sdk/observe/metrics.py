@@ -107,7 +107,7 @@ class FleetMetrics:
         self.bootstrap = pc.Histogram("flowmesh_bootstrap_step_seconds", "Seconds of each bootstrap step",
                                       ["step"], buckets=LATENCY_BUCKETS, registry=r)
         self._instances: dict[str, tuple[str, str, str]] = {}   # id -> (pool, provider, state), live only
-        self._pools: set[str] = set()
+        self._pools: set[str] = set(fleet.pools) if fleet is not None else set()   # pools made before us too
         r.register(_LiveCollector(self))
         self._server: Any = None
         self._thread: threading.Thread | None = None
