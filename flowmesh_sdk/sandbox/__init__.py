@@ -16,8 +16,9 @@ with ``dd``:
   disk costs that command, never the framing: what could not be stored is drained; a
   short script goes to ``/dev/shm`` when that is a writable tmpfs, since making a file on
   the container's overlay costs ~240 us on the development machine against ~30 us there),
-  creates a fresh pair of output files for this command only (a command's files are
-  removed in batches of 32, off the round trip) and holds them open
+  takes a fresh pair of output files for this command only (made ahead in stocks of 32
+  by a background job, which also removes the files of finished commands, so neither
+  costs the round trip) and holds them open
   (``/proc/self/fd``), so a background job of an earlier command, or a command that
   deletes the agent's files, can reach neither this command's output nor the
   protocol;

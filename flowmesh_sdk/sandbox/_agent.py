@@ -12,7 +12,8 @@ from __future__ import annotations
 
 # ---- shared pieces ---------------------------------------------------------------------
 _COMMON = r"""
-__fm_ss=; __fm_n=0; __fm_q=; command -v setsid >/dev/null 2>&1 && __fm_ss=setsid
+__fm_ss=; __fm_q=; __fm_b=0; __fm_j=32; __fm_k=0; __fm_f=0; __fm_old=; __fm_prev=
+command -v setsid >/dev/null 2>&1 && __fm_ss=setsid
 __fm_mk() {
   [ -d "$__fm_d" ] && [ -w "$__fm_d" ] && return 0
   for __fm_d in "$__fm_d0" "/tmp/.flowmesh-$__fm_tag$$" "/dev/shm/.flowmesh-$__fm_tag$$" "/.flowmesh-$__fm_tag$$"; do
@@ -27,9 +28,43 @@ __fm_mkq() {
   command mkdir -p "$__fm_q" 2>/dev/null && [ -w "$__fm_q" ] && return 0
   __fm_q=$__fm_d
 }
-__fm_rot() {
-  __fm_n=$((__fm_n + 1))
-  [ $__fm_n -ge 32 ] && { __fm_n=0; command rm -f -- "$__fm_d"/* ${__fm_q:+"$__fm_q"/*} 2>/dev/null; }
+__fm_kick() {
+  # in the background: remove the files of the commands done since the last kick and
+  # the stock before the one in use, and make the next stock of 32 output pairs.  Forked
+  # from a subshell, so a session's $!, jobs and wait never see it.
+  __fm_k=$((__fm_b + 1))
+  ( ( set --
+    for __x in $__fm_old; do
+      set -- "$@" "$__fm_d/$__x.sh" "$__fm_d/$__x.in" "$__fm_d/$__x.out" "$__fm_d/$__x.err" \
+        "$__fm_d/$__x.fifo" "$__fm_q/$__x.sh"
+    done
+    command rm -rf -- "$@" "$__fm_d/s$((__fm_b - 1))"
+    __t="$__fm_d/t$__fm_k"; command mkdir "$__t" || exit 0
+    __x=0
+    while [ $__x -lt 32 ]; do
+      : > "$__t/$__x.o" && : > "$__t/$__x.e" || exit 0
+      __x=$((__x + 1))
+    done
+    command mv "$__t" "$__fm_d/s$__fm_k" ) </dev/null >/dev/null 2>&1 3>&- 4>&- 5<&- 6<&- 7>&- & )
+  __fm_old=
+}
+__fm_names() {
+  # this command's files.  Its output pair is the next of a stock made ahead in the
+  # background (making a file on a container's overlay costs several times opening one),
+  # or a fresh pair while there is none.  The previous command's files go at the next kick.
+  __fm_old="$__fm_old $__fm_prev"; __fm_prev=$__id
+  __s="$__fm_d/$__id.sh"; __i="$__fm_d/$__id.in"; __f="$__fm_d/$__id.fifo"
+  if [ $__fm_j -ge 32 ] || [ ! -d "$__fm_d/s$__fm_b" ]; then
+    if [ -d "$__fm_d/s$((__fm_b + 1))" ]; then
+      __fm_b=$((__fm_b + 1)); __fm_j=0; __fm_f=0; __fm_kick
+    else
+      __fm_f=$((__fm_f + 1))
+      if [ $__fm_k -le $__fm_b ] || [ $__fm_f -ge 32 ]; then __fm_f=0; __fm_kick; fi
+      __o="$__fm_d/$__id.out"; __e="$__fm_d/$__id.err"
+      return
+    fi
+  fi
+  __o="$__fm_d/s$__fm_b/$__fm_j.o"; __e="$__fm_d/s$__fm_b/$__fm_j.e"; __fm_j=$((__fm_j + 1))
 }
 __fm_get() {
   __n=$1; __ok=0
@@ -114,8 +149,7 @@ __fm_watch() {
   __w=$!
 }
 __fm_one() {
-  __fm_mk; __fm_rot
-  __s="$__fm_d/$__id.sh"; __i="$__fm_d/$__id.in"; __o="$__fm_d/$__id.out"; __e="$__fm_d/$__id.err"
+  __fm_mk; __fm_names
   __fm_store
   if [ "$__il" -gt 0 ]; then
     __fm_get "$__il" "$__i" || __bad="flowmesh: cannot store the input in $__fm_d (disk full or not writable)"
@@ -189,8 +223,7 @@ __fm_flush() {
   __fm_send 1 "$__os"; __fm_send 2 "$__es"
 }
 __fm_proc() {
-  __fm_mk; __fm_rot
-  __s="$__fm_d/$__id.sh"; __f="$__fm_d/$__id.fifo"; __o="$__fm_d/$__id.out"; __e="$__fm_d/$__id.err"
+  __fm_mk; __fm_names
   __fm_store
   if [ -z "$__bad" ]; then
     { command rm -f -- "$__f"; command mkfifo "$__f"; } 2>/dev/null || __bad="flowmesh: cannot make a fifo in $__fm_d"
@@ -278,8 +311,7 @@ __fm_foot() {
   __fm_cur=
 }
 __fm_srun() {
-  __fm_mk; __fm_rot
-  __s="$__fm_d/$__id.sh"; __o="$__fm_d/$__id.out"; __e="$__fm_d/$__id.err"
+  __fm_mk; __fm_names
   __fm_store
   if [ -z "$__bad" ]; then
     { command exec 3>"$__o" 4>"$__e" 5<"$__o" 6<"$__e"; } 2>/dev/null \
