@@ -48,10 +48,19 @@ def tracer() -> trace.Tracer:
     return trace.get_tracer(TRACER_NAME)
 
 
+def configured() -> bool:
+    """Whether a tracer provider was set (until then the API hands out its proxy, whose
+    spans record nothing): the hot paths skip making spans without one."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
 @contextmanager
 def span(name: str, **attributes: Any) -> Iterator[Span]:
     """A span around a block, child of the current one; ``None`` attributes are left out;
     an exception escaping the block is recorded on it."""
+    if not configured():
+        yield trace.INVALID_SPAN
+        return
     attrs = {f"flowmesh.{k}": v for k, v in attributes.items() if v is not None}
     with tracer().start_as_current_span(name, attributes=attrs) as s:
         yield s
@@ -64,6 +73,8 @@ def traced(name: str, attrs: Callable[..., dict[str, Any]] | None = None
     def wrap(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         @functools.wraps(fn)
         async def inner(*args: P.args, **kwargs: P.kwargs) -> R:
+            if not configured():
+                return await fn(*args, **kwargs)
             with span(name, **(attrs(*args, **kwargs) if attrs else {})):
                 return await fn(*args, **kwargs)
         return inner
@@ -137,6 +148,8 @@ class Journey:
 
 def journey(pool: str, task_id: str, name: str, tenant: str) -> Journey | None:
     """A :class:`Journey` when a recording tracer is configured, else None (no cost)."""
+    if not configured():
+        return None
     j = Journey(pool, task_id, name, tenant)
     return j if j.recording else None
 
@@ -150,6 +163,8 @@ def provider_call(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
     """``Provisioner.call(provider, region, api, fn)`` in a ``flowmesh.provider.<api>`` span."""
     @functools.wraps(fn)
     async def inner(*args: P.args, **kwargs: P.kwargs) -> R:
+        if not configured():
+            return await fn(*args, **kwargs)
         attrs = _provider_call_attrs(*args[:4])
         with span(f"flowmesh.provider.{attrs['api']}", **attrs):
             return await fn(*args, **kwargs)
