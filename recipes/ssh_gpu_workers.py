@@ -50,6 +50,9 @@ FLEET = "ssh-gpu-workers"
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ssh_gpu_workers.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--inventory", required=True, metavar="PATH", help="the ssh provider's inventory (JSON)")
+    p.add_argument("--ssh-config", metavar="PATH", default=None,
+                   help="the ssh config file for host aliases, users, ports and jump hosts "
+                        "(default: the user's, as ssh reads it)")
     p.add_argument("--image", required=True, help="the GPU worker image (images/gpu-worker), pushed to a "
                                                   "registry the machines can pull from")
     p.add_argument("--serve", default=None, metavar="HOSTS",
@@ -169,8 +172,10 @@ def plan(args: argparse.Namespace, hosts, serve: list[str], train: list[str]) ->
     env = dict(item.split("=", 1) for item in args.env)
     counts = _gpu_counts(args.gpus, serve + train)
     bad = 0
+    from flowmesh_providers.ssh.provider import where
+
     for name in serve + train:
-        h = hosts[name]
+        h = where(hosts[name], ssh_config=args.ssh_config)   # an alias: its HostName, User and Port
         n = counts[name]
         gpu_text = (f"{n} GPU(s)" if n is not None
                     else "GPUs counted on the machine (give --gpus to plan the size)")
@@ -243,8 +248,8 @@ async def run(args: argparse.Namespace, provider, serve: list[str], train: list[
     inference = [InferenceWorker(runtime_for(n), InferenceSpec(
         args.model, args.image, num_heads=args.num_heads, served_model_name=args.served_model_name,
         max_model_len=args.max_model_len, gpus=args.gpu_devices,
-        publish_host=_publish_host(provider.hosts[n].host, args.publish_host),
-        url_host=provider.hosts[n].host,
+        publish_host=_publish_host(provider.resolved(n).host, args.publish_host),
+        url_host=provider.resolved(n).host,
         env=env, mounts=_mounts(args), start_timeout_s=args.start_timeout_s), fleet=FLEET, instance_id=n,
         bus=bus) for n in serve]
     training = [TrainingWorker(runtime_for(n), TrainingSpec(
@@ -329,7 +334,7 @@ async def main(argv: list[str] | None = None) -> int:
         return plan(args, hosts, serve, train)
     from flowmesh_providers.ssh import SshProvider
 
-    return await run(args, SshProvider(list(hosts.values())), serve, train)
+    return await run(args, SshProvider(list(hosts.values()), ssh_config=args.ssh_config), serve, train)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,15 @@ def test_dry_run_prints_the_plan_and_connects_to_nothing(tmp_path):
     assert out[6] == ("  worker:    accelerate launch --num_processes 2 --num_machines 1 --multi_gpu "
                       "--dynamo_backend no -m trl.scripts.sft --model_name_or_path Qwen/Qwen2.5-7B-Instruct "
                       "--dataset_name /data/sft --output_dir /data/out --max_steps 10")
+    # a machine named by its ssh config alias alone is shown (and served) where the config sends it
+    alias = _inventory(tmp_path / "alias.json", [{"name": "gpubox", "cpus": 64, "memory_gb": 512}])
+    (tmp_path / "ssh_config").write_text("Host gpubox\n  HostName 127.0.0.97\n  User ops\n  Port 2222\n")
+    res = _script(RECIPE, ["--inventory", str(alias), "--ssh-config", str(tmp_path / "ssh_config"),
+                           "--image", "i:1", "--model", "Qwen/Qwen2.5-7B-Instruct", "--num-heads", "28",
+                           "--gpus", "gpubox=2", "--dry-run"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[0] == "gpubox (ops@127.0.0.97:2222): inference, 2 GPU(s) -> tensor-parallel 2"
+    assert "  endpoint:  http://127.0.0.97:<published port>/v1" in res.stdout
     # a size that cannot work is refused in the plan, with the entrypoint's reason
     res = _script(RECIPE, ["--inventory", str(inv), "--image", "i:1", "--model", "m", "--serve", "box1",
                            "--train", "box2", "--train-dataset", "/d", "--train-output", "/o", "--dry-run",

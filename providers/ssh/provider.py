@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flowmesh_sdk import settings as _settings
 from flowmesh_sdk.config import home_dir
@@ -32,6 +33,10 @@ from flowmesh_providers.local.records import RecordDir
 from flowmesh_providers.local.slices import SlicedProvider
 
 from .inventory import SshHost, load_inventory
+
+if TYPE_CHECKING:
+    from flowmesh_sdk.remote.connection import Resolved
+    from flowmesh_sdk.remote.ssh import SshTarget
 
 ENV_INVENTORY = "FLOWMESH_SSH_INVENTORY"
 REGION = "byo"
@@ -138,16 +143,20 @@ class SshProvider(SlicedProvider):
                                          "which is not in the inventory")
         return self._runner_for(instance.address)
 
+    def resolved(self, name: str) -> Resolved:
+        """Where the inventory host ``name`` really goes once the ssh config applies (host,
+        port, user, jump hosts): config files are read, nothing is connected to."""
+        return where(self.hosts[name], ssh_config=self._ssh_config)
+
     def _runner_for(self, name: str) -> Runner:
         if name not in self._runners:
-            from flowmesh_sdk.remote.ssh import SshRunner, SshTarget  # fabric is the [ssh] extra
+            from flowmesh_sdk.remote.ssh import SshRunner  # fabric is the [ssh] extra
             h = self.hosts[name]
             tofu = None
             if h.trust_on_first_use:   # asked for: recorded with a WARNING, then pinned (docs/ssh.md)
                 tofu = KnownHosts((self._keys_dir or default_keys_dir()) / KNOWN_HOSTS_NAME)
             trust = HostTrust(known_hosts_files=self._known_hosts, tofu=tofu, name=f"ssh host {name}")
-            target = SshTarget(h.host, h.port, h.user, h.key_path, h.host_key or "",
-                               ssh_config=self._ssh_config, sudo=h.sudo)
+            target = _target(h, self._ssh_config)
             self._runners[name] = SshRunner(target, max_sessions=self._max_sessions, trust=trust,
                                             sudo_password=h.sudo_password())
         return self._runners[name]
@@ -156,3 +165,18 @@ class SshProvider(SlicedProvider):
         for r in self._runners.values():
             await r.close()
         self._runners.clear()
+
+
+def _target(h: SshHost, ssh_config: str | None) -> SshTarget:
+    from flowmesh_sdk.remote.ssh import SshTarget  # fabric is the [ssh] extra
+    return SshTarget(h.host, h.port, h.user, h.key_path, h.host_key or "", ssh_config=ssh_config, sudo=h.sudo)
+
+
+def where(host: SshHost, *, ssh_config: str | None = None) -> Resolved:
+    """Where ``host`` really goes once the ssh config (``ssh_config``, default the user's)
+    applies: a host named by its config alias alone gets its HostName, User and Port."""
+    import dataclasses
+
+    from flowmesh_sdk.remote.connection import build, resolve
+    # the key plays no part in where a host is (and need not be readable to plan)
+    return resolve(build(dataclasses.replace(_target(host, ssh_config), key_path=None)))
