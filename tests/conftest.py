@@ -3,6 +3,7 @@ Debian packages by flowmesh_sdk.imagebuild, the local provider on this host."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -95,3 +96,14 @@ def _no_proxy_env():
     # Tests only talk to 127.0.0.0/8.
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
     yield
+
+
+@pytest.fixture(autouse=True)
+def _flowmesh_logging_restored():
+    """A test that runs the CLI in process (``main([...])``) sets the ``flowmesh`` logger's
+    level and handler as a CLI process would; later tests' ``caplog`` must not inherit that."""
+    lg = logging.getLogger("flowmesh")
+    level, handlers = lg.level, list(lg.handlers)
+    yield
+    lg.setLevel(level)
+    lg.handlers[:] = handlers
