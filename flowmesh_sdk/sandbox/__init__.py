@@ -254,7 +254,7 @@ class Sandbox:
         :class:`BinaryExecResult` whose ``stdout_raw``/``stderr_raw`` hold the exact
         bytes.  ``on_stdout``/``on_stderr`` receive the output as it is written (chunks
         of bytes, up to ``output_cap`` per stream; a callback may be a coroutine
-        function); the result is the same.  See docs/api.md ("Sandbox.exec semantics")."""
+        function); the result is the same.  See docs/api.md (`await sb.exec(...)`)."""
         timeout = self.spec.timeout_s if timeout_s is None else timeout_s
         check_number("timeout_s", timeout, lo=0, hi=7 * 86400, lo_open=True)
         check_number("output_cap", output_cap, lo=0, integer=True)
