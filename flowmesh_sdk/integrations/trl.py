@@ -198,7 +198,7 @@ def code_reward(fleet: Any, pool: Any, *, image: str | None = None, spec: Sandbo
     (default ``python3 -B TESTS_PATH``: the tests ``import answer``) runs under
     ``timeout_s``; ``wait_s`` bounds the whole request (queueing included).  ``reward_of``
     maps a finished run's ``ExecResult`` to the reward (default: 1.0 if exit 0).  The
-    function keeps ``stats`` (totals), ``last`` (the last batch's :class:`RewardOutcome`\ s)
+    function keeps ``stats`` (totals), ``last`` (the last batch's :class:`RewardOutcome` records)
     and ``history`` (the last ``history`` batches)."""
     inner_pool, inner_fleet = getattr(pool, "pool", pool), getattr(fleet, "fleet", fleet)
     if not callable(getattr(inner_pool, "run_task", None)):
