@@ -94,14 +94,30 @@ __fm_lines() {
   __s="$__fm_d/${__s##*/}"
   { printf '%s' "$__src" > "$__s"; } 2>/dev/null
 }
-__fm_put() {
-  # exactly $2 bytes of the file open on fd $1 (padded with NULs should the file have
-  # shrunk under us), so a command can never shift the framing
+__fm_copy() {
+  # exactly $2 bytes (at most 1 MiB) from the file open on fd $1 to the channel (fd 7), in
+  # one dd: a short read (the file shrank under us) is padded with NULs to the block
+  # (conv=sync), and a read of nothing is made up here, so a command can never shift
+  # the framing.  dd's record counts say which (busybox prints no byte count)
   if [ "$1" = 5 ]; then
-    { command head -c "$2" /proc/self/fd/5; command head -c "$2" /dev/zero; } 2>/dev/null | command head -c "$2"
+    __yr=$(LC_ALL=C command dd bs="$2" count=1 iflag=fullblock conv=sync <&5 2>&1 >&7)
   else
-    { command head -c "$2" /proc/self/fd/6; command head -c "$2" /dev/zero; } 2>/dev/null | command head -c "$2"
+    __yr=$(LC_ALL=C command dd bs="$2" count=1 iflag=fullblock conv=sync <&6 2>&1 >&7)
   fi
+  case "$__yr" in
+    *"1+0 records out"*|*"0+1 records out"*) ;;
+    *) command head -c "$2" /dev/zero >&7;;
+  esac
+  return 0
+}
+__fm_put() {
+  # exactly $2 bytes of the file open on fd $1, in 1 MiB blocks
+  __m=$2
+  while [ "$__m" -gt 0 ]; do
+    __k=$__m; [ "$__k" -gt 1048576 ] && __k=1048576
+    __fm_copy "$1" "$__k"
+    __m=$((__m - __k))
+  done
 }
 __fm_sizes() {
   # the sizes of the output files held on fds 5 and 6 (no fork when both are empty)
@@ -123,7 +139,8 @@ __fm_tag=; __fm_d0="${TMPDIR:-/tmp}/.flowmesh-$$"; __fm_d="$__fm_d0"
 command rm -rf -- "$__fm_d0" 2>/dev/null
 """ + _COMMON + r"""
 __fm_kill() {
-  __t=" $1 "; __r=0; kill -9 "$1" 2>/dev/null
+  # the command's group first (its shell and what it started die together), then by links
+  __t=" $1 "; __r=0; [ -n "$__fm_ss" ] && kill -9 -"$1" 2>/dev/null; kill -9 "$1" 2>/dev/null
   while [ $__r -lt 30 ]; do
     __r=$((__r + 1)); __hit=0
     [ -n "$__fm_ss" ] && kill -9 -"$1" 2>/dev/null
@@ -145,7 +162,7 @@ __fm_fail() {
 __fm_watch() {
   ( trap 'kill $__z 2>/dev/null; exit 0' TERM
     sleep "$__to" & __z=$!; wait $__z
-    trap '' TERM; __fm_kill "$__c"; exit 3 ) 5<&- 6<&- &
+    trap '' TERM; __fm_kill "$__c"; exit 3 ) 5<&- 6<&- 7>&- &
   __w=$!
 }
 __fm_one() {
@@ -161,7 +178,7 @@ __fm_one() {
   if [ -n "$__bad" ]; then
     exec 3>&- 4>&- 5<&- 6<&-; __fm_fail "$__bad"; command rm -f -- "$__fm_d"/* 2>/dev/null; return
   fi
-  $__fm_ss /bin/sh "$__s" <"$__i" >&3 2>&4 3>&- 4>&- 5<&- 6<&- &
+  $__fm_ss /bin/sh "$__s" <"$__i" >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&- &
   __c=$!
   exec 3>&- 4>&-
   __fm_watch
@@ -209,11 +226,9 @@ __fm_send() {
     __k=$__n; [ "$__k" -gt 1048576 ] && __k=1048576
     printf '__FMP__ %s %s %s\n' "$__id" "$1" "$__k"
     if [ "$1" = 1 ]; then
-      { command dd bs="$__k" count=1 iflag=fullblock <&5 2>/dev/null; command head -c "$__k" /dev/zero; } | command head -c "$__k"
-      __so=$((__so + __k))
+      __fm_copy 5 "$__k"; __so=$((__so + __k))
     else
-      { command dd bs="$__k" count=1 iflag=fullblock <&6 2>/dev/null; command head -c "$__k" /dev/zero; } | command head -c "$__k"
-      __se=$((__se + __k))
+      __fm_copy 6 "$__k"; __se=$((__se + __k))
     fi
     __n=$((__n - __k)); __moved=1
   done
@@ -240,10 +255,10 @@ __fm_proc() {
     return
   fi
   exec 9<&0
-  ( __fm_feed "$__f" ) 0<&9 3>&- 4>&- 5<&- 6<&- 9<&- &
+  ( __fm_feed "$__f" ) 0<&9 3>&- 4>&- 5<&- 6<&- 7>&- 9<&- &
   __r=$!
   exec 9<&-
-  $__fm_ss /bin/sh "$__s" <"$__f" >&3 2>&4 3>&- 4>&- 5<&- 6<&- &
+  $__fm_ss /bin/sh "$__s" <"$__f" >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&- &
   __c=$!
   exec 3>&- 4>&-
   printf '__FMP__ %s pid %s\n' "$__id" "$__c"
@@ -268,12 +283,13 @@ __fm_proc() {
   printf '__FMP__ %s end %s %s %s %s\n' "$__id" "$__rc" "$__tw" "$__os" "$__es"
   exec 5<&- 6<&-
   # a reader still waiting for the fifo's other end is let through (and then sees EPIPE)
-  { command exec 7<>"$__f"; } 2>/dev/null; exec 7<&-
+  { command exec 8<>"$__f"; } 2>/dev/null; exec 8<&-
   wait $__r
   printf '__FMP__ %s idle\n' "$__id"
 }
 __fm_loop() {
   __fm_mk
+  exec 7>&1          # the channel, where __fm_copy writes (the commands never hold it)
   echo __FM_READY__ $$
   while IFS=' ' read -r __k __id __to __cap __sl __il __sn; do
     case "$__k $__id $__cap $__sl $__il $__sn" in
