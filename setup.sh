@@ -18,8 +18,9 @@ SUDO=""
 
 # sudo: the SSH tests log in as a non-root user that bootstraps its machine through sudo
 pkgs=(podman runc catatonit debootstrap busybox-static ca-certificates docker-registry apache2-utils openssh-server nftables iproute2 util-linux sudo)
-# --dev: the shared-fleet tests start a real redis-server and skew coordinators' clocks (libfaketime)
-[ "${1:-}" = "--dev" ] && pkgs+=(redis-server faketime)
+# --dev: the shared-fleet tests start a real redis-server and skew coordinators' clocks (libfaketime);
+# tests/test_top.py reads flowmesh top's screen in tmux
+[ "${1:-}" = "--dev" ] && pkgs+=(redis-server faketime tmux)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
