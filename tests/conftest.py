@@ -3,6 +3,7 @@ Debian packages by flowmesh_sdk.imagebuild, the local provider on this host."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -51,6 +52,26 @@ def podman_names(label: str) -> list[str]:
     out = subprocess.run(["podman", "ps", "-a", "--filter", f"label={label}", "--format", "{{.Names}}"],
                          check=True, capture_output=True, text=True).stdout
     return [n for n in out.split() if n]
+
+
+@contextlib.asynccontextmanager
+async def local_pool(home: Path, name: str, *, sandboxes_per_instance: int = 2, runtime_config=None,
+                     **pool_fields):
+    """A persistent pool ``name`` of one 2-cpu instance on a fixed 2-cpu, 8 GB local host in
+    ``home`` (a module's sandboxes share it); yields ``(fleet, pool)`` and closes the fleet."""
+    from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec
+    from flowmesh_providers.local import LocalProvider
+
+    provider = LocalProvider(cpus=2, memory_gb=8, state_dir=home / "local" / "instances",
+                             runtime_config=runtime_config)
+    fleet = Fleet(name, home=home, providers={"local": provider}, runtime_config=runtime_config)
+    try:
+        pool = await fleet.pool(PoolSpec(name=name, instance=InstanceSpec(cpus=2, memory_gb=4), min_instances=1,
+                                         max_instances=1, sandboxes_per_instance=sandboxes_per_instance,
+                                         **pool_fields))
+        yield fleet, pool
+    finally:
+        await fleet.close(timeout_s=30)
 
 
 @pytest.fixture

@@ -22,25 +22,19 @@ pytest.importorskip("minisweagent")
 
 from minisweagent.exceptions import Submitted  # noqa: E402
 
-from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec  # noqa: E402
+from flowmesh_sdk import InstanceSpec, PoolSpec, SandboxSpec  # noqa: E402
 from flowmesh_sdk.errors import IntegrationMissingError, SpecError  # noqa: E402
 from flowmesh_sdk.integrations.minisweagent import FlowMeshEnvironment  # noqa: E402
 from flowmesh_sdk.sync import SyncFleet  # noqa: E402
+from conftest import local_pool  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 async def pool(tmp_path_factory, swe_image):
-    from flowmesh_providers.local import LocalProvider
-
-    home = tmp_path_factory.mktemp("fmhome-mini")
-    fleet = Fleet("mini", home=home, providers={
-        "local": LocalProvider(cpus=2, memory_gb=8, state_dir=home / "local" / "instances")})
-    p = await fleet.pool(PoolSpec(name="mini", instance=InstanceSpec(cpus=2, memory_gb=4), min_instances=1,
-                                  max_instances=1, sandboxes_per_instance=2))
-    yield p
-    await fleet.close(timeout_s=30)
+    async with local_pool(tmp_path_factory.mktemp("fmhome-mini"), "mini") as (_, p):
+        yield p
 
 
 async def test_execute_templates_and_submit(pool, swe_image):

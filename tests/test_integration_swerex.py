@@ -24,24 +24,18 @@ from swerex.runtime.abstract import (AbstractRuntime, Action, BashAction, BashIn
                                      CloseBashSessionRequest, Command, CreateBashSessionRequest,
                                      ReadFileRequest, UploadRequest, WriteFileRequest)
 
-from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec  # noqa: E402
+from flowmesh_sdk import SandboxSpec  # noqa: E402
 from flowmesh_sdk.errors import FlowMeshError, IntegrationMissingError  # noqa: E402
 from flowmesh_sdk.integrations.swerex import FlowMeshDeployment, FlowMeshRuntime, SandboxLostError  # noqa: E402
+from conftest import local_pool  # noqa: E402
 
 ACTION = TypeAdapter(Action)   # what SWE-ReX's server does with a /run_in_session body
 
 
 @pytest.fixture(scope="module")
 async def pool(tmp_path_factory, swe_image):
-    from flowmesh_providers.local import LocalProvider
-
-    home = tmp_path_factory.mktemp("fmhome-swerex")
-    fleet = Fleet("swerex", home=home, providers={
-        "local": LocalProvider(cpus=2, memory_gb=8, state_dir=home / "local" / "instances")})
-    p = await fleet.pool(PoolSpec(name="rex", instance=InstanceSpec(cpus=2, memory_gb=4), min_instances=1,
-                                  max_instances=1, sandboxes_per_instance=2))
-    yield p
-    await fleet.close(timeout_s=30)
+    async with local_pool(tmp_path_factory.mktemp("fmhome-swerex"), "rex") as (_, p):
+        yield p
 
 
 @pytest.fixture

@@ -12,11 +12,12 @@ import os
 
 import pytest
 
-from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec
+from flowmesh_sdk import SandboxSpec
 from flowmesh_sdk.errors import SpecError
 from flowmesh_sdk.integrations.trl import CodeReward, code_reward, extract_code
 from flowmesh_sdk.specs import ReuseKind
 from flowmesh_sdk.testing.tiny_model import OFFLINE_ENV, build_tiny_lm
+from conftest import local_pool  # noqa: E402
 
 TESTS = "from answer import VALUE\nassert VALUE == 2, VALUE\n"
 HANG = "import time\ntime.sleep(60)\nVALUE = 2\n"
@@ -24,15 +25,8 @@ HANG = "import time\ntime.sleep(60)\nVALUE = 2\n"
 
 @pytest.fixture(scope="module")
 async def fleet_pool(tmp_path_factory, swe_image):
-    from flowmesh_providers.local import LocalProvider
-
-    home = tmp_path_factory.mktemp("fmhome-trl")
-    fleet = Fleet("trl", home=home, providers={
-        "local": LocalProvider(cpus=2, memory_gb=8, state_dir=home / "local" / "instances")})
-    pool = await fleet.pool(PoolSpec(name="rewards", instance=InstanceSpec(cpus=2, memory_gb=4), min_instances=1,
-                                     max_instances=1, sandboxes_per_instance=4))
-    yield fleet, pool
-    await fleet.close(timeout_s=30)
+    async with local_pool(tmp_path_factory.mktemp("fmhome-trl"), "rewards", sandboxes_per_instance=4) as fp:
+        yield fp
 
 
 def _spec(image: str) -> SandboxSpec:

@@ -9,10 +9,11 @@ import hashlib
 
 import pytest
 
-from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec, SpecError
+from flowmesh_sdk import SandboxSpec, SpecError
 from flowmesh_sdk.errors import SandboxFileError
 from flowmesh_sdk.remote.runtime import SANDBOX_CAPABILITIES, RuntimeConfig
 from flowmesh_sdk.sandbox import FILE_CAP, BinaryExecResult, ExecResult
+from conftest import local_pool  # noqa: E402
 
 DISK_LIMIT_MB = 32
 GRACE_S = 15.0          # the host's own deadline past a command's timeout
@@ -22,18 +23,9 @@ EXPECTED_CAPS = (1 << 0) | (1 << 1) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 6) 
 
 @pytest.fixture(scope="module")
 async def pool(tmp_path_factory, busybox_image, swe_image):
-    from flowmesh_providers.local import LocalProvider
-
-    home = tmp_path_factory.mktemp("fmhome-hardening")
-    config = RuntimeConfig(disk_limit_mb=DISK_LIMIT_MB)
-    provider = LocalProvider(cpus=2, memory_gb=8, state_dir=home / "local" / "instances",
-                             runtime_config=config)
-    fleet = Fleet("hardening", home=home, providers={"local": provider}, runtime_config=config)
-    p = await fleet.pool(PoolSpec(name="hard", instance=InstanceSpec(cpus=2, memory_gb=4),
-                                  min_instances=1, max_instances=1, sandboxes_per_instance=2,
-                                  warm_per_image=0))
-    yield p
-    await fleet.close(timeout_s=30)
+    async with local_pool(tmp_path_factory.mktemp("fmhome-hardening"), "hard", warm_per_image=0,
+                          runtime_config=RuntimeConfig(disk_limit_mb=DISK_LIMIT_MB)) as (_, p):
+        yield p
 
 
 @pytest.fixture(params=["busybox", "debian"])

@@ -9,23 +9,16 @@ import os
 
 import pytest
 
-from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec
+from flowmesh_sdk import SandboxSpec
 from flowmesh_sdk.errors import SandboxClosedError
 from flowmesh_sdk.sandbox import EXEC_CHANNELS, BinaryExecResult
+from conftest import local_pool  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 async def pool(tmp_path_factory, busybox_image, swe_image):
-    from flowmesh_providers.local import LocalProvider
-
-    home = tmp_path_factory.mktemp("fmhome-sessions")
-    provider = LocalProvider(cpus=2, memory_gb=8, state_dir=home / "local" / "instances")
-    fleet = Fleet("sessions", home=home, providers={"local": provider})
-    p = await fleet.pool(PoolSpec(name="sess", instance=InstanceSpec(cpus=2, memory_gb=4),
-                                  min_instances=1, max_instances=1, sandboxes_per_instance=2,
-                                  warm_per_image=0))
-    yield p
-    await fleet.close(timeout_s=30)
+    async with local_pool(tmp_path_factory.mktemp("fmhome-sessions"), "sess", warm_per_image=0) as (_, p):
+        yield p
 
 
 @pytest.fixture(params=["busybox", "debian"])
