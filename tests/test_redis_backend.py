@@ -124,6 +124,29 @@ async def test_queue_is_fifo_dedups_and_a_dead_claimers_tasks_come_back_first(tw
     assert await qb.depth() == (1, 0)
 
 
+async def test_a_claim_whose_reply_is_lost_is_not_claimed_twice(two, monkeypatch):
+    """Redis ran the claim, the connection dropped before the reply came back (a restart):
+    the retry loop sends it again and gets the same tasks, none left held unseen."""
+    import redis.asyncio as aioredis
+    a, _ = two
+    q = a.queue("lost-reply")
+    await q.push([(f"t{i}", b"x") for i in range(4)])
+    real, dropped = a.client._execute, []
+
+    async def reply_lost_once(batch):
+        results = await real(batch)          # the server has run it
+        if not dropped and any(m == "evalsha" and args[0] == "Q_CLAIM" for m, args, _, _ in batch):
+            dropped.append(results)
+            raise aioredis.ConnectionError("connection dropped before the reply")
+        return results
+
+    monkeypatch.setattr(a.client, "_execute", reply_lost_once)
+    got = await q.claim(2)
+    assert dropped and [c.id for c in got] == ["t0", "t1"] and [c.attempt for c in got] == [1, 1]
+    assert await q.depth() == (2, 2)                    # two claimed, by this call only
+    assert [c.id for c in await q.claim(5)] == ["t2", "t3"]   # a new call claims afresh
+
+
 async def test_events_stream_with_consumer_groups(two):
     a, b = two
     bus_a, bus_b = EventBus(), EventBus()

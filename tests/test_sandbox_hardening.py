@@ -81,16 +81,22 @@ _COUNT_SLEEPS = ("for f in /proc/[0-9]*/cmdline; do tr '\\000' ' ' < $f 2>/dev/n
                  " | grep -c '^sleep 3[0-9]' || true")
 
 
-async def _sleeps_settled(sb, want: str) -> str:
+_LIST_PROCS = ("for f in /proc/[0-9]*/stat; do { read -r l < $f; c=$(tr '\\000' ' ' < ${f%stat}cmdline);"
+               " } 2>/dev/null && echo \"$l :: $c\"; done")
+
+
+async def _assert_sleeps(sb, want: str, what: str) -> None:
     """The count of sleep processes once it stops changing: a process SIGKILLed as exec
-    returned may still be listed for a moment on a loaded machine, until the kernel has
-    torn it down (a few polls; one that is really alive stays listed)."""
-    for _ in range(10):
+    returned may still be listed for a while on a loaded machine, until the kernel has
+    torn it down (polled for up to 10 s; one that is really alive, for 30 s or more, stays
+    listed).  On a mismatch the sandbox's processes (stat line and argv) are shown."""
+    for _ in range(40):
         got = (await sb.exec(_COUNT_SLEEPS)).stdout.strip()
         if got == want:
-            return got
-        await asyncio.sleep(0.2)
-    return got
+            return
+        await asyncio.sleep(0.25)
+    listing = (await sb.exec(_LIST_PROCS)).stdout
+    pytest.fail(f"{what}: {got} sleep processes, expected {want}; processes:\n{listing}")
 
 
 async def test_timeout_kills_the_process_tree(pool, image):
@@ -104,7 +110,7 @@ async def test_timeout_kills_the_process_tree(pool, image):
             r = await sb.exec(cmd, timeout_s=1)
             assert r.timed_out and not r.ok and "never" not in r.stdout, (cmd, r)
             assert r.duration_s < 1 + GRACE_S
-            assert await _sleeps_settled(sb, "0") == "0", cmd
+            await _assert_sleeps(sb, "0", cmd)
         assert (await sb.exec("echo usable")).stdout == "usable\n"
 
 
@@ -113,7 +119,7 @@ async def test_background_job_from_an_earlier_exec_survives_a_later_timeout(pool
         assert (await sb.exec("sleep 39 >/dev/null 2>&1 &")).ok
         r = await sb.exec("sleep 30", timeout_s=1)
         assert r.timed_out
-        assert await _sleeps_settled(sb, "1") == "1"   # sleep 39 lives on, sleep 30 is gone
+        await _assert_sleeps(sb, "1", "sleep 39 lives on, sleep 30 is gone")
 
 
 # ---- 3. one command's output never reaches another's ------------------------------------

@@ -162,7 +162,9 @@ def test_redis_restarted_mid_run_coordinators_resume(redis_server, tmp_path):
     url, q, n = redis_server.url, "restart", 150
     with PermitWatch(url, q) as watch:
         procs = {name: start_worker(url, tmp_path, name, queue=q, submit=n, lease_s=3.0) for name in ("r1", "r2")}
-        wait_until(lambda: len(published(tmp_path, "r1")) + len(published(tmp_path, "r2")) >= 40, 60, "progress")
+        # both under way (a coordinator that cannot reach Redis at start fails, as it should)
+        wait_until(lambda: all(published(tmp_path, name) for name in procs)
+                   and len(published(tmp_path, "r1")) + len(published(tmp_path, "r2")) >= 40, 60, "progress")
         seen = watch.samples
         redis_server.restart(down_s=0.3)               # SIGKILL; what the AOF (fsync always) holds comes back
         finish(procs, tmp_path)

@@ -6,12 +6,15 @@ lease, renewed by its heartbeat while it lives.  A task whose claimer dies comes
 the *front* of the queue -- at once when another coordinator adopts the dead one, at the
 latest on the next claim after the lease lapsed.  ``ack`` removes a finished task;
 ``nack`` puts it back at the front (cancelled, or this coordinator is draining).
+A claim whose reply was lost (Redis restarted, the connection dropped) and that the retry
+loop sends again returns the tasks the first one took, so none is left held unseen.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -20,6 +23,8 @@ from ...specs import check_name
 
 if TYPE_CHECKING:
     from .backend import RedisBackend
+
+_REQUEST_MS = 120_000   # how long a claim's reply is kept for a retry of the same call
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,11 +61,12 @@ class TaskQueue:
         """Up to ``n`` tasks from the front, held under this coordinator's lease."""
         be = self.backend
         be.coordinator.check()
+        request = f"{self._base}:claim:{uuid.uuid4().hex}"   # the same through retries of this call
         for _ in range(2):
             c = be.coordinator
             flat = await be.client.script(
-                "Q_CLAIM", (self._ready, self._tasks, self._claimed, self._attempts, c.leases_key, c.coord_key),
-                (n, self._base))
+                "Q_CLAIM", (self._ready, self._tasks, self._claimed, self._attempts, c.leases_key, c.coord_key,
+                            request), (n, self._base, _REQUEST_MS))
             if flat != [-1]:
                 break
             await c.lapsed()

@@ -220,10 +220,24 @@ if pushed > 0 then redis.call('PUBLISH', ARGV[1], pushed) end
 return pushed
 """
 
-# KEYS: ready, tasks, claimed zset, attempts hash, lease hash, coord key   ARGV: n, queue base
-# -> flat list: id, payload, attempt, ...  | {-1}
+# KEYS: ready, tasks, claimed zset, attempts hash, lease hash, coord key, request key
+# ARGV: n, queue base, request ms   -> flat list: id, payload, attempt, ...  | {-1}
+# The request key (one per claim call, kept ``request ms``) makes a retried call -- its
+# reply lost on a dropped connection -- return what the first one claimed, not claim more
+# and leave those held, unseen, under this coordinator's live lease.
 Q_CLAIM = _NOW + """
 if redis.call('EXISTS', KEYS[6]) == 0 then return {-1} end
+local out = {}
+local prev = redis.call('GET', KEYS[7])
+if prev then
+  for _, id in ipairs(cjson.decode(prev)) do
+    local p = redis.call('HGET', KEYS[2], id)
+    if p and redis.call('ZSCORE', KEYS[3], id) then
+      table.insert(out, id); table.insert(out, p); table.insert(out, tonumber(redis.call('HGET', KEYS[4], id)))
+    end
+  end
+  return out
+end
 local now = now_ms()
 local exp = now + redis.call('PTTL', KEYS[6])
 local late, back = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now), {}
@@ -232,7 +246,7 @@ for _, id in ipairs(late) do
   if redis.call('HEXISTS', KEYS[2], id) == 1 then table.insert(back, id) end
 end
 requeue(ARGV[2], back)
-local out = {}
+local ids = {}
 for _ = 1, tonumber(ARGV[1]) do
   local id = redis.call('LPOP', KEYS[1])
   if not id then break end
@@ -240,9 +254,11 @@ for _ = 1, tonumber(ARGV[1]) do
   if p then
     redis.call('ZADD', KEYS[3], exp, id)
     redis.call('HSET', KEYS[5], KEYS[3] .. '\\t' .. id, 1)
+    table.insert(ids, id)
     table.insert(out, id); table.insert(out, p); table.insert(out, redis.call('HINCRBY', KEYS[4], id, 1))
   end
 end
+if #ids > 0 then redis.call('SET', KEYS[7], cjson.encode(ids), 'PX', ARGV[3]) end
 return out
 """
 
