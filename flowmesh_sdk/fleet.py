@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from .config import Owner, home_dir
 from .control.backend import ControlBackend, open_backend
 from .control.events import Event, EventBus, EventKind
 from .control.limits import QuotaLimits
+from .control.shared import Adoption, SharedInstance
 from .control.spend import SpendLedger, SpendSummary
 from .control.store import MetadataStore
 from .errors import FlowMeshError, SpecError, ThrottledError
@@ -125,6 +127,8 @@ class Fleet:
         self.control = control or open_backend(state)
         self._control_started = False
         self.ledger: SpendLedger = self.control.ledger(name)
+        self.control.on_adopted(self._adopted)
+        self._reclaims: set[asyncio.Task[gc.GcResult]] = set()
         self.runtime_config = runtime_config
         self._providers: dict[str, Provider] = dict(providers or {})
         self._owned: set[str] = set()   # loaded here, so closed here (the caller closes its own)
@@ -340,9 +344,13 @@ class Fleet:
         this fleet whose owner process is gone are terminated (confirmed by describe), and
         store records of instances the clouds no longer list are closed."""
         provs = [self.provider(name) for name in providers]
-        plan = await gc.plan(provs, None)
+        shared = await self.control.shared_instances(self.name)
+        plan = await gc.plan(provs, None, shared=shared)
         mine = tuple(o for o in plan.instances if o.fleet == self.name)
         result = await gc.execute(gc.GcPlan(mine, ()), provs, None, provisioner=self.provisioner)
+        if shared is not None:
+            done = set(result.terminated)
+            await self.control.forget_instances([i for i in shared.instances if i.id in done])
         listed = {i.id for p in provs for i in await p.list_tagged({TAG_FLEET: self.name})}
         ours = {i for pool in self.pools.values() for i in pool.instances}
         rows = await asyncio.to_thread(self.store.instances, live_only=True)
@@ -353,6 +361,54 @@ class Fleet:
         return ReconcileReport(terminated=result.terminated, still_present=result.still_present,
                                forgotten=tuple(gone))
 
+    # ---- a shared fleet: what a dead coordinator left -----------------------------------
+    def _adopted(self, adoption: Adoption) -> None:
+        mine = tuple(i for i in adoption.adopted if i.fleet == self.name)
+        if mine and not self._closed:
+            task = asyncio.ensure_future(self.reclaim(mine, dead=adoption.dead))
+            self._reclaims.add(task)
+            task.add_done_callback(self._reclaimed)
+
+    def _reclaimed(self, task: asyncio.Task[gc.GcResult]) -> None:
+        self._reclaims.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("fleet %s: reclaiming a dead coordinator's instances failed: %s (they stay listed, "
+                      "held by this coordinator; `flowmesh gc` takes them once it is gone)",
+                      self.name, task.exception())
+
+    async def reclaim(self, insts: Sequence[SharedInstance], *, dead: str) -> gc.GcResult:
+        """Terminate instances of this fleet adopted from the dead coordinator ``dead`` (on a
+        shared fleet the reaper calls this; the dead one's claimed tasks are back in their
+        queues already): confirmed by describe, recorded on the bus (so in the store and
+        the shared stream) and their charges ended.  An instance of a provider whose
+        machines are slices of one host (``local``) is reclaimed only from that host and
+        ``FLOWMESH_HOME``; elsewhere it is left listed, and a warning says where to run
+        ``flowmesh gc``."""
+        here, orphans, provs = socket.gethostname(), [], {}
+        for i in insts:
+            try:
+                prov = self.provider(i.provider)
+            except FlowMeshError as exc:
+                log.warning("fleet %s: cannot reclaim instance %s of dead coordinator %s: %s",
+                            self.name, i.id, dead, exc)
+                continue
+            if not prov.capabilities.remote and (
+                    (i.host and i.host != here) or not await prov.describe([i.id])):
+                log.warning("fleet %s: instance %s of dead coordinator %s is a slice of host %s, not "
+                            "visible from here: run `flowmesh gc` there", self.name, i.id, dead, i.host or "?")
+                continue
+            provs[prov.name] = prov
+            orphans.append(gc.Orphan(prov.name, i.id, i.pool, dead, 0.0,
+                                     f"its coordinator {dead} died; reclaimed by its adopter", i.fleet))
+        res = await gc.execute(gc.GcPlan(tuple(orphans), ()), list(provs.values()), None,
+                               provisioner=self.provisioner, record=self.bus.publish)
+        for instance_id in res.terminated:
+            self.ledger.end(instance_id)
+        log.warning("fleet %s: reclaimed %d instance(s) of dead coordinator %s%s", self.name,
+                    len(res.terminated), dead,
+                    f"; still listed by their provider: {', '.join(res.still_present)}" if res.still_present else "")
+        return res
+
     async def close(self, timeout_s: float | None = None) -> None:
         """Drain every pool, close providers and the store (idempotent)."""
         if self._closed:
@@ -361,6 +417,8 @@ class Fleet:
         if self._reconciler is not None:
             self._reconciler.cancel()
             await asyncio.gather(self._reconciler, return_exceptions=True)
+        if self._reclaims:   # a reclaim under way finishes (it is terminating instances)
+            await asyncio.gather(*list(self._reclaims), return_exceptions=True)
         try:
             await asyncio.gather(*(p.drain(timeout_s) for p in self.pools.values()))
         finally:

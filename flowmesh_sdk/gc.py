@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from .config import Owner
 from .control.backend import InProcessBackend
 from .control.events import Event, EventKind
+from .control.shared import SharedHolders
 from .control.store import MetadataStore
 from .provider import (LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, TAG_FLEET, TAG_OWNER, TAG_POOL,
                        Provider, ProviderState)
@@ -71,13 +72,18 @@ def _owner_gone(owner_text: str) -> tuple[bool | None, str]:
 
 async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, *,
                older_than_s: float | None = None, include_live: bool = False,
-               known_instances: Iterable[str] = (), fleet: str | None = None) -> GcPlan:
+               known_instances: Iterable[str] = (), fleet: str | None = None,
+               shared: SharedHolders | None = None) -> GcPlan:
     """What is left behind.  ``known_instances``: ids of instances this home launched
     (its metadata store's records); with ``providers``' own listings they decide which
-    containers are this home's.  ``fleet``: only that fleet's instances and containers."""
+    containers are this home's.  ``fleet``: only that fleet's instances and containers.
+    ``shared``: a shared fleet's state -- an instance a live coordinator holds is never
+    taken (one adopted from a dead coordinator included) and one whose holder's lease
+    lapsed is, whatever its owner tag says."""
     now = time.time()
     orphans: list[Orphan] = []
     live_ids: set[str] = set()
+    held: set[str] = set()        # a live coordinator of the shared fleet holds them
     for prov in providers:
         for inst in await prov.list_tagged({}):
             live_ids.add(inst.id)
@@ -85,10 +91,16 @@ async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, 
                 continue
             owner = inst.tags.get(TAG_OWNER, "")
             gone, why = _owner_gone(owner)
+            listed = shared.holder_of(inst.id) if shared is not None else None
+            if shared is not None and listed is not None:
+                gone, why = ((None, f"held by live coordinator {listed.holder}") if listed.holder in shared.live
+                             else (True, f"its coordinator {listed.holder or '?'} is gone (no lease)"))
+            if listed is not None and gone is None:
+                held.add(inst.id)
             age = max(0.0, now - inst.launched_at)
             if gone is True:
                 reason = why
-            elif gone is None and older_than_s is not None and age >= older_than_s:
+            elif gone is None and inst.id not in held and older_than_s is not None and age >= older_than_s:
                 reason = f"{why}, older than {older_than_s:g} s"
             elif include_live:
                 reason = f"{why}, --all"
@@ -106,6 +118,8 @@ async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, 
                 continue        # another home's (or nobody's we know): not ours to take
             if fleet is not None and c.labels.get(LABEL_FLEET, "") != fleet:
                 continue
+            if inst in held and not include_live:
+                continue
             gone, _ = _owner_gone(c.labels.get(LABEL_OWNER, ""))
             if (include_live or gone is True or inst in orphan_ids
                     or (gone is None and inst not in live_ids)):
@@ -116,10 +130,12 @@ async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, 
 async def execute(gc_plan: GcPlan, providers: Sequence[Provider], runtime: ContainerRuntime | None,
                   *, progress: Callable[[str], None] | None = None,
                   provisioner: Provisioner | None = None,
-                  store: MetadataStore | None = None) -> GcResult:
+                  store: MetadataStore | None = None,
+                  record: Callable[[Event], None] | None = None) -> GcResult:
     """Terminate and remove what ``gc_plan`` lists; through ``provisioner`` (its rate limits
     and retries) when given, else one with the in-process backend.  Each termination
-    ``describe`` confirms is recorded in ``store`` (when given) before this returns."""
+    ``describe`` confirms is recorded in ``store`` (when given) before this returns, and
+    handed to ``record`` (a fleet's bus, a shared fleet's stream)."""
     calls = provisioner or Provisioner(InProcessBackend())
     by_provider = {p.name: p for p in providers}
     terminated: list[str] = []
@@ -135,12 +151,16 @@ async def execute(gc_plan: GcPlan, providers: Sequence[Provider], runtime: Conta
             (still if i in remaining else terminated).append(i)
             if progress:
                 progress(i)
+    done = set(terminated)
+    for o in gc_plan.instances:
+        if o.instance_id in done:
+            ev = Event(EventKind.INSTANCE_TERMINATED, fleet=o.fleet, pool=o.pool,
+                       instance_id=o.instance_id, detail=f"terminated by gc: {o.reason}")
+            if store is not None:
+                store.record(ev)
+            if record is not None:
+                record(ev)
     if store is not None and terminated:
-        done = set(terminated)
-        for o in gc_plan.instances:
-            if o.instance_id in done:
-                store.record(Event(EventKind.INSTANCE_TERMINATED, fleet=o.fleet, pool=o.pool,
-                                   instance_id=o.instance_id, detail=f"terminated by gc: {o.reason}"))
         await store.flush()
     removed: list[str] = []
     if runtime is not None and gc_plan.containers:

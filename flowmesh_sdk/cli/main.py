@@ -30,7 +30,7 @@ from ..provider import LABEL_INSTANCE, LABEL_POOL, available_providers, load_pro
 from ..remote.local import LocalRunner
 from ..remote.runtime import ContainerRuntime
 from .output import JSON_HELP, emit
-from .shared import print_shared, shared_status, shared_store
+from .shared import SharedGc, print_shared, shared_gc, shared_status, shared_store
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="FlowMesh SDK: sandboxes and GPU workers for RL, on any cloud.")
@@ -261,15 +261,14 @@ def gc(provider: list[str] = typer.Option(["local"], "--provider", "-p",
                                      param_hint="--provider")
     age = parse_duration(older_than) if older_than else None
     try:
-        asyncio.run(_gc(provider, age, all_, yes, fleet, json_out))
+        asyncio.run(_gc(_store(), provider, age, all_, yes, fleet, json_out))
     except FlowMeshError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from exc
 
 
-async def _gc(names: list[str], age: float | None, all_: bool, yes: bool, fleet: str | None = None,
-              json_out: bool = False) -> None:
-    store = _store()
+async def _gc(store: MetadataStore, names: list[str], age: float | None, all_: bool, yes: bool,
+              fleet: str | None = None, json_out: bool = False) -> None:
     try:
         await _gc_with(store, names, age, all_, yes, fleet, json_out)
     finally:
@@ -288,11 +287,17 @@ async def _gc_with(store: MetadataStore, names: list[str], age: float | None, al
             err.print(f"[yellow]skipping containers:[/yellow] {exc}")
             runtime = None
     known = {r.id for r in await asyncio.to_thread(store.instances)}   # what this home launched
-    the_plan = await gc_mod.plan(providers, runtime, older_than_s=age, include_live=all_,
-                                 known_instances=known, fleet=fleet)
-    if json_out:
-        await _gc_json(the_plan, providers, runtime, store, yes)
-        return
+    async with shared_gc(fleet) as shared:
+        the_plan = await gc_mod.plan(providers, runtime, older_than_s=age, include_live=all_,
+                                     known_instances=known, fleet=fleet, shared=shared.holders)
+        if json_out:
+            await _gc_json(the_plan, providers, runtime, store, yes, shared)
+        else:
+            await _gc_table(the_plan, providers, runtime, store, yes, shared)
+
+
+async def _gc_table(the_plan: gc_mod.GcPlan, providers: list, runtime: ContainerRuntime | None,
+                    store: MetadataStore, yes: bool, shared: SharedGc) -> None:
     table = Table(title="left behind" + ("" if yes else " (dry run: --yes to remove)"))
     for col in ("kind", "provider", "id", "pool", "age", "why"):
         table.add_column(col)
@@ -313,7 +318,7 @@ async def _gc_with(store: MetadataStore, names: list[str], age: float | None, al
                   console=console) as prog:
         bar = prog.add_task("removing", total=total)
         res = await gc_mod.execute(the_plan, providers, runtime,
-                                   progress=lambda _i: prog.advance(bar), store=store)
+                                   progress=lambda _i: prog.advance(bar), store=store, record=shared.record)
     console.print(f"terminated {len(res.terminated)} instance(s), removed "
                   f"{len(res.containers_removed)} container(s)")
     if res.still_present:
@@ -322,14 +327,14 @@ async def _gc_with(store: MetadataStore, names: list[str], age: float | None, al
 
 
 async def _gc_json(the_plan: gc_mod.GcPlan, providers: list, runtime: ContainerRuntime | None,
-                   store: MetadataStore, yes: bool) -> None:
+                   store: MetadataStore, yes: bool, shared: SharedGc) -> None:
     found = {"instances": [dataclasses.asdict(o) for o in the_plan.instances],
              "containers": [{"name": c.name, "pool": c.labels.get(LABEL_POOL, ""),
                              "instance": c.labels.get(LABEL_INSTANCE, "")} for c in the_plan.containers]}
     if not yes:
         emit("gc", dry_run=True, found=found, result=None)
         return
-    res = await gc_mod.execute(the_plan, providers, runtime, store=store)
+    res = await gc_mod.execute(the_plan, providers, runtime, store=store, record=shared.record)
     emit("gc", dry_run=False, found=found, result=res)
     if res.still_present:
         raise typer.Exit(2)

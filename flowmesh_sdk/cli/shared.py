@@ -1,15 +1,22 @@
-"""``flowmesh status`` / ``flowmesh pools`` on a shared fleet (``FLOWMESH_STATE=redis://...``):
-the tables read a store replayed from every coordinator's events
-(:mod:`flowmesh_sdk.control.redis.status`); ``status`` adds what only Redis knows."""
+"""``flowmesh status`` / ``flowmesh pools`` / ``flowmesh gc`` on a shared fleet
+(``FLOWMESH_STATE=redis://...``): the tables read a store replayed from every
+coordinator's events (:mod:`flowmesh_sdk.control.redis.status`); ``status`` adds what only
+Redis knows; ``gc`` asks Redis who holds each instance and records what it removed there."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from ..control.backend import state_url
+from ..control.events import Event
+from ..control.shared import SharedHolders
 from ..control.store import MetadataStore
 
 _VIEW: dict[str, object] = {}
@@ -54,3 +61,40 @@ def print_shared(console: Console) -> None:
            [(i.id, i.fleet, i.pool, i.provider, i.holder) for i in s.instances])
     _table(console, "adoptions (dead coordinators' work taken over)", ("dead", "adopter", "leases", "tasks", "instances"),
            [(a.dead, a.adopter, a.leases, a.tasks, a.instances) for a in s.adoptions])
+
+
+@dataclass
+class SharedGc:
+    """What ``flowmesh gc`` needs from a shared fleet: who holds each instance, and where
+    to record what it removed (the fleet's stream; the charges end there)."""
+
+    holders: SharedHolders | None = None
+    removed: list[Event] = field(default_factory=list)
+
+    def record(self, ev: Event) -> None:
+        self.removed.append(ev)
+
+
+@contextlib.asynccontextmanager
+async def shared_gc(fleet: str | None) -> AsyncIterator[SharedGc]:
+    """A reader of the shared state (it does not join as a coordinator); on leaving, what
+    gc removed is dropped from the fleet's lists and recorded in its stream."""
+    url = state_url()
+    out = SharedGc()
+    if url is None:
+        yield out
+        return
+    from ..control.redis import RedisBackend
+
+    be = RedisBackend(url)
+    await be.client.ping()
+    try:
+        holders = out.holders = await be.shared_instances(fleet)
+        try:
+            yield out
+        finally:   # what was removed was removed, whatever went wrong after
+            gone = {ev.instance_id for ev in out.removed}
+            await be.forget_instances([i for i in holders.instances if i.id in gone])
+            await asyncio.gather(*(be.events(ev.fleet).publish(ev) for ev in out.removed))
+    finally:
+        await be.client.close()

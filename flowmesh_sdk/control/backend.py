@@ -9,11 +9,13 @@ so that many coordinators share one fleet; :func:`open_backend` picks one from t
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable, Sequence
 
 from .. import settings
 from ..errors import SpecError
 from .events import EventBus
 from .limits import Quota, QuotaLimits, Semaphore, TokenBucket
+from .shared import Adoption, SharedHolders, SharedInstance
 from .spend import SpendLedger
 
 STATE_ENV = "FLOWMESH_STATE"
@@ -35,6 +37,18 @@ class ControlBackend(abc.ABC):
 
     def attach(self, fleet: str, bus: EventBus) -> None:
         """Hook: the fleet's bus (a shared backend forwards its events)."""
+
+    def on_adopted(self, hook: Callable[[Adoption], None]) -> None:
+        """``hook(adoption)`` each time this coordinator adopts a dead one's work (a shared
+        backend; in this process there is no other coordinator to adopt)."""
+
+    async def shared_instances(self, fleet: str | None = None) -> SharedHolders | None:
+        """The instances the shared state lists for ``fleet`` (every fleet: None) and the
+        live coordinators; None when the state is in this process."""
+        return None
+
+    async def forget_instances(self, insts: Sequence[SharedInstance]) -> None:
+        """Terminated: end their charges and drop them from the shared lists (a shared backend)."""
 
     async def start(self) -> None:
         """Connect (a shared backend); a clear error when the state cannot be reached."""

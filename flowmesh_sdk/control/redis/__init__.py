@@ -4,7 +4,7 @@ with a clear error naming the extra when it is missing."""
 
 from .backend import RedisBackend
 from .client import RetrySettings
-from .coordinator import Adoption
+from ..shared import Adoption, SharedInstance
 from .queue import Claim, TaskQueue
 
-__all__ = ["Adoption", "Claim", "RedisBackend", "RetrySettings", "TaskQueue"]
+__all__ = ["Adoption", "Claim", "RedisBackend", "RetrySettings", "SharedInstance", "TaskQueue"]

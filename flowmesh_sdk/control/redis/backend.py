@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from ...backoff import backoff_delay
@@ -22,10 +22,12 @@ from ...errors import FlowMeshError
 from ..backend import ControlBackend
 from ..events import EventBus
 from ..limits import QuotaLimits
+from ..shared import Adoption, SharedHolders, SharedInstance
 from . import scripts
 from .client import RedisClient, RetrySettings, check_url, redact
 from .coordinator import Coordinator
 from .events import EventStream
+from . import fleet_state
 from .fleet_state import SharedSpendLedger
 from .limits import RedisQuota, RedisSemaphore, RedisTokenBucket
 from .queue import TaskQueue
@@ -44,7 +46,8 @@ class RedisBackend(ControlBackend):
         self.url = check_url(url)
         self.ns = namespace.rstrip(":") + ":"
         self.client = RedisClient(url, scripts.ALL, retry=retry)
-        self.coordinator = Coordinator(self.client, self.ns, lease_s=lease_s, on_lost=self._fenced)
+        self.coordinator = Coordinator(self.client, self.ns, lease_s=lease_s, on_lost=self._fenced,
+                                       on_adopted=self._adopted)
         self._buckets: dict[str, RedisTokenBucket] = {}
         self._sems: dict[str, RedisSemaphore] = {}
         self._quotas: dict[str, RedisQuota] = {}
@@ -55,6 +58,7 @@ class RedisBackend(ControlBackend):
         self._new_channels: set[str] = set()
         self._listener: asyncio.Task[None] | None = None
         self._fence_hooks: list[Any] = []
+        self._adopt_hooks: list[Callable[[Adoption], None]] = []
         self.started = False
 
     def __repr__(self) -> str:
@@ -91,6 +95,13 @@ class RedisBackend(ControlBackend):
     def on_fenced(self, hook: Any) -> None:
         """``hook(reason)`` when this coordinator's lease lapsed (its work was adopted)."""
         self._fence_hooks.append(hook)
+
+    def on_adopted(self, hook: Callable[[Adoption], None]) -> None:
+        self._adopt_hooks.append(hook)
+
+    def _adopted(self, adoption: Adoption) -> None:
+        for hook in self._adopt_hooks:
+            hook(adoption)
 
     def _fenced(self, reason: str) -> None:
         for sem in self._sems.values():
@@ -145,6 +156,12 @@ class RedisBackend(ControlBackend):
         """Forward ``bus`` to the fleet's stream; mirror the fleet's spend."""
         EventStream(self, fleet).attach(bus)
         self.ledger(fleet).run()
+
+    async def shared_instances(self, fleet: str | None = None) -> SharedHolders:
+        return await fleet_state.holders(self, fleet)
+
+    async def forget_instances(self, insts: Sequence[SharedInstance]) -> None:
+        await asyncio.gather(*(fleet_state.forget(self, i) for i in insts))
 
     def events(self, fleet: str) -> EventStream:
         return EventStream(self, fleet)

@@ -24,35 +24,25 @@ import os
 import socket
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from ...errors import ControlPlaneUnavailableError, FlowMeshError
 from ...specs import check_number
+from ..shared import Adoption, SharedInstance
 from .client import RedisClient
 
 log = logging.getLogger("flowmesh.control.redis")
 
 
-@dataclass(frozen=True, slots=True)
-class Adoption:
-    """One dead coordinator's work taken over (``flowmesh status`` lists them)."""
-
-    dead: str
-    adopter: str
-    leases: int        # permits, tenant slots and task claims dropped
-    tasks: int         # claimed tasks put back at the front of their queues
-    instances: int     # instances now held by the adopter
-    at_ms: int         # server time of the adoption
-
-
 class Coordinator:
     def __init__(self, client: RedisClient, ns: str, *, lease_s: float = 5.0,
-                 on_lost: Callable[[str], None] | None = None) -> None:
+                 on_lost: Callable[[str], None] | None = None,
+                 on_adopted: Callable[[Adoption], None] | None = None) -> None:
         check_number("state.lease_s", lease_s, lo=0.1)
         self.client = client
         self.ns = ns
         self.lease_ms = int(lease_s * 1000)
         self.on_lost = on_lost
+        self.on_adopted = on_adopted
         self.id = ""
         self.epoch = ""
         self.lost = False
@@ -131,15 +121,21 @@ class Coordinator:
         return 0
 
     async def reap(self) -> list[Adoption]:
-        """Adopt the work of every coordinator whose lease lapsed (one adopter wins each)."""
+        """Adopt the work of every coordinator whose lease lapsed (one adopter wins each);
+        ``on_adopted`` hears of each adoption (its instances are this coordinator's now)."""
         flat = await self.client.script("ADOPT", (self.key("coords"), self.key("adoptions")), (self.ns, self.id))
         out = []
-        for i in range(0, len(flat), 4):
+        for i in range(0, len(flat), 5):
             dead = flat[i].decode() if isinstance(flat[i], bytes) else str(flat[i])
-            a = Adoption(dead, self.id, int(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3]), 0)
+            adopted = tuple(SharedInstance(d["id"], d["fleet"], str(d.get("pool", "")), str(d.get("provider", "")),
+                                           self.id, str(d.get("host", "")))
+                            for d in json.loads(flat[i + 4]))
+            a = Adoption(dead, self.id, int(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3]), 0, adopted)
             log.warning("coordinator %s adopted dead coordinator %s: %d leases dropped, %d tasks requeued, "
                         "%d instances", self.id, dead, a.leases, a.tasks, a.instances)
             out.append(a)
+            if self.on_adopted is not None:
+                self.on_adopted(a)
         self.adoptions.extend(out)
         return out
 

@@ -15,27 +15,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass
+import socket
 from typing import TYPE_CHECKING
 
 from ... import clock
 from ...catalog.profiles import profile
 from ...errors import FlowMeshError
+from ..shared import SharedHolders, SharedInstance
 from ..spend import Charge, SpendLedger
 
 if TYPE_CHECKING:
     from .backend import RedisBackend
 
 log = logging.getLogger("flowmesh.control.redis")
-
-
-@dataclass(frozen=True, slots=True)
-class SharedInstance:
-    id: str
-    fleet: str
-    pool: str
-    provider: str
-    holder: str          # the live coordinator responsible for it (an adopter after a crash)
 
 
 class SharedSpendLedger(SpendLedger):
@@ -62,7 +54,7 @@ class SharedSpendLedger(SpendLedger):
         self._mine.add(instance_id)
         minimum = profile(provider).billing_min_s if billing_min_s is None else billing_min_s
         charge = json.dumps({"pool": pool, "provider": provider, "price": float(price_per_hour), "min_s": minimum})
-        inst = json.dumps({"pool": pool, "provider": provider})
+        inst = json.dumps({"pool": pool, "provider": provider, "host": socket.gethostname()})
         self.backend.spawn(self.backend.client.script(
             "CHARGE_START", self._keys(), (self.fleet, instance_id, self.backend.coordinator.id, charge, inst)))
 
@@ -109,5 +101,29 @@ async def instances(backend: RedisBackend, fleet: str) -> list[SharedInstance]:
     for k, v in sorted(rows.items()):
         d = json.loads(v)
         out.append(SharedInstance(k.decode(), fleet, d.get("pool", ""), d.get("provider", ""),
-                                  holders.get(k, b"").decode()))
+                                  holders.get(k, b"").decode(), d.get("host", "")))
     return out
+
+
+async def forget(backend: RedisBackend, inst: SharedInstance) -> None:
+    """``inst`` is gone (terminated by ``flowmesh gc``): its charge ends at server time and
+    it leaves the fleet's list and its holder's."""
+    keys = (backend.key("fleet", inst.fleet, "charges"), backend.key("fleet", inst.fleet, "instances"),
+            backend.key("fleet", inst.fleet, "holder"), backend.key("coord", inst.holder, "instances"))
+    await backend.client.script("CHARGE_END", keys, (inst.fleet, inst.id))
+
+
+async def fleets(backend: RedisBackend) -> list[str]:
+    """The fleets the shared state lists instances for."""
+    pre, suf = backend.key("fleet", ""), ":instances"
+    return sorted({k.decode()[len(pre):-len(suf)]
+                   async for k in backend.client.redis.scan_iter(match=pre + "*" + suf, count=500)})
+
+
+async def holders(backend: RedisBackend, fleet: str | None = None) -> SharedHolders:
+    """``fleet``'s instances (every fleet's: None) and the coordinators whose lease runs."""
+    names = [fleet] if fleet is not None else await fleets(backend)
+    insts = [i for f in names for i in await instances(backend, f)]
+    coords = [c.decode() for c in await backend.client.command("zrange", backend.key("coords"), 0, -1)]
+    alive = await asyncio.gather(*(backend.client.command("exists", backend.key("coord", c)) for c in coords))
+    return SharedHolders(tuple(insts), frozenset(c for c, a in zip(coords, alive) if a))

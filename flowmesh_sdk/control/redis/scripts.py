@@ -59,7 +59,7 @@ return {#fields, now}
 """
 
 # KEYS: coords zset, adoptions stream   ARGV: namespace prefix, adopter id
-# -> flat list: dead id, leases dropped, tasks requeued, instances adopted, ...
+# -> flat list: dead id, leases dropped, tasks requeued, instances adopted, their rows (json), ...
 ADOPT = _NOW + """
 local now = now_ms()
 local ns = ARGV[1]
@@ -94,18 +94,26 @@ for _, d in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
     for ch, _ in pairs(woken) do redis.call('PUBLISH', ch, 'adopt') end
     redis.call('DEL', lkey)
     local ikey = ns .. 'coord:' .. d .. ':instances'
-    local insts = redis.call('SMEMBERS', ikey)
+    local insts, listed = redis.call('SMEMBERS', ikey), {}
+    -- a coordinator leaving cleanly ('-') keeps what it could not terminate: listed under
+    -- its name, with no lease behind it, for ``flowmesh gc``
+    if ARGV[2] == '-' then insts = {} end
     for _, fi in ipairs(insts) do
       local i = string.find(fi, '\\t', 1, true)
-      redis.call('HSET', ns .. 'fleet:' .. string.sub(fi, 1, i - 1) .. ':holder', string.sub(fi, i + 1), ARGV[2])
+      local fleet, id = string.sub(fi, 1, i - 1), string.sub(fi, i + 1)
+      redis.call('HSET', ns .. 'fleet:' .. fleet .. ':holder', id, ARGV[2])
       redis.call('SADD', ns .. 'coord:' .. ARGV[2] .. ':instances', fi)
+      local row = cjson.decode(redis.call('HGET', ns .. 'fleet:' .. fleet .. ':instances', id) or '{}')
+      row['id'] = id; row['fleet'] = fleet
+      table.insert(listed, row)
     end
-    redis.call('DEL', ikey)
     if ARGV[2] ~= '-' then   -- '-': a coordinator leaving cleanly, not an adoption
+      redis.call('DEL', ikey)
       redis.call('XADD', KEYS[2], 'MAXLEN', '~', 1000, '*', 'dead', d, 'adopter', ARGV[2],
                  'leases', dropped, 'tasks', requeued, 'instances', #insts, 'at_ms', now)
     end
     table.insert(out, d); table.insert(out, dropped); table.insert(out, requeued); table.insert(out, #insts)
+    table.insert(out, #listed > 0 and cjson.encode(listed) or '[]')
   end
 end
 return out

@@ -10,11 +10,11 @@ import asyncio
 import json
 from dataclasses import dataclass
 
+from ..shared import Adoption, SharedInstance
 from ..store import MetadataStore
 from .backend import RedisBackend
-from .coordinator import Adoption
 from .events import decode
-from .fleet_state import SharedInstance, instances
+from .fleet_state import fleets, instances
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +64,7 @@ async def snapshot(be: RedisBackend) -> SharedStatus:
         name = key[len(be.ns) + 2:-len(":tasks")]
         queued, claimed = await be.queue(name).depth()
         queues.append(QueueRow(name, queued, claimed))
-    fleets = [k[len(be.ns) + len("fleet:"):-len(":instances")] for k in await _scan(be, "fleet:*:instances")]
-    insts = [i for f in fleets for i in await instances(be, f)]
+    insts = [i for f in await fleets(be) for i in await instances(be, f)]
     return SharedStatus(be.url, tuple(coords), tuple(adoptions), tuple(queues), tuple(insts))
 
 
