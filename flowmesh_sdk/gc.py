@@ -17,6 +17,10 @@ machine -- whose instances this home never launched -- are left alone, whoever t
 ``fleet`` narrows both to one fleet.  :func:`execute` records each confirmed termination
 in the metadata store it is given (``INSTANCE_TERMINATED``), so ``flowmesh status`` no
 longer lists what gc removed.
+
+On a shared fleet, :func:`plan` is given what Redis says (``shared``): an instance a live
+coordinator holds -- one it adopted from a dead coordinator included -- is never taken
+without ``include_live``, whatever its owner tag says; one whose holder has no lease is.
 """
 
 from __future__ import annotations
