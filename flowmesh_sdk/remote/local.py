@@ -57,6 +57,7 @@ class LocalRunner(Runner):
 
     label = "local"
     on_this_host = True
+    needs_heartbeat = False
 
     async def run(self, argv: Sequence[str], *, timeout_s: float,
                   input: bytes | None = None) -> CommandResult:

@@ -68,6 +68,11 @@ class Channel(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None: ...
 
+    @abc.abstractmethod
+    def abort(self, exc: BaseException) -> None:
+        """The machine behind this channel was declared lost: every read waiting on it, and
+        every later one, raises ``exc`` now; nothing is sent.  :meth:`close` still follows."""
+
 
 class StreamChannel(Channel):
     """A channel whose process speaks over asyncio streams: stdout is read by the caller,
@@ -94,6 +99,9 @@ class StreamChannel(Channel):
     def stderr_tail(self) -> str:
         return " | ".join(self._err) or "(no stderr)"
 
+    def abort(self, exc: BaseException) -> None:
+        self._stdout.set_exception(exc)
+
 
 class Runner(abc.ABC):
     """Runs commands on one machine."""
@@ -102,6 +110,10 @@ class Runner(abc.ABC):
     label: str = "runner"
     #: True when commands run on this host (its container store is this host's)
     on_this_host: bool = False
+    #: False when the machine cannot hang unnoticed (this host; a simulated machine, whose
+    #: failures end its channels): a pool's heartbeat (:mod:`flowmesh_sdk.pools.heartbeat`)
+    #: then never probes it
+    needs_heartbeat: bool = True
 
     @abc.abstractmethod
     async def run(self, argv: Sequence[str], *, timeout_s: float,
@@ -116,6 +128,17 @@ class Runner(abc.ABC):
 
     @abc.abstractmethod
     async def get_file(self, remote_path: str, local_path: str) -> None: ...
+
+    async def probe(self, timeout_s: float) -> None:
+        """Raise :class:`~flowmesh_sdk.errors.ProviderUnavailableError` unless the machine
+        answers a trivial command within ``timeout_s`` (a pool's heartbeat, and its check
+        of an instance after an error under a task)."""
+        try:
+            res = await asyncio.wait_for(self.run(["true"], timeout_s=timeout_s), timeout_s)
+        except asyncio.TimeoutError as exc:
+            raise ProviderUnavailableError(f"{self.label}: `true` got no answer within {timeout_s:g} s") from exc
+        if not res.ok:
+            raise ProviderUnavailableError(f"{self.label}: `true` failed: {res.describe()}")
 
     async def wait_reachable(self, timeout_s: float) -> None:
         """Return once a trivial command runs on the machine; raise

@@ -442,6 +442,33 @@ class SshRunner(Runner):
                 delay = min(2.0, delay * 2)
         await super().wait_reachable(max(1.0, deadline - time.monotonic()))
 
+    async def probe(self, timeout_s: float) -> None:
+        """``true`` on a new session channel of every open connection -- the transports
+        that carry the held-open sandbox channels, so sshd and the host are tested with
+        them -- taking no session slot (a connection full of held-open channels is probed
+        too, at once).  sshd refusing the channel (its ``MaxSessions``) is an answer: the
+        machine is up.  With no connection open, the plain :meth:`Runner.probe`."""
+        conns = [c for c in self._conns if c.transport is not None and c.transport.is_active()]
+        if not conns:
+            return await super().probe(timeout_s)
+
+        async def one(conn: _Conn) -> None:
+            try:
+                code = await self._exec_simple(["true"], timeout_s, conn)
+            except ProviderUnavailableError as exc:
+                if isinstance(exc.__cause__, paramiko.ChannelException):
+                    return   # sshd answered, with a refusal
+                raise
+            if code != 0:
+                raise ProviderUnavailableError(f"{self.label}: `true` ended with {code}", provider="ssh")
+
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.gather(*(one(c) for c in conns))
+        except TimeoutError as exc:
+            raise ProviderUnavailableError(f"{self.label}: `true` got no answer within {timeout_s:g} s",
+                                           provider="ssh") from exc
+
     def _banner(self) -> None:
         r = self._resolved
         assert r is not None

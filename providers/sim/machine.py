@@ -58,6 +58,7 @@ class SimMachine(Runner):
     and ``egress`` are the links a pull crosses."""
 
     on_this_host = False
+    needs_heartbeat = False   # a simulated machine never hangs silently: kill() ends its channels
 
     def __init__(self, name: str, *, nic: Link, egress: Link | None,
                  registry_sizes: dict[str, int], container_start_s: float = 0.5) -> None:
