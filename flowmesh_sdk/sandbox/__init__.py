@@ -44,6 +44,7 @@ import os
 import posixpath
 import re
 import tarfile
+import weakref
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, overload
 
@@ -109,6 +110,8 @@ class Sandbox:
         self._sessions: dict[str, Session] = {}
         self._procs: set[Process] = set()
         self._tasks: set[asyncio.Task[object]] = set()
+        self._chans: weakref.WeakSet[Channel] = weakref.WeakSet()   # every channel opened (abort)
+        self._aborted: BaseException | None = None
 
     def __repr__(self) -> str:
         return f"Sandbox({self.name}, image={self.spec.image!r}, instance={self.instance_id})"
@@ -124,8 +127,17 @@ class Sandbox:
                 self._idle.append(await self._open_agent())
         return self
 
-    async def _open_agent(self) -> _Agent:
+    async def _open_shell(self) -> Channel:
+        """A shell channel into the container (for an agent or a session), known to
+        :meth:`abort`."""
         chan = await self.runtime.open_shell(self.container_id)
+        self._chans.add(chan)
+        if self._aborted is not None:
+            chan.abort(self._aborted)
+        return chan
+
+    async def _open_agent(self) -> _Agent:
+        chan = await self._open_shell()
         try:
             await chan.write(AGENT.encode())
             deadline = clock.monotonic() + 30.0
@@ -187,7 +199,7 @@ class Sandbox:
         if agent is not None:
             if ok and agent.chan.alive and not self._closed and len(self._idle) < EXEC_CHANNELS:
                 self._idle.append(agent)
-            else:
+            elif self._aborted is None:   # an aborted sandbox's channels are closed by abort()
                 await agent.chan.close()
                 if not ok and not self._closed:
                     await self._kill_agent(agent.pid)
@@ -218,6 +230,29 @@ class Sandbox:
                 t.cancel()
             async with self._freed:
                 self._freed.notify_all()
+
+    def abort(self, exc: BaseException) -> None:
+        """The instance under this sandbox was declared lost (its machine stopped
+        answering): every call waiting on one of its channels -- ``exec``, a
+        :class:`Session` command, a :class:`Process` -- raises ``exc`` now (a process's
+        ``wait()`` a :class:`SandboxClosedError` caused by it), later calls raise
+        :class:`SandboxClosedError`, and the sandbox counts as closed.  Nothing waits for
+        the machine: its channels are closed in the background, and its container goes
+        with its instance (``close()`` no longer removes it).  Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._aborted = exc
+        self._idle = []
+        chans = list(self._chans)
+        for chan in chans:
+            chan.abort(exc)
+        self._spawn(self._close_aborted(chans))
+
+    async def _close_aborted(self, chans: list[Channel]) -> None:
+        async with self._freed:
+            self._freed.notify_all()   # exec calls waiting for a channel see the sandbox closed
+        await asyncio.gather(*(chan.close() for chan in chans), return_exceptions=True)
 
     async def __aenter__(self) -> Sandbox:
         return await self.open()

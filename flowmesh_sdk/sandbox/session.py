@@ -108,7 +108,7 @@ class Session:
             return self._chan
         if self._chan is not None:
             await self._drop(kill=True)
-        chan = await self.sandbox.runtime.open_shell(self.sandbox.container_id)
+        chan = await self.sandbox._open_shell()
         try:
             await self._boot(chan)
         except BaseException:
