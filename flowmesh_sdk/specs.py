@@ -235,6 +235,8 @@ class PoolSpec:
     region: str | None = None
     image_cache_gb: float | None = None
     task_attempts: int = 3   # dispatches of a Task when its instance is lost under it
+    heartbeat_s: float | None = 10.0   # probe each machine this often; None: no heartbeat
+    heartbeat_misses: int = 2          # probes in a row without an answer before it is given up
     # ---- where, on what, at what price (flowmesh_sdk.placement) ----
     infra: tuple[str, ...] = ()          # 'provider[/region[/zone]]' entries; (): (provider[/region],)
     policy: object = "balanced"          # a bidder Policy, or a preset: latency, cost, balanced
@@ -249,6 +251,9 @@ class PoolSpec:
     def __post_init__(self) -> None:
         check_name("pool.name", self.name)
         check_number("pool.task_attempts", self.task_attempts, lo=1, hi=100, integer=True)
+        if self.heartbeat_s is not None:
+            check_number("pool.heartbeat_s", self.heartbeat_s, lo=0.1, hi=3600)
+        check_number("pool.heartbeat_misses", self.heartbeat_misses, lo=1, hi=100, integer=True)
         try:
             object.__setattr__(self, "mode", PoolMode(self.mode))
         except ValueError:

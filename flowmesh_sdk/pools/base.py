@@ -366,9 +366,11 @@ class Pool(abc.ABC):
             lc.to(TaskState.RUNNING)
             self._publish(EventKind.TASK_STARTED, task_id=run.id, task_name=name,
                           instance_id=run.instance_id)
+            self.machines.hold(sandbox)   # aborted if the heartbeat gives its instance up
             try:
                 yield sandbox
             finally:
+                self.machines.release(sandbox)
                 run.mark("finished")
         except BaseException as exc:
             run.cancelled = isinstance(exc, asyncio.CancelledError)

@@ -9,6 +9,9 @@ with what the pool believes.
 It knows the pool only through what it is given: the pool's context and spec, its
 providers and :class:`~flowmesh_sdk.placement.ranking.Placement`, a bootstrapper, and
 three callbacks (publish an event, spawn background work, an instance was given up).
+It holds the pool's :class:`~.heartbeat.Heartbeat` (started with the first READY
+instance) and the sandboxes in tasks' hands (:meth:`Machines.hold`), which are aborted
+when their instance is given up.
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ from ..provider import TAG_FLEET, TAG_OWNER, TAG_POOL, Instance, Provider, Provi
 from ..provisioning import Failover, price_delta, reason_of
 from ..specs import InstanceSpec, Offer, PoolSpec
 from .bootstrap import Bootstrapper
+from .heartbeat import Heartbeat
 from .instance import ManagedInstance
 
 if TYPE_CHECKING:
+    from ..sandbox import Sandbox
     from .base import PoolContext
 
 log = logging.getLogger("flowmesh.pools")
@@ -79,6 +84,10 @@ class Machines:
         self._terminating: set[str] = set()
         self._pending_per_hour = 0.0    # launches decided, not yet recorded in the ledger
         self.budget_pools: tuple[str, ...] = (pool,)   # whose spend the pool's budgets cover
+        self.heartbeat = (Heartbeat(self, spec.heartbeat_s, spec.heartbeat_misses)
+                          if spec.heartbeat_s is not None else None)
+        self._beating = False
+        self._held: dict[str, set[Sandbox]] = {}   # instance id -> sandboxes in tasks' hands
 
     # ---- launching ----------------------------------------------------------------
     @property
@@ -360,6 +369,9 @@ class Machines:
             mi.bootstrap = report
             mi.lifecycle.to(InstanceState.READY)
             mi.last_used = clock.monotonic()
+            if self.heartbeat is not None and not self._beating and not self.closing:
+                self._beating = True
+                self._spawn(self.heartbeat.run(), daemon=True)
             self._publish(EventKind.INSTANCE_READY, instance_id=mi.id, detail=report.summary(),
                           bootstrap=report)
         except BaseException as exc:
@@ -380,19 +392,37 @@ class Machines:
         if mi.state is not InstanceState.READY or not isinstance(exc, _MAYBE_LOST):
             return False
         try:
-            res = await asyncio.wait_for(mi.runtime.runner.run(["true"], timeout_s=10), 30)
-            if res.ok:
-                return False
-        except (FlowMeshError, OSError, asyncio.TimeoutError):
+            await mi.runtime.runner.probe(30.0)
+            return False
+        except (FlowMeshError, OSError):
             pass
         self.give_up(mi, f"lost: {type(exc).__name__}: {exc}")
         return True
 
+    def hold(self, sb: Sandbox) -> None:
+        """``sb`` is in a task's hands until :meth:`release`: if its instance is given up
+        meanwhile (or was already), ``sb`` is aborted, so the call waiting on it raises."""
+        mi = self.instances.get(sb.instance_id)
+        if mi is not None and mi.lifecycle.entered(InstanceState.FAILED) is not None:
+            sb.abort(InstanceLost(f"instance {mi.id} was given up"))
+            return
+        self._held.setdefault(sb.instance_id, set()).add(sb)
+
+    def release(self, sb: Sandbox) -> None:
+        held = self._held.get(sb.instance_id)
+        if held is not None:
+            held.discard(sb)
+            if not held:
+                del self._held[sb.instance_id]
+
     def give_up(self, mi: ManagedInstance, detail: str, *, terminate: bool = True) -> None:
-        """Mark ``mi`` failed, tell its provider the machine is unhealthy, and (unless the
-        caller does it) terminate it in the background."""
+        """Mark ``mi`` failed, abort the sandboxes on it in tasks' hands, tell its provider
+        the machine is unhealthy, and (unless the caller does it) terminate it in the
+        background."""
         if mi.lifecycle.can(InstanceState.FAILED):
             mi.lifecycle.to(InstanceState.FAILED)
+        for sb in self._held.pop(mi.id, ()):
+            sb.abort(InstanceLost(f"instance {mi.id} was given up: {detail}"))
         self._publish(EventKind.INSTANCE_FAILED, instance_id=mi.id, detail=detail)
         mi.provider.mark_unhealthy([mi.instance], detail)
         if terminate:
