@@ -56,7 +56,8 @@ def _signal(pids: list[int], sig: int) -> None:
 
 async def test_a_frozen_host_is_given_up_within_the_bound_and_its_task_runs_once_elsewhere(
         fm_home, busybox_image):
-    with LoopbackSshd("127.0.0.161") as a, LoopbackSshd("127.0.0.162") as b, LocalRegistry() as reg:
+    with LoopbackSshd("127.0.0.161", startup_timeout_s=30) as a, \
+            LoopbackSshd("127.0.0.162", startup_timeout_s=30) as b, LocalRegistry() as reg:
         image = reg.push(busybox_image, "hb/busybox:1")
         sshds = {"a": a, "b": b}
         prov = SshProvider([_host("a", a), _host("b", b)], state_dir=fm_home / "ssh")
@@ -117,11 +118,54 @@ async def test_a_frozen_host_is_given_up_within_the_bound_and_its_task_runs_once
             await prov.close()   # each host's containers go with its storage (LoopbackSshd's exit)
 
 
+@pytest.mark.parametrize("moment", [EventKind.INSTANCE_FAILED, EventKind.SANDBOX_CLOSED])
+async def test_a_task_cancelled_as_the_heartbeat_gives_its_host_up_is_not_dispatched_again(
+        fm_home, busybox_image, moment):
+    """Cancelled the moment its instance is given up (the abort's error has not reached it
+    yet), or while its sandbox is torn down after the loss (the error has: it was about to
+    be queued again): either way it ends cancelled, published once, and runs nowhere."""
+    with LoopbackSshd("127.0.0.164", startup_timeout_s=30) as d, LocalRegistry() as reg:
+        image = reg.push(busybox_image, "hb/busybox:1")
+        prov = SshProvider([_host("d", d)], state_dir=fm_home / "ssh")
+        frozen: list[int] = []
+        try:
+            async with Fleet("hbcancel", home=fm_home, providers={"ssh": prov}) as fleet:
+                seen: list = []
+                fleet.bus.on(seen.append, EventKind.INSTANCE_FAILED, EventKind.TASK_REDISPATCHED,
+                             EventKind.TASK_CANCELLED, EventKind.TASK_SUCCEEDED, EventKind.TASK_FAILED,
+                             EventKind.TASK_STARTED)
+                pool = await fleet.pool(PoolSpec(name="p", provider="ssh", min_instances=1,
+                                                 instance=InstanceSpec(cpus=2, memory_gb=2),
+                                                 warm_per_image=0, warm_images=(image,),
+                                                 heartbeat_s=HEARTBEAT_S, heartbeat_misses=MISSES))
+                task = Task(name="t", sandbox=SandboxSpec(image=image, cpus=1, memory_gb=0.25),
+                            command="sleep 30", timeout_s=300)
+                started = asyncio.ensure_future(fleet.bus.wait_for(
+                    lambda e: e.kind is EventKind.TASK_STARTED, 60))
+                running = asyncio.ensure_future(pool.run_task(task))
+                await started
+                fleet.bus.on(lambda e: running.cancel(), moment)
+                frozen = _sshd_tree(d._proc.pid)
+                _signal(frozen, signal.SIGSTOP)
+                with pytest.raises(asyncio.CancelledError):
+                    await asyncio.wait_for(running, 60)
+                kinds = [e.kind for e in seen]
+                assert kinds == [EventKind.TASK_STARTED, EventKind.INSTANCE_FAILED, EventKind.TASK_CANCELLED], kinds
+                assert seen[1].detail.startswith("heartbeat: no answer from ")
+                await asyncio.sleep(2 * HEARTBEAT_S)
+                assert [e.kind for e in seen] == kinds   # nothing ran it again
+                _signal(frozen, signal.SIGCONT)
+                frozen = []
+        finally:
+            _signal(frozen, signal.SIGCONT)
+            await prov.close()
+
+
 async def test_heartbeat_off_sends_no_probe_and_bad_settings_name_the_field(fm_home):
     def sessions(d: LoopbackSshd) -> int:
         return d.log_text().count("Starting session:")
 
-    with LoopbackSshd("127.0.0.163") as d:
+    with LoopbackSshd("127.0.0.163", startup_timeout_s=30) as d:
         prov = SshProvider([_host("c", d)], state_dir=fm_home / "ssh")
         try:
             async with Fleet("hboff", home=fm_home, providers={"ssh": prov}) as fleet:

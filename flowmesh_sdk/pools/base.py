@@ -401,6 +401,9 @@ class Pool(abc.ABC):
                 self._in_flight -= 1
                 if self._in_flight == 0:
                     self._idle.set()
+                if redispatch and (cancelled is not None or asyncio.current_task().cancelling()):
+                    # cancelled while its lost instance was torn down: it ends cancelled, not queued again
+                    redispatch, run.cancelled, run.error = False, True, "cancelled"
                 if redispatch:
                     run.result, run.instance_id, run.image_digest = None, None, None
                     lc.to(TaskState.QUEUED)

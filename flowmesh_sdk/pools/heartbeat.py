@@ -70,7 +70,12 @@ class Heartbeat:
                 for key in [k for k in self._beats if k not in runners]:
                     self._beats.pop(key).cancel()
                 for key, runner in runners.items():
-                    if key not in self._beats:
+                    beat = self._beats.get(key)
+                    if beat is not None and beat.done():   # only an error outside the error tree ends one
+                        log.error("pool %s: the heartbeat of %s failed: %r", self.machines.pool, runner.label,
+                                  beat.exception())
+                        beat = None
+                    if beat is None:
                         self._beats[key] = asyncio.ensure_future(self._beat(runner))
                 await asyncio.sleep(self.period_s)
         finally:

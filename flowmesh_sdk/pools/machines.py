@@ -10,7 +10,7 @@ It knows the pool only through what it is given: the pool's context and spec, it
 providers and :class:`~flowmesh_sdk.placement.ranking.Placement`, a bootstrapper, and
 three callbacks (publish an event, spawn background work, an instance was given up).
 It holds the pool's :class:`~.heartbeat.Heartbeat` (started with the first READY
-instance) and the sandboxes in tasks' hands (:meth:`Machines.hold`), which are aborted
+instance whose machine needs one) and the sandboxes in tasks' hands (:meth:`Machines.hold`), which are aborted
 when their instance is given up.
 """
 
@@ -369,7 +369,8 @@ class Machines:
             mi.bootstrap = report
             mi.lifecycle.to(InstanceState.READY)
             mi.last_used = clock.monotonic()
-            if self.heartbeat is not None and not self._beating and not self.closing:
+            if (self.heartbeat is not None and not self._beating and not self.closing
+                    and mi.runtime.runner.needs_heartbeat):
                 self._beating = True
                 self._spawn(self.heartbeat.run(), daemon=True)
             self._publish(EventKind.INSTANCE_READY, instance_id=mi.id, detail=report.summary(),
