@@ -127,7 +127,8 @@ class SimProvider(Provider):
     async def launch(self, request: LaunchRequest) -> list[Instance]:
         self.calls["launch"] += 1
         if request.request_id in self._by_request:      # idempotent by request id
-            return [self._view(self.vms[i]) for i in self._by_request[request.request_id]]
+            now = clock.monotonic()
+            return [self._view(self.vms[i], now) for i in self._by_request[request.request_id]]
         offer = request.offer
         if offer.provider != self.name or offer.region != self.cloud.region:
             raise SpecError("launch.offer", f"an offer of {offer.provider}/{offer.region} was given to the "
@@ -165,7 +166,8 @@ class SimProvider(Provider):
 
     async def describe(self, ids: Sequence[str]) -> list[Instance]:
         self.calls["describe"] += 1
-        return [self._view(self.vms[i]) for i in ids if i in self.vms]
+        now, vms = clock.monotonic(), self.vms
+        return [self._view(vms[i], now) for i in ids if i in vms]
 
     async def terminate(self, ids: Sequence[str]) -> None:
         self.calls["terminate"] += 1
@@ -180,7 +182,8 @@ class SimProvider(Provider):
     async def list_tagged(self, tags: Mapping[str, str]) -> list[Instance]:
         self.calls["list"] += 1
         codec = self.capabilities.tags
-        live = [self._view(vm) for vm in self.vms.values() if not vm.gone]
+        now = clock.monotonic()
+        live = [self._view(vm, now) for vm in self.vms.values() if not vm.gone]
         if not tags:
             return [i for i in live if TAG_FLEET in i.tags]
         wanted = codec.encode(tags)
@@ -193,8 +196,7 @@ class SimProvider(Provider):
         return vm.machine
 
     # ---- the simulation ------------------------------------------------------------------
-    def _view(self, vm: SimVm) -> Instance:
-        now = clock.monotonic()
+    def _view(self, vm: SimVm, now: float) -> Instance:
         if vm.terminated_at is not None:
             state = ProviderState.TERMINATED
         elif vm.stopped_at is not None:
