@@ -80,16 +80,17 @@ class Transition(Generic[S]):
 class Lifecycle(Generic[S]):
     """A state machine over one transition table, remembering when each state began."""
 
-    __slots__ = ("_table", "_history", "_what")
+    __slots__ = ("_table", "_history", "_what", "_state")
 
     def __init__(self, table: Mapping[S, frozenset[S]], initial: S, what: str = "") -> None:
         self._table = table
         self._history: list[Transition[S]] = [Transition(initial, time.time())]
         self._what = what
+        self._state = initial   # the last transition's, read far more often than it changes
 
     @property
     def state(self) -> S:
-        return self._history[-1].state
+        return self._state
 
     @property
     def history(self) -> tuple[Transition[S], ...]:
@@ -100,15 +101,16 @@ class Lifecycle(Generic[S]):
         return not self._table[self.state]
 
     def can(self, new: S) -> bool:
-        return new in self._table[self.state]
+        return new in self._table[self._state]
 
     def to(self, new: S) -> Transition[S]:
-        if new not in self._table[self.state]:
+        if new not in self._table[self._state]:
             allowed = ", ".join(sorted(s.value for s in self._table[self.state])) or "nothing"
             raise LifecycleError(f"{self._what or 'lifecycle'}: invalid transition "
                                  f"{self.state.value} -> {new.value} (allowed: {allowed})")
         t = Transition(new, time.time())
         self._history.append(t)
+        self._state = new
         return t
 
     def entered(self, state: S) -> float | None:

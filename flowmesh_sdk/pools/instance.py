@@ -41,6 +41,7 @@ class ManagedInstance:
         self.provider = provider      # the one that launched it (a pool may span several)
         self.offer = offer            # what it was launched as (priced)
         self.id = instance.id
+        self.where = (provider.name, instance.region)   # one batched describe per provider and region
         self.runtime = runtime
         self.slots = slots
         self.active = 0

@@ -51,6 +51,8 @@ _MAYBE_LOST = (InstanceLost, ProviderUnavailableError, SandboxClosedError, Sandb
                ContainerRuntimeError)
 TERMINATE_ATTEMPTS = 5          # terminate + confirming describe, until the provider no longer lists it
 _GONE = (ProviderState.TERMINATED,)
+_RECONCILED = frozenset({InstanceState.READY, InstanceState.RUNNING, InstanceState.TERMINATION_FAILED,
+                         InstanceState.STOPPED})   # the states a reconcile asks the provider about
 
 
 @dataclass(frozen=True, slots=True)
@@ -515,13 +517,14 @@ class Machines:
         dropped; a stopped one is STOPPED and given up; a TERMINATION_FAILED one is
         terminated again."""
         groups: dict[tuple[str, str], list[ManagedInstance]] = defaultdict(list)
-        for mi in list(self.instances.values()):
-            if mi.state in (InstanceState.READY, InstanceState.RUNNING, InstanceState.TERMINATION_FAILED,
-                            InstanceState.STOPPED) and mi.id not in self._terminating:
-                groups[(mi.provider.name, mi.instance.region)].append(mi)
+        terminating = self._terminating
+        for mi in self.instances.values():   # nothing awaited in this loop: no copy needed
+            if mi.lifecycle.state in _RECONCILED and mi.id not in terminating:
+                groups[mi.where].append(mi)
         gone: list[str] = []
         stopped: list[str] = []
         retried: list[str] = []
+        running, failed = ProviderState.RUNNING, InstanceState.TERMINATION_FAILED
         for (_, region), insts in groups.items():
             provider = insts[0].provider
             ids = [mi.id for mi in insts]
@@ -534,7 +537,10 @@ class Machines:
                 continue
             for mi in insts:
                 now = seen.get(mi.id)
-                if mi.state is InstanceState.TERMINATION_FAILED:
+                state = mi.lifecycle.state
+                if now is not None and now.state is running and state is not failed:
+                    continue   # the common case: running, as the pool thinks
+                if state is failed:
                     if now is None or now.state in _GONE:
                         self._gone(mi, "reconciled: no longer listed")
                     else:
@@ -545,7 +551,7 @@ class Machines:
                     self.give_up(mi, "reconciled: its provider no longer lists it (preempted or removed)",
                                  terminate=False)
                     self._gone(mi, "reconciled: no longer listed by its provider")
-                elif now.state is ProviderState.STOPPED and mi.state is not InstanceState.STOPPED:
+                elif now.state is ProviderState.STOPPED and state is not InstanceState.STOPPED:
                     stopped.append(mi.id)
                     mi.lifecycle.to(InstanceState.STOPPED)
                     self._publish(EventKind.INSTANCE_STOPPED, instance_id=mi.id, detail="reported stopped")
