@@ -23,6 +23,7 @@ makespan_overhead_pct=<worst over all runs>``.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 
@@ -39,7 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="ephemeral,persistent")
     p.add_argument("--minutes", type=float, default=100.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--gc-threshold", default=None,
+                   help="gc.set_threshold for the run, e.g. 50000,20,100 (default: the interpreter's); "
+                        "what a coordinator of 10,000 sandboxes may set (docs/operations.md)")
     args = p.parse_args(argv)
+    if args.gc_threshold:
+        gc.set_threshold(*(int(x) for x in args.gc_threshold.split(",")))
+    print(f"gc thresholds: {gc.get_threshold()}")
     levels = [int(x) for x in args.tasks.split(",")]
     modes = [m.strip() for m in args.modes.split(",")]
     cloud = ec2((SMALL,))
