@@ -366,7 +366,7 @@ class Pool(abc.ABC):
             lc.to(TaskState.RUNNING)
             self._publish(EventKind.TASK_STARTED, task_id=run.id, task_name=name,
                           instance_id=run.instance_id)
-            self.machines.hold(sandbox)   # aborted if the heartbeat gives its instance up
+            self.machines.hold(sandbox)   # aborted if its instance is given up (the heartbeat)
             try:
                 yield sandbox
             finally:

@@ -17,7 +17,9 @@ waiting on it sees its instance lost and is dispatched again.
 The bound: a hang at time h is acted on by ``h + heartbeat_s * (heartbeat_misses + 1)``
 (the probe in flight, or the next one, starts within a period; each probe gives up after
 one period; the next starts when the last failed) plus the time the event loop takes to
-get there.  A miss is logged as a warning, a loss as an error (``flowmesh.pools``).
+get there -- and, with more than ``MAX_CONCURRENT`` of a pool's machines hanging at once,
+the wait for a probe's turn.  A miss is logged as a warning, a loss as an error
+(``flowmesh.pools``).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ It knows the pool only through what it is given: the pool's context and spec, it
 providers and :class:`~flowmesh_sdk.placement.ranking.Placement`, a bootstrapper, and
 three callbacks (publish an event, spawn background work, an instance was given up).
 It holds the pool's :class:`~.heartbeat.Heartbeat` (started with the first READY
-instance whose machine needs one) and the sandboxes in tasks' hands (:meth:`Machines.hold`), which are aborted
-when their instance is given up.
+instance whose machine needs one) and the sandboxes in tasks' hands
+(:meth:`Machines.hold`), which are aborted when their instance is given up.
 """
 
 from __future__ import annotations
