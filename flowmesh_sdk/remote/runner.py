@@ -69,7 +69,7 @@ class Channel(abc.ABC):
     async def close(self) -> None: ...
 
     @abc.abstractmethod
-    def abort(self, exc: BaseException) -> None:
+    def abort(self, exc: Exception) -> None:
         """The machine behind this channel was declared lost: every read waiting on it, and
         every later one, raises ``exc`` now; nothing is sent.  :meth:`close` still follows."""
 
@@ -99,7 +99,7 @@ class StreamChannel(Channel):
     def stderr_tail(self) -> str:
         return " | ".join(self._err) or "(no stderr)"
 
-    def abort(self, exc: BaseException) -> None:
+    def abort(self, exc: Exception) -> None:
         self._stdout.set_exception(exc)
 
 

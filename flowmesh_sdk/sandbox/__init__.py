@@ -111,7 +111,7 @@ class Sandbox:
         self._procs: set[Process] = set()
         self._tasks: set[asyncio.Task[object]] = set()
         self._chans: weakref.WeakSet[Channel] = weakref.WeakSet()   # every channel opened (abort)
-        self._aborted: BaseException | None = None
+        self._aborted: Exception | None = None
 
     def __repr__(self) -> str:
         return f"Sandbox({self.name}, image={self.spec.image!r}, instance={self.instance_id})"
@@ -231,7 +231,7 @@ class Sandbox:
             async with self._freed:
                 self._freed.notify_all()
 
-    def abort(self, exc: BaseException) -> None:
+    def abort(self, exc: Exception) -> None:
         """The instance under this sandbox was declared lost (its machine stopped
         answering): every call waiting on one of its channels -- ``exec``, a
         :class:`Session` command, a :class:`Process` -- raises ``exc`` now (a process's
