@@ -82,6 +82,10 @@ class Machines:
         self._spawn = spawn
         self._on_failed = on_failed
         self.instances: dict[str, ManagedInstance] = {}
+        # the same instances by (provider, region): one describe each; and those whose
+        # termination failed (a reconcile terminates them again)
+        self._where: dict[tuple[str, str], dict[str, ManagedInstance]] = {}
+        self._termination_failed: set[str] = set()
         self.closing = False
         self._terminating: set[str] = set()
         self._pending_per_hour = 0.0    # launches decided, not yet recorded in the ledger
@@ -274,6 +278,7 @@ class Machines:
         for inst, runner in zip(launched, runners):
             mi = ManagedInstance(inst, self.ctx.runtime_for(runner), cand.slots, provider=provider, offer=offer)
             self.instances[mi.id] = mi
+            self._where.setdefault(mi.where, {})[mi.id] = mi
             self._publish(EventKind.INSTANCE_REQUESTED, instance_id=mi.id, detail=json.dumps(
                 {"provider": provider.name, "region": inst.region, "zone": inst.zone, "type": inst.instance_type,
                  "spot": offer.spot, "price_per_hour": price, "slots": cand.slots}, sort_keys=True))
@@ -473,6 +478,7 @@ class Machines:
             if mi.id in still:
                 if mi.lifecycle.can(InstanceState.TERMINATION_FAILED):
                     mi.lifecycle.to(InstanceState.TERMINATION_FAILED)
+                self._termination_failed.add(mi.id)
                 self._publish(EventKind.INSTANCE_TERMINATION_FAILED, instance_id=mi.id,
                               detail=f"still listed by {provider.name} after {TERMINATE_ATTEMPTS} terminate calls")
                 continue
@@ -502,6 +508,12 @@ class Machines:
         if mi.lifecycle.can(InstanceState.TERMINATED):
             mi.lifecycle.to(InstanceState.TERMINATED)
         self.instances.pop(mi.id, None)
+        self._termination_failed.discard(mi.id)
+        group = self._where.get(mi.where)
+        if group is not None:
+            group.pop(mi.id, None)
+            if not group:
+                del self._where[mi.where]
         self.ctx.spend.end(mi.id)
         pool = self.ctx.spend.summary(pool=self.pool)
         self._publish(EventKind.INSTANCE_TERMINATED, instance_id=mi.id, detail=json.dumps(
@@ -516,30 +528,33 @@ class Machines:
         terminated (a spot preemption, a deletion behind the pool's back), is given up and
         dropped; a stopped one is STOPPED and given up; a TERMINATION_FAILED one is
         terminated again."""
-        groups: dict[tuple[str, str], list[ManagedInstance]] = defaultdict(list)
-        terminating = self._terminating
-        for mi in self.instances.values():   # nothing awaited in this loop: no copy needed
-            if mi.lifecycle.state in _RECONCILED and mi.id not in terminating:
-                groups[mi.where].append(mi)
         gone: list[str] = []
         stopped: list[str] = []
         retried: list[str] = []
         running, failed = ProviderState.RUNNING, InstanceState.TERMINATION_FAILED
-        for (_, region), insts in groups.items():
-            provider = insts[0].provider
-            ids = [mi.id for mi in insts]
+        for (_, region), group in list(self._where.items()):
+            ids = list(group)   # each instance once: those in other states are skipped below
+            if not ids:
+                continue
+            provider = group[ids[0]].provider
             try:
-                seen: dict[str, Instance] = {i.id: i for i in await self.ctx.provisioner.call(
-                    provider, region, "describe", lambda: provider.describe(ids))}
+                described = await self.ctx.provisioner.call(provider, region, "describe",
+                                                            lambda: provider.describe(ids))
             except FlowMeshError as exc:
                 log.warning("pool %s: reconcile describe on %s/%s failed: %s", self.pool, provider.name,
                             region, exc)
                 continue
-            for mi in insts:
-                now = seen.get(mi.id)
-                state = mi.lifecycle.state
-                if now is not None and now.state is running and state is not failed:
-                    continue   # the common case: running, as the pool thinks
+            # the common case -- listed running, as the pool thinks -- is a set difference away
+            fine = {i.id for i in described if i.state is running}
+            suspects = (set(ids) - fine) | (self._termination_failed & fine)
+            if not suspects:
+                continue
+            seen: dict[str, Instance] = {i.id: i for i in described if i.id in suspects}
+            for iid in suspects:
+                mi = group.get(iid)
+                if mi is None or iid in self._terminating or mi.lifecycle.state not in _RECONCILED:
+                    continue   # gone, being terminated, or not one a reconcile asks about
+                now, state = seen.get(iid), mi.lifecycle.state
                 if state is failed:
                     if now is None or now.state in _GONE:
                         self._gone(mi, "reconciled: no longer listed")
