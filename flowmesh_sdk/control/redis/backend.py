@@ -23,11 +23,10 @@ from ..backend import ControlBackend
 from ..events import EventBus
 from ..limits import QuotaLimits
 from ..shared import Adoption, SharedHolders, SharedInstance
-from . import scripts
+from . import fleet_state, scripts
 from .client import RedisClient, RetrySettings, check_url, redact
 from .coordinator import Coordinator
 from .events import EventStream
-from . import fleet_state
 from .fleet_state import SharedSpendLedger
 from .limits import RedisQuota, RedisSemaphore, RedisTokenBucket
 from .queue import TaskQueue
