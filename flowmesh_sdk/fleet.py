@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -384,24 +383,8 @@ class Fleet:
         machines are slices of one host (``local``) is reclaimed only from that host and
         ``FLOWMESH_HOME``; elsewhere it is left listed, and a warning says where to run
         ``flowmesh gc``."""
-        here, orphans, provs = socket.gethostname(), [], {}
-        for i in insts:
-            try:
-                prov = self.provider(i.provider)
-            except FlowMeshError as exc:
-                log.warning("fleet %s: cannot reclaim instance %s of dead coordinator %s: %s",
-                            self.name, i.id, dead, exc)
-                continue
-            if not prov.capabilities.remote and (
-                    (i.host and i.host != here) or not await prov.describe([i.id])):
-                log.warning("fleet %s: instance %s of dead coordinator %s is a slice of host %s, not "
-                            "visible from here: run `flowmesh gc` there", self.name, i.id, dead, i.host or "?")
-                continue
-            provs[prov.name] = prov
-            orphans.append(gc.Orphan(prov.name, i.id, i.pool, dead, 0.0,
-                                     f"its coordinator {dead} died; reclaimed by its adopter", i.fleet))
-        res = await gc.execute(gc.GcPlan(tuple(orphans), ()), list(provs.values()), None,
-                               provisioner=self.provisioner, record=self.bus.publish)
+        plan, provs = await gc.plan_adopted(insts, dead, self.provider)
+        res = await gc.execute(plan, provs, None, provisioner=self.provisioner, record=self.bus.publish)
         for instance_id in res.terminated:
             self.ledger.end(instance_id)
         log.warning("fleet %s: reclaimed %d instance(s) of dead coordinator %s%s", self.name,

@@ -25,19 +25,25 @@ without ``include_live``, whatever its owner tag says; one whose holder has no l
 
 from __future__ import annotations
 
+import logging
+import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from .config import Owner
+from .errors import FlowMeshError
 from .control.backend import InProcessBackend
 from .control.events import Event, EventKind
-from .control.shared import SharedHolders
+from .control.shared import SharedHolders, SharedInstance
 from .control.store import MetadataStore
 from .provider import (LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, TAG_FLEET, TAG_OWNER, TAG_POOL,
                        Provider, ProviderState)
 from .provisioning import Provisioner
 from .remote.runtime import ContainerInfo, ContainerRuntime
+
+
+log = logging.getLogger("flowmesh.gc")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +94,7 @@ async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, 
     orphans: list[Orphan] = []
     live_ids: set[str] = set()
     held: set[str] = set()        # a live coordinator of the shared fleet holds them
+    listed_by_id = {i.id: i for i in shared.instances} if shared is not None else {}
     for prov in providers:
         for inst in await prov.list_tagged({}):
             live_ids.add(inst.id)
@@ -95,7 +102,7 @@ async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, 
                 continue
             owner = inst.tags.get(TAG_OWNER, "")
             gone, why = _owner_gone(owner)
-            listed = shared.holder_of(inst.id) if shared is not None else None
+            listed = listed_by_id.get(inst.id)
             if shared is not None and listed is not None:
                 gone, why = ((None, f"held by live coordinator {listed.holder}") if listed.holder in shared.live
                              else (True, f"its coordinator {listed.holder or '?'} is gone (no lease)"))
@@ -129,6 +136,30 @@ async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, 
                     or (gone is None and inst not in live_ids)):
                 containers.append(c)
     return GcPlan(tuple(orphans), tuple(containers))
+
+
+async def plan_adopted(insts: Sequence[SharedInstance], dead: str, provider: Callable[[str], Provider]
+                       ) -> tuple[GcPlan, list[Provider]]:
+    """What an adopter can reclaim, from here, of the instances it adopted from the dead
+    coordinator ``dead`` (``provider(name)`` loads one), and the providers to ask.  An
+    instance of a provider whose machines are slices of one host (``local``) is left out
+    unless it is this host's and this home's (its provider describes it); so is one whose
+    provider cannot be loaded here -- each with a warning."""
+    here, orphans, provs = socket.gethostname(), [], {}
+    for i in insts:
+        try:
+            prov = provider(i.provider)
+        except FlowMeshError as exc:
+            log.warning("cannot reclaim instance %s of dead coordinator %s: %s", i.id, dead, exc)
+            continue
+        if not prov.capabilities.remote and ((i.host and i.host != here) or not await prov.describe([i.id])):
+            log.warning("instance %s of dead coordinator %s is a slice of host %s, not visible from here: "
+                        "run `flowmesh gc` there", i.id, dead, i.host or "?")
+            continue
+        provs[prov.name] = prov
+        orphans.append(Orphan(prov.name, i.id, i.pool, dead, 0.0,
+                              f"its coordinator {dead} died; reclaimed by its adopter", i.fleet))
+    return GcPlan(tuple(orphans), ()), list(provs.values())
 
 
 async def execute(gc_plan: GcPlan, providers: Sequence[Provider], runtime: ContainerRuntime | None,

@@ -39,9 +39,3 @@ class SharedHolders:
 
     instances: tuple[SharedInstance, ...]
     live: frozenset[str]
-
-    def holder_of(self, instance_id: str) -> SharedInstance | None:
-        for inst in self.instances:
-            if inst.id == instance_id:
-                return inst
-        return None

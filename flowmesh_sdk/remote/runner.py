@@ -143,9 +143,7 @@ class Runner(abc.ABC):
     async def wait_reachable(self, timeout_s: float) -> None:
         """Return once a trivial command runs on the machine; raise
         :class:`~flowmesh_sdk.errors.ProviderUnavailableError` past ``timeout_s``."""
-        res = await self.run(["true"], timeout_s=timeout_s)
-        if not res.ok:
-            raise ProviderUnavailableError(f"{self.label}: `true` failed: {res.describe()}")
+        await Runner.probe(self, timeout_s)   # the plain one: a runner's own probe may differ
 
     async def close(self) -> None:  # noqa: B027 - optional for runners without state
         return None
