@@ -160,8 +160,11 @@ __fm_fail() {
 %s' "$__id" 125 "${#1}" "$1"
 }
 __fm_watch() {
-  ( trap 'kill $__z 2>/dev/null; exit 0' TERM
-    sleep "$__to" & __z=$!; wait $__z
+  # the trap kills $!, not a copy of it: a TERM between the sleep's fork and an assignment
+  # would leave the sleep behind (seen under load); before the fork $! is the command,
+  # already reaped by the agent when it sends TERM
+  ( trap 'kill $! 2>/dev/null; exit 0' TERM
+    sleep "$__to" & wait $!
     trap '' TERM; __fm_kill "$__c"; exit 3 ) 5<&- 6<&- 7>&- &
   __w=$!
 }
