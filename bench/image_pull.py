@@ -49,7 +49,7 @@ from rich.table import Table
 from flowmesh_sdk import EventKind, Fleet, InstanceSpec, PoolSpec, SandboxSpec
 from flowmesh_sdk.registry.client import RegistryClient, ResolvedImage
 from flowmesh_sdk.testing.proxy import FaultProxy
-from flowmesh_sdk.testing.registry import LocalRegistry, RegistryNotInstalled
+from flowmesh_sdk.registry.local import LocalRegistry, RegistryNotInstalled
 from flowmesh_providers.local import LocalProvider
 
 ROOT = Path(__file__).resolve().parent.parent

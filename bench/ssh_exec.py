@@ -47,7 +47,7 @@ from _common import busybox_image, console as bench_console, pct  # bench/_commo
 from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec
 from flowmesh_sdk.specs import BootstrapReport
 from flowmesh_sdk.remote.keys import PublicKey, host_id
-from flowmesh_sdk.testing.registry import LocalRegistry
+from flowmesh_sdk.registry.local import LocalRegistry
 from flowmesh_sdk.testing.sshd import LoopbackSshd
 
 HOST = "127.0.0.50"

@@ -14,6 +14,7 @@ from .errors import (AuthError, BootstrapError, BudgetExceededError, CapacityErr
 from .bidder.gates import NoFeasibleOffer
 from .cas.base import CasCorruptError, CasError, CasNotFoundError
 from .imagebuild.build import ImageBuildError
+from .registry.local import LocalRegistryError, RegistryNotInstalled
 from .workers.errors import TrainingFailedError, WorkerStartError
 from .fleet import Fleet
 from .pools import AutoPool, EphemeralPool, PersistentPool, Pool
@@ -40,6 +41,6 @@ __all__ = [
     # the rest of the error tree (errors.py draws it)
     "BootstrapError", "CasCorruptError", "CasError", "CasNotFoundError", "ContainerRuntimeError",
     "ControlPlaneUnavailableError", "ImageBuildError", "IntegrationMissingError", "LifecycleError",
-    "NoFeasibleOffer", "ProviderUnavailableError", "RegistryUnavailableError", "RuntimeMissingError",
+    "LocalRegistryError", "RegistryNotInstalled", "NoFeasibleOffer", "ProviderUnavailableError", "RegistryUnavailableError", "RuntimeMissingError",
     "SandboxClosedError", "SandboxFileError", "StoreSchemaError", "TrainingFailedError", "WorkerStartError",
 ]

@@ -46,6 +46,8 @@ their part name the module)::
     ├── CasError                               (cas.base) the content-addressed store failed
     │   ├── CasNotFoundError                   no object with that digest
     │   └── CasCorruptError                    an object does not match its digest
+    ├── LocalRegistryError (also a RuntimeError)  (registry.local) the local registry did not start or push
+    │   └── RegistryNotInstalled               ``docker-registry`` is missing (says how to install)
     └── ImageBuildError (also a RuntimeError)  (imagebuild.build) building a project image failed
 
 ``tests/test_docs_truth.py`` checks this drawing against the classes.

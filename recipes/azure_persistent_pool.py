@@ -48,7 +48,7 @@ async def main(argv: list[str] | None = None) -> int:
     print_plan(plan)
     if args.dry_run:
         return 0
-    from flowmesh_sdk.testing.registry import LocalRegistry
+    from flowmesh_sdk.registry.local import LocalRegistry
     if args.emulator:
         from flowmesh_sdk.testing.azure import AzureEmulator
         with AzureEmulator(locations=(args.location,)) as emu, LocalRegistry() as reg:

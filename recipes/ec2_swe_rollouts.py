@@ -75,7 +75,7 @@ from flowmesh_sdk.backoff import is_loopback_host  # noqa: E402
 from flowmesh_sdk.catalog import Catalog, read_csv  # noqa: E402
 from flowmesh_sdk.errors import FlowMeshError  # noqa: E402
 from flowmesh_sdk.provider import TAG_FLEET, ApiRate, Instance, LaunchRequest  # noqa: E402
-from flowmesh_sdk.testing.registry import LocalRegistry  # noqa: E402
+from flowmesh_sdk.registry.local import LocalRegistry  # noqa: E402
 from flowmesh_providers.ec2 import Ec2Provider  # noqa: E402
 from flowmesh_providers.ec2.client import DOC_THROTTLING  # noqa: E402
 from _main_job import load_main_job  # noqa: E402
@@ -366,7 +366,7 @@ async def run_batch(args: argparse.Namespace, plan: Plan, provider: RolloutEc2,
         else:
             try:
                 reg = await stack.enter_async_context(LocalRegistry())
-            except Exception as exc:  # noqa: BLE001 - RegistryNotInstalled, RegistryError
+            except LocalRegistryError as exc:   # RegistryNotInstalled among them
                 console.print(f"[bold red]cannot start a local registry:[/] {escape(str(exc))}")
                 return 2
         console.print(f"registry: {reg.host}")

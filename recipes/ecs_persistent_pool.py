@@ -138,7 +138,7 @@ def pool_spec(registry: str, instances: int, per_instance: int) -> PoolSpec:
 
 async def run_emulator(args: argparse.Namespace) -> int:
     from flowmesh_sdk.testing.ecs import EcsEmulator
-    from flowmesh_sdk.testing.registry import LocalRegistry
+    from flowmesh_sdk.registry.local import LocalRegistry
 
     build = job._load_image_builder()
     await asyncio.to_thread(job.ensure_base, build)

@@ -49,7 +49,7 @@ async def main(argv: list[str] | None = None) -> int:
     print_plan(plan)
     if args.dry_run:
         return 0
-    from flowmesh_sdk.testing.registry import LocalRegistry
+    from flowmesh_sdk.registry.local import LocalRegistry
     if args.emulator:
         from flowmesh_sdk.testing.gce import GceEmulator
         with GceEmulator(zones=(args.zone,)) as emu, LocalRegistry() as reg:

@@ -56,7 +56,7 @@ from rich.table import Table
 
 from flowmesh_sdk import EventKind, Fleet, InstanceSpec, PoolSpec, Task, TaskResult
 from flowmesh_sdk.images import ImageInfo
-from flowmesh_sdk.testing.registry import LocalRegistry
+from flowmesh_sdk.registry.local import LocalRegistry
 
 BASE_IMAGE = "localhost/flowmesh/swe-base:bookworm"   # images/build.py's SWE_BASE_IMAGE
 REPO = "/work/repo"                                    # where the task images hold the repo
@@ -829,7 +829,7 @@ async def main(argv: list[str] | None = None) -> int:
         else:
             try:
                 reg = await stack.enter_async_context(LocalRegistry())
-            except Exception as exc:  # noqa: BLE001 - RegistryNotInstalled, RegistryError
+            except LocalRegistryError as exc:   # RegistryNotInstalled among them
                 console.print(f"[bold red]cannot start a local registry:[/] {exc}")
                 return 2
             console.print(f"started docker-registry at {reg.host} (throw-away, stopped at the end)")

@@ -84,7 +84,7 @@ async def run(args: argparse.Namespace) -> int:
     from flowmesh_providers.local import LocalProvider
     from flowmesh_sdk.remote.ssh import SshRunner, SshTarget
     from flowmesh_sdk.testing.moto import MotoEc2
-    from flowmesh_sdk.testing.registry import LocalRegistry
+    from flowmesh_sdk.registry.local import LocalRegistry
     from flowmesh_sdk.testing.sshd import LoopbackSshd
 
     build = job._load_image_builder()

@@ -99,7 +99,7 @@ async def run(args: argparse.Namespace) -> int:
             host = args.registry.strip().rstrip("/")
             reg = job.ExistingRegistry(host, build.resolve_tls_verify(host))
         else:
-            from flowmesh_sdk.testing.registry import LocalRegistry
+            from flowmesh_sdk.registry.local import LocalRegistry
             reg = await stack.enter_async_context(LocalRegistry())
             console.print(f"started docker-registry at {reg.host} (throw-away)")
         registry_host = reg.host   # a LocalRegistry forgets its port once stopped

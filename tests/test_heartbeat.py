@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from flowmesh_sdk import EventKind, Fleet, InstanceSpec, PoolSpec, SandboxSpec, SpecError, Task
-from flowmesh_sdk.testing.registry import LocalRegistry
+from flowmesh_sdk.registry.local import LocalRegistry
 
 pytest.importorskip("paramiko")
 

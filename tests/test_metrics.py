@@ -21,7 +21,7 @@ from flowmesh_sdk import EventKind, Fleet, InstanceSpec, PoolSpec, SandboxSpec, 
 from flowmesh_sdk.errors import ThrottledError
 from flowmesh_sdk.provisioning import Failover, RetryPolicy
 from flowmesh_sdk.specs import Offer
-from flowmesh_sdk.testing.registry import LocalRegistry
+from flowmesh_sdk.registry.local import LocalRegistry
 from flowmesh_providers.local import LocalProvider
 
 

@@ -18,7 +18,8 @@ from flowmesh_sdk.images import PullPolicy
 from flowmesh_sdk.registry.auth import Credentials
 from flowmesh_sdk.registry.client import DOCKER_LIST, OCI_INDEX, RegistryClient
 from flowmesh_sdk.testing.proxy import FaultProxy
-from flowmesh_sdk.testing.registry import LocalRegistry
+from flowmesh_sdk.registry.local import LocalRegistry
+from flowmesh_sdk.testing.tokenserver import TokenServer
 from flowmesh_providers.local import LocalProvider
 
 FAST = PullPolicy(attempts=3, backoff_s=0.05, backoff_max_s=0.2)
@@ -267,7 +268,7 @@ async def test_image_index_is_narrowed_to_the_instance_platform(registry, busybo
 
 @pytest.mark.parametrize("anonymous_pull", [False, True])
 async def test_client_follows_the_bearer_token_challenge(busybox_image, anonymous_pull):
-    with LocalRegistry(auth="token", anonymous_pull=anonymous_pull) as reg:
+    with LocalRegistry(auth="token", token_server=TokenServer, anonymous_pull=anonymous_pull) as reg:
         ref = reg.push(busybox_image, "tok/busybox:1")
         async with RegistryClient(use_auth_files=False) as anon:
             if anonymous_pull:

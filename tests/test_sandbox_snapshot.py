@@ -12,7 +12,7 @@ import pytest
 
 from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec, SpecError
 from flowmesh_sdk.remote.runtime import RuntimeConfig
-from flowmesh_sdk.testing.registry import LocalRegistry
+from flowmesh_sdk.registry.local import LocalRegistry
 
 
 @pytest.fixture(scope="module")

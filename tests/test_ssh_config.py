@@ -23,7 +23,7 @@ from flowmesh_sdk.errors import ProviderUnavailableError  # noqa: E402
 from flowmesh_sdk.provider import TAG_FLEET, LaunchRequest  # noqa: E402
 from flowmesh_sdk.remote.keys import host_id  # noqa: E402
 from flowmesh_sdk.remote.ssh import SshRunner, SshTarget  # noqa: E402
-from flowmesh_sdk.testing.registry import LocalRegistry  # noqa: E402
+from flowmesh_sdk.registry.local import LocalRegistry  # noqa: E402
 from flowmesh_sdk.testing.sshd import LoopbackSshd  # noqa: E402
 
 from flowmesh_providers.ssh import SshHost, SshProvider  # noqa: E402

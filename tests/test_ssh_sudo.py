@@ -23,7 +23,7 @@ from flowmesh_sdk import BootstrapPolicy, Fleet, InstanceSpec, PoolSpec, Sandbox
 from flowmesh_sdk.errors import AuthError, FlowMeshError  # noqa: E402
 from flowmesh_sdk.registry.auth import Credentials  # noqa: E402
 from flowmesh_sdk.remote.ssh import SshRunner, SshTarget  # noqa: E402
-from flowmesh_sdk.testing.registry import LocalRegistry  # noqa: E402
+from flowmesh_sdk.registry.local import LocalRegistry  # noqa: E402
 from flowmesh_sdk.testing.sshd import LoopbackSshd, bin_dir_without  # noqa: E402
 
 from flowmesh_providers.ssh import SshHost, SshProvider  # noqa: E402

@@ -160,10 +160,19 @@ __fm_fail() {
 %s' "$__id" 125 "${#1}" "$1"
 }
 __fm_watch() {
-  # the trap kills $!, not a copy of it: a TERM between the sleep's fork and an assignment
-  # would leave the sleep behind (seen under load); before the fork $! is the command,
-  # already reaped by the agent when it sends TERM
-  ( trap 'kill $! 2>/dev/null; exit 0' TERM
+  # The timeout watcher W: a subshell that forks the timer S (a sleep), waits for it, then
+  # kills the command's tree and exits 3.  The agent cancels W with a TERM once the command
+  # has ended; no S may outlive W, however the forks and the signal interleave:
+  # - TERM before W's trap is set: the default action ends W, which has forked no S yet;
+  # - TERM after the trap is set: a shell runs a trap only between commands (the handler
+  #   only notes the signal), and sets $! in W right after S's fork returns, so the trap
+  #   sees either the value W inherited ($__c, the agent's reaped command: not signalled)
+  #   or S's pid while S is W's unreaped child (its pid cannot be reused; only a TERM in
+  #   the instant between the timer's end and `trap '' TERM` finds S just reaped);
+  # - S is sent SIGKILL, not TERM: a TERM landing in S between the fork and S resetting
+  #   the shell's inherited handler is taken by that handler and lost (S then sleeps on,
+  #   orphaned: seen under load); SIGKILL cannot be caught, ignored or lost.
+  ( trap '[ "$!" = "$__c" ] || kill -9 $! 2>/dev/null; exit 0' TERM
     sleep "$__to" & wait $!
     trap '' TERM; __fm_kill "$__c"; exit 3 ) 5<&- 6<&- 7>&- &
   __w=$!

@@ -194,7 +194,7 @@ async def test_the_emulator_routes_the_v2_signature_with_action_in_the_query(ecs
 async def test_a_pool_on_ecs_instances_booted_from_their_user_data(fm_home, busybox_image, ecs_emulator):
     from flowmesh_sdk import Fleet, PoolSpec, SandboxSpec
     from flowmesh_sdk.catalog import Catalog
-    from flowmesh_sdk.testing.registry import LocalRegistry
+    from flowmesh_sdk.registry.local import LocalRegistry
     ecs = ecs_emulator.provider(ssh=True)
     catalog = Catalog(await ecs_emulator.price_rows())
     with LocalRegistry() as reg:

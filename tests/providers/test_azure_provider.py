@@ -153,7 +153,7 @@ async def test_bad_input_is_refused_before_any_call(emu, az):
 
 
 async def test_pool_on_azure_vms_booted_from_their_custom_data(fm_home, emu, busybox_image):
-    from flowmesh_sdk.testing.registry import LocalRegistry
+    from flowmesh_sdk.registry.local import LocalRegistry
     with LocalRegistry() as reg:
         image = reg.push(busybox_image, "az/busybox:1")
         prov = emu.provider(ssh=True)

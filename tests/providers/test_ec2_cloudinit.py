@@ -19,7 +19,7 @@ from flowmesh_sdk.errors import AuthError
 from flowmesh_sdk.provider import TAG_FLEET, LaunchRequest
 from flowmesh_sdk.remote.cloudinit import parse_user_data
 from flowmesh_sdk.remote.keys import FleetKey, KnownHosts, PublicKey, secret_fragments
-from flowmesh_sdk.testing.registry import LocalRegistry
+from flowmesh_sdk.registry.local import LocalRegistry
 
 pytest.importorskip("paramiko")
 yaml = pytest.importorskip("yaml")

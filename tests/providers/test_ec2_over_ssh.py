@@ -8,7 +8,7 @@ import pytest
 
 from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec
 from flowmesh_sdk.provider import TAG_FLEET, Instance
-from flowmesh_sdk.testing.registry import LocalRegistry
+from flowmesh_sdk.registry.local import LocalRegistry
 
 pytest.importorskip("paramiko")
 

@@ -188,7 +188,7 @@ async def test_pool_on_gce_instances_booted_from_their_user_data(fm_home, emu, b
     """Instances launched through the real client, booted (emulated cloud-init) as loopback
     sshd hosts with exactly the injected keys, bootstrapped over SSH, sandboxes run there; an
     instance deleted behind the SDK's back is noticed by the reconciler."""
-    from flowmesh_sdk.testing.registry import LocalRegistry
+    from flowmesh_sdk.registry.local import LocalRegistry
     with LocalRegistry() as reg:
         image = reg.push(busybox_image, "gce/busybox:1")
         prov = emu.provider(ssh=True)

@@ -13,7 +13,7 @@ import pytest
 from flowmesh_sdk import BootstrapPolicy, EventKind, Fleet, InstanceSpec, PoolSpec, SandboxSpec, Task
 from flowmesh_sdk.errors import BootstrapError
 from flowmesh_sdk.registry.auth import Credentials
-from flowmesh_sdk.testing.registry import LocalRegistry
+from flowmesh_sdk.registry.local import LocalRegistry
 
 pytest.importorskip("paramiko")
 

@@ -9,7 +9,7 @@ import pytest
 
 from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec, SpecError
 from flowmesh_sdk.provider import TAG_FLEET
-from flowmesh_sdk.testing.registry import LocalRegistry
+from flowmesh_sdk.registry.local import LocalRegistry
 
 pytest.importorskip("paramiko")
 

@@ -14,7 +14,7 @@ from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec
 from flowmesh_sdk.errors import AuthError
 from flowmesh_sdk.provider import TAG_FLEET, LaunchRequest
 from flowmesh_sdk.remote.keys import KnownHosts, PublicKey, host_id
-from flowmesh_sdk.testing.registry import LocalRegistry
+from flowmesh_sdk.registry.local import LocalRegistry
 
 pytest.importorskip("paramiko")
 

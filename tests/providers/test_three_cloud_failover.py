@@ -22,7 +22,7 @@ SPEC = InstanceSpec(cpus=2, memory_gb=4)
 
 async def test_a_pool_over_three_clouds_fails_over_on_capacity_to_the_last(
         fm_home, moto_ec2, ec2_proxy, gce_emulator, azure_emulator, busybox_image):
-    from flowmesh_sdk.testing.registry import LocalRegistry
+    from flowmesh_sdk.registry.local import LocalRegistry
     catalog = Catalog.load(["ec2", "gce", "azure"], use_cache=False, warn=False)
     ec2 = moto_ec2.provider(endpoint_url=ec2_proxy.endpoint_url, instance_types=("m5.large", "c5.large"))
     gce = gce_emulator.provider(machine_types=("e2-standard-2", "n2-standard-2"))

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from flowmesh_sdk.testing.proxy import FaultProxy
-from flowmesh_sdk.testing.registry import (LocalRegistry, RegistryError, RegistryNotInstalled,
+from flowmesh_sdk.registry.local import (LocalRegistry, LocalRegistryError, RegistryNotInstalled,
                                            parse_challenge)
 from flowmesh_sdk.testing.tokenserver import TokenServer
 
@@ -202,7 +202,7 @@ def _token(realm: str, service: str, scope: str, basic: str | None = None) -> tu
 
 @pytest.mark.parametrize("header", ["x5c", "kid", "jwk"])
 def test_token_flow_by_hand(busybox_image: str, header: str) -> None:
-    with LocalRegistry(auth="token", token_header=header) as reg:
+    with LocalRegistry(auth="token", token_server=TokenServer, token_header=header) as reg:
         reg.push(busybox_image, NAME_TAG)
         ts = reg.token_server
         assert ts is not None and reg.password not in repr(ts)
@@ -247,7 +247,7 @@ def test_token_flow_by_hand(busybox_image: str, header: str) -> None:
 
 
 def test_token_from_an_untrusted_key_is_refused(busybox_image: str) -> None:
-    with LocalRegistry(auth="token") as reg, \
+    with LocalRegistry(auth="token", token_server=TokenServer) as reg, \
             TokenServer(service=reg.token_server.service, issuer=reg.token_server.issuer) as rogue:
         reg.push(busybox_image, NAME_TAG)
         forged = rogue.issue("flowmesh", [{"type": "repository", "name": "flowmesh/busybox",
@@ -259,7 +259,7 @@ def test_token_from_an_untrusted_key_is_refused(busybox_image: str) -> None:
 
 
 def test_token_podman_pull(busybox_image: str, tmp_path: Path) -> None:
-    with LocalRegistry(auth="token") as reg:
+    with LocalRegistry(auth="token", token_server=TokenServer) as reg:
         ref = reg.push(busybox_image, NAME_TAG)
         ts = reg.token_server
         assert any(r.account == reg.username and "push" in r.granted[0]["actions"]
@@ -277,7 +277,7 @@ def test_token_podman_pull(busybox_image: str, tmp_path: Path) -> None:
 
 
 def test_token_anonymous_pull_allowed(busybox_image: str, tmp_path: Path) -> None:
-    with LocalRegistry(auth="token", anonymous_pull=True) as reg:
+    with LocalRegistry(auth="token", token_server=TokenServer, anonymous_pull=True) as reg:
         ref = reg.push(busybox_image, NAME_TAG)
         proc = podman_pull(ref, tmp_path / "anon")
         assert proc.returncode == 0, proc.stderr
@@ -428,12 +428,12 @@ def test_proxy_upstream_down_is_502(busybox_image: str) -> None:
 
 def test_registry_error_is_clear_when_push_fails(busybox_image: str) -> None:
     with LocalRegistry() as reg:
-        with pytest.raises(RegistryError, match="podman push"):
+        with pytest.raises(LocalRegistryError, match="podman push"):
             reg.push("localhost/flowmesh/does-not-exist:0", "x/y:1")
 
 
 def test_htpasswd_without_bcrypt_uses_the_provisioned_user(monkeypatch, busybox_image: str) -> None:
-    import flowmesh_sdk.testing.registry as registry_mod
+    import flowmesh_sdk.registry.local as registry_mod
 
     monkeypatch.setattr(registry_mod, "_bcrypt_entry", lambda user, password: None)
     with LocalRegistry(auth="htpasswd") as reg:
@@ -441,7 +441,7 @@ def test_htpasswd_without_bcrypt_uses_the_provisioned_user(monkeypatch, busybox_
         assert fetch("GET", f"{reg.url}/v2/")[0] == 401
         reg.push(busybox_image, NAME_TAG)
         assert reg.catalog() == ["flowmesh/busybox"]
-    with pytest.raises(RegistryError, match="apache2-utils"):
+    with pytest.raises(LocalRegistryError, match="apache2-utils"):
         LocalRegistry(auth="htpasswd", password="given").start()
 
 

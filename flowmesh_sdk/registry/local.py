@@ -1,4 +1,8 @@
-"""A test fixture: a real OCI registry on 127.0.0.1 (Debian's ``docker-registry``).
+"""The embedded default registry: a real OCI registry on 127.0.0.1 (Debian's ``docker-registry``).
+
+What the ``local`` provider pulls from when no other registry is named (the main job
+pushes every task image here), and what the tests use.  It needs only the base install:
+the standard library, ``docker-registry`` and ``podman``.
 
 ``LocalRegistry`` starts ``docker-registry serve CONFIG`` (distribution v2.8) on a free
 loopback port with its storage in a temporary (or given) directory, optionally behind
@@ -16,12 +20,14 @@ Authentication modes (``auth=``):
 
 - ``None``: anonymous, everything allowed;
 - ``"htpasswd"``: HTTP Basic with a generated user and password.  distribution only reads
-  bcrypt entries; they are made with ``htpasswd -B`` (Debian's ``apache2-utils``) or the
-  Python ``bcrypt`` package, and when neither is there the registry provisions its own
+  bcrypt entries; they are made with ``htpasswd -B`` (Debian's ``apache2-utils``), and
+  without it the registry provisions its own
   user ``docker`` with a random password, read back from its log.  distribution 2.8
   serves Basic auth over plain HTTP (its docs only *recommend* TLS), so no TLS here;
-- ``"token"``: the Docker token flow against a ``testing.tokenserver.TokenServer`` started
-  alongside (``anonymous_pull=`` decides whether a client without credentials may pull).
+- ``"token"``: the Docker token flow against a token server started alongside, made by the
+  ``token_server=`` factory (``flowmesh_sdk.testing.tokenserver.TokenServer``, which needs
+  the ``testing`` extra; ``anonymous_pull=`` decides whether a client without credentials
+  may pull).  The registry itself never imports it, so the base install stays enough.
 
 Everything listens on 127.0.0.1 only; podman reaches it with ``--tls-verify=false``.
 The password is never part of a repr, an exception or a podman command line (podman gets
@@ -49,12 +55,12 @@ import weakref
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
-from flowmesh_sdk.testing.tokenserver import TokenServer
+from flowmesh_sdk.errors import FlowMeshError, SpecError
 
-__all__ = ["LocalRegistry", "AccessLogEntry", "RegistryResponse", "RegistryError",
-           "RegistryNotInstalled"]
+__all__ = ["LocalRegistry", "AccessLogEntry", "RegistryResponse", "LocalRegistryError",
+           "RegistryNotInstalled", "TokenIssuer"]
 
 _INSTALL_HINT = "apt-get install -y docker-registry"
 _AUTH_MODES = (None, "htpasswd", "token")
@@ -62,12 +68,29 @@ _DEFAULT_USER = "flowmesh"
 _PROVISIONED_USER = "docker"  # what distribution provisions when the htpasswd file is missing
 
 
-class RegistryError(RuntimeError):
+class LocalRegistryError(FlowMeshError, RuntimeError):
     """The local registry could not be started or did not do what was asked."""
 
 
-class RegistryNotInstalled(RegistryError):
+class RegistryNotInstalled(LocalRegistryError):
     """``docker-registry`` is not installed."""
+
+
+class TokenIssuer(Protocol):
+    """What token mode needs of its token server (``testing.tokenserver.TokenServer`` is one)."""
+
+    service: str
+    issuer: str
+
+    @property
+    def realm(self) -> str: ...
+
+    @property
+    def cert_path(self) -> Path: ...
+
+    def start(self) -> Any: ...
+
+    def stop(self) -> None: ...
 
 
 # --------------------------------------------------------------------------- #
@@ -201,13 +224,15 @@ def _kill_process(proc: subprocess.Popen[bytes]) -> None:
 
 
 class LocalRegistry:
-    """A test fixture: ``docker-registry serve`` on 127.0.0.1 (see the module docstring).
+    """``docker-registry serve`` on 127.0.0.1 (see the module docstring).
 
     ``storage_dir``: where the blobs go (kept on stop); default a temporary directory
     (removed on stop).  ``auth``: ``None``, ``"htpasswd"`` or ``"token"``.  ``username`` /
     ``password``: the credentials to create (generated when not given).
     ``anonymous_pull`` (token mode): a client without credentials may pull.
     ``token_header`` (token mode): how tokens name their key -- ``"x5c"``, ``"kid"``, ``"jwk"``.
+    ``token_server`` (token mode): makes the token server, called with ``users``,
+    ``anonymous_pull``, ``header`` and ``key_dir`` (``testing.tokenserver.TokenServer``).
     """
 
     def __init__(self, storage_dir: str | os.PathLike[str] | None = None, *,
@@ -216,16 +241,20 @@ class LocalRegistry:
                  password: str | None = None,
                  anonymous_pull: bool = False,
                  token_header: str = "x5c",
+                 token_server: Callable[..., TokenIssuer] | None = None,
                  port: int | None = None,
                  binary: str | None = None,
                  podman: str | None = None,
                  startup_timeout: float = 20.0) -> None:
         if auth not in _AUTH_MODES:
-            raise ValueError(f"auth must be one of {_AUTH_MODES}, not {auth!r}")
+            raise SpecError("auth", f"must be one of {_AUTH_MODES}, not {auth!r}")
         if anonymous_pull and auth != "token":
-            raise ValueError("anonymous_pull is for auth='token' (htpasswd guards every request)")
+            raise SpecError("anonymous_pull", "is for auth='token' (htpasswd guards every request)")
         if token_header not in ("x5c", "kid", "jwk"):
-            raise ValueError(f"token_header must be 'x5c', 'kid' or 'jwk', not {token_header!r}")
+            raise SpecError("token_header", f"must be 'x5c', 'kid' or 'jwk', not {token_header!r}")
+        if (auth == "token") != (token_server is not None):
+            raise SpecError("token_server", "is needed with auth='token' and only then: a factory "
+                            "such as flowmesh_sdk.testing.tokenserver.TokenServer")
         self._explicit_credentials = username is not None or password is not None
         self.auth = auth
         self._storage_arg = Path(storage_dir) if storage_dir is not None else None
@@ -244,7 +273,8 @@ class LocalRegistry:
         self._proc: subprocess.Popen[bytes] | None = None
         self._finalizer: weakref.finalize | None = None
         self._logs: list[Any] = []
-        self.token_server: TokenServer | None = None
+        self._token_factory = token_server
+        self.token_server: TokenIssuer | None = None
         self.pushed: dict[str, str] = {}   # reference -> manifest digest, for every push()
 
     def __repr__(self) -> str:
@@ -261,7 +291,7 @@ class LocalRegistry:
     @property
     def port(self) -> int:
         if self._port is None:
-            raise RegistryError("the registry is not running")
+            raise LocalRegistryError("the registry is not running")
         return self._port
 
     @property
@@ -284,14 +314,14 @@ class LocalRegistry:
     @property
     def storage_dir(self) -> Path:
         if self._storage is None:
-            raise RegistryError("the registry is not running")
+            raise LocalRegistryError("the registry is not running")
         return self._storage
 
     @property
     def workdir(self) -> Path:
         """Config, logs, htpasswd, auth file (removed on stop)."""
         if self._workdir is None:
-            raise RegistryError("the registry is not running")
+            raise LocalRegistryError("the registry is not running")
         return self._workdir
 
     @property
@@ -343,7 +373,7 @@ class LocalRegistry:
                     break
                 except _PortTaken:
                     if attempt == attempts - 1:
-                        raise RegistryError(f"127.0.0.1:{port} is already in use") from None
+                        raise LocalRegistryError(f"127.0.0.1:{port} is already in use") from None
             if self.auth == "htpasswd" and self._password is None:
                 self._read_provisioned_password()
             if self.auth is not None:
@@ -361,10 +391,11 @@ class LocalRegistry:
         if self.auth == "token":
             if self._password is None:
                 self._password = secrets.token_urlsafe(18)
-            self.token_server = TokenServer(users={self._username: self._password},
-                                            anonymous_pull=self.anonymous_pull,
-                                            header=self.token_header,
-                                            key_dir=self.workdir / "token")
+            assert self._token_factory is not None   # checked in __init__
+            self.token_server = self._token_factory(users={self._username: self._password},
+                                                    anonymous_pull=self.anonymous_pull,
+                                                    header=self.token_header,
+                                                    key_dir=self.workdir / "token")
             self.token_server.start()
             return {"token": {"realm": self.token_server.realm,
                               "service": self.token_server.service,
@@ -376,9 +407,8 @@ class LocalRegistry:
         entry = _bcrypt_entry(self._username, password)
         if entry is None:
             if self._explicit_credentials:
-                raise RegistryError(
-                    "htpasswd entries need bcrypt: apt-get install -y apache2-utils "
-                    "(or pip install bcrypt)")
+                raise LocalRegistryError(
+                    "htpasswd entries need bcrypt: apt-get install -y apache2-utils")
             # Let the registry provision its own user; the password is read from its log.
             self._username = _PROVISIONED_USER
         else:
@@ -438,14 +468,14 @@ class LocalRegistry:
                 tail = self._log_tail()
                 if "address already in use" in tail:
                     raise _PortTaken()
-                raise RegistryError(f"docker-registry exited with {code}: {tail}")
+                raise LocalRegistryError(f"docker-registry exited with {code}: {tail}")
             try:
                 _http("GET", url, timeout=1.0)
                 return   # any HTTP answer (200, 401) means it is serving
             except (urllib.error.URLError, ConnectionError, OSError):
                 pass
             if time.monotonic() > deadline:
-                raise RegistryError(f"docker-registry did not answer on {url} within "
+                raise LocalRegistryError(f"docker-registry did not answer on {url} within "
                                     f"{self.startup_timeout:.0f}s: {self._log_tail()}")
             time.sleep(0.02)
 
@@ -467,7 +497,7 @@ class LocalRegistry:
                     self._username, self._password = rec["user"], rec["password"]
                     return
             time.sleep(0.02)
-        raise RegistryError("the registry did not provision an htpasswd user")
+        raise LocalRegistryError("the registry did not provision an htpasswd user")
 
     def _write_authfile(self) -> None:
         assert self._username is not None and self._password is not None
@@ -564,7 +594,7 @@ class LocalRegistry:
         while path:
             resp = self.request("GET", path)
             if resp.status != 200:
-                raise RegistryError(f"GET {path}: HTTP {resp.status}: {resp.body[:300]!r}")
+                raise LocalRegistryError(f"GET {path}: HTTP {resp.status}: {resp.body[:300]!r}")
             repos += resp.json().get("repositories") or []
             m = re.match(r'\s*<([^>]+)>;\s*rel="next"', resp.headers.get("link", ""))
             path = m.group(1) if m else None
@@ -573,7 +603,7 @@ class LocalRegistry:
     def tags(self, name: str) -> list[str]:
         resp = self.request("GET", f"/v2/{name}/tags/list")
         if resp.status != 200:
-            raise RegistryError(f"GET /v2/{name}/tags/list: HTTP {resp.status}: {resp.body[:300]!r}")
+            raise LocalRegistryError(f"GET /v2/{name}/tags/list: HTTP {resp.status}: {resp.body[:300]!r}")
         return list(resp.json().get("tags") or [])
 
     # ---- logs ------------------------------------------------------------- #
@@ -607,7 +637,7 @@ class LocalRegistry:
     def _podman(self) -> str:
         podman = self._podman_arg or shutil.which("podman")
         if podman is None:
-            raise RegistryError("podman is not installed: apt-get install -y podman")
+            raise LocalRegistryError("podman is not installed: apt-get install -y podman")
         return podman
 
     def push(self, local_image: str, name_tag: str, *, timeout: float = 600.0,
@@ -635,9 +665,9 @@ class LocalRegistry:
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
-            raise RegistryError(f"podman push {local_image} -> {ref}: no result after {timeout:.0f}s") from None
+            raise LocalRegistryError(f"podman push {local_image} -> {ref}: no result after {timeout:.0f}s") from None
         if proc.returncode != 0:
-            raise RegistryError(f"podman push {local_image} -> {ref} failed "
+            raise LocalRegistryError(f"podman push {local_image} -> {ref} failed "
                                 f"({proc.returncode}): {proc.stderr.strip()[-1500:]}")
         try:
             self.pushed[ref] = digest_file.read_text().strip()
@@ -656,19 +686,14 @@ class _PortTaken(Exception):
 
 
 def _bcrypt_entry(username: str, password: str) -> str | None:
-    """``user:$2y$...`` for an htpasswd file, or None when no bcrypt is available."""
+    """``user:$2y$...`` for an htpasswd file, or None without ``htpasswd`` (apache2-utils)."""
     htpasswd = shutil.which("htpasswd")
-    if htpasswd:
-        # -i: the password from stdin, not the command line.  Cost 4: the registry checks
-        # the hash on every request.
-        proc = subprocess.run([htpasswd, "-niB", "-C", "4", username], input=password,
-                              capture_output=True, text=True, timeout=30)
-        if proc.returncode == 0 and proc.stdout.startswith(username + ":$2"):
-            return proc.stdout.strip()
-    try:
-        import bcrypt
-    except ImportError:
+    if htpasswd is None:
         return None
-    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
-    return f"{username}:{hashed}"
-
+    # -i: the password from stdin, not the command line.  Cost 4: the registry checks
+    # the hash on every request.
+    proc = subprocess.run([htpasswd, "-niB", "-C", "4", username], input=password,
+                          capture_output=True, text=True, timeout=30)
+    if proc.returncode == 0 and proc.stdout.startswith(username + ":$2"):
+        return proc.stdout.strip()
+    return None
