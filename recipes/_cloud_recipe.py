@@ -1,11 +1,13 @@
 """What the one-cloud recipes (``gce_eval.py``, ``azure_persistent_pool.py``) share: the
 ``--dry-run`` plan (offers and prices from the catalog, no API call; how long the
-provider's declared launch buckets take) and the main job's batch in a persistent pool on
-one provider.  A script helper, not a package."""
+provider's declared launch buckets take), the registry (``--registry`` or a throw-away one on
+127.0.0.1) and the main job's batch in a persistent pool on one provider.  A script helper,
+not a package."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -105,6 +107,30 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slots", type=int, default=2, help="sandboxes per instance (default 2)")
     p.add_argument("--task-minutes", type=float, default=2.0, help="assumed minutes per task, for the plan")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--registry", metavar="HOST:PORT",
+                   help="push to and pull from this running registry; a real run needs one its VMs can "
+                        "reach (default with --emulator: a throw-away docker-registry on 127.0.0.1)")
+
+
+def registry(args: argparse.Namespace) -> contextlib.AbstractContextManager[Any]:
+    """``--registry HOST:PORT`` (a registry already running), else a throw-away
+    ``LocalRegistry`` on 127.0.0.1 (reachable from the emulators' loopback VMs only)."""
+    if args.registry:
+        host = args.registry.strip().rstrip("/")
+        return contextlib.nullcontext(job.ExistingRegistry(host, job._load_image_builder().resolve_tls_verify(host)))
+    from flowmesh_sdk.registry.local import LocalRegistry
+    return LocalRegistry()
+
+
+def refuse_real_run_without_registry(args: argparse.Namespace, cloud: str) -> bool:
+    """True (after saying why) when a real run has no ``--registry``: a registry on this
+    machine's 127.0.0.1 is out of the VMs' reach, so nothing is launched."""
+    if args.registry:
+        return False
+    console.print(f"[bold red]a real run needs --registry HOST:PORT[/], a registry the {cloud} VMs can pull "
+                  "from (a throw-away one on 127.0.0.1 is out of their reach); nothing was launched. "
+                  "--emulator runs offline, --dry-run prints the plan")
+    return True
 
 
 async def run_batch(name: str, provider_name: str, provider: Any, args: argparse.Namespace,

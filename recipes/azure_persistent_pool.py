@@ -5,16 +5,19 @@ the VM), reached over SSH with keys injected at launch (cloud-init ``customData`
 
     python recipes/azure_persistent_pool.py --dry-run [--tasks 200 --instances 10]
     python recipes/azure_persistent_pool.py --emulator        # offline, nothing leaves this host
-    AZURE_SUBSCRIPTION_ID=... python recipes/azure_persistent_pool.py   # a real run (billed)
+    AZURE_SUBSCRIPTION_ID=... python recipes/azure_persistent_pool.py --registry HOST:PORT   # a real run (billed)
 
 ``--dry-run`` makes no API call: the cheapest catalog size that fits (2 vCPUs, 4 GiB, the
 ``azure`` rows of ``flowmesh_sdk/catalog``), waves, hours, cost, and how long the declared
 ARM write bucket takes to let the VMs through.  ``--emulator`` runs the batch against the
 ARM emulator (``flowmesh_sdk.testing.azure``) with the real azure-mgmt clients: every VM
 is a real OpenSSH sshd on a loopback address, booted from its customData.  A real run uses
-``DefaultAzureCredential`` (docs/providers/azure.md).
+``DefaultAzureCredential`` (docs/providers/azure.md) and needs a registry the VMs can pull
+from (``--registry HOST:PORT``; without one it refuses before any API call, as a throw-away
+registry on this machine's 127.0.0.1 is out of their reach).
 
-Exits 0 only when every verdict matches its expectation.
+Exits 0 only when every verdict matches its expectation; 2 when a real run has no
+``--registry``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _cloud_recipe import add_common_args, console, make_plan, print_plan, run_batch  # noqa: E402
+from _cloud_recipe import (add_common_args, console, make_plan, print_plan,  # noqa: E402
+                           refuse_real_run_without_registry, registry, run_batch)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -48,19 +52,20 @@ async def main(argv: list[str] | None = None) -> int:
     print_plan(plan)
     if args.dry_run:
         return 0
-    from flowmesh_sdk.registry.local import LocalRegistry
     if args.emulator:
         from flowmesh_sdk.testing.azure import AzureEmulator
-        with AzureEmulator(locations=(args.location,)) as emu, LocalRegistry() as reg:
+        with AzureEmulator(locations=(args.location,)) as emu, registry(args) as reg:
             provider = emu.provider(ssh=True, resource_group=args.resource_group)
             try:
                 return await run_batch("azure-pool", "azure", provider, args, reg)
             finally:
                 await provider.close()
+    if refuse_real_run_without_registry(args, "Azure"):
+        return 2
     from flowmesh_providers.azure import AzureProvider
     console.print("[yellow]a real run: VMs are billed to your subscription[/]")
     provider = AzureProvider(locations=[args.location], resource_group=args.resource_group, ssh=True)
-    with LocalRegistry() as reg:   # a loopback registry is not reachable from Azure: use your own
+    with registry(args) as reg:
         try:
             return await run_batch("azure-pool", "azure", provider, args, reg)
         finally:

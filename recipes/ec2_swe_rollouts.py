@@ -16,15 +16,18 @@ instances launched, any LAUNCH_FAILOVER events, then drains and asks the provide
 whether anything tagged with this run's fleet is still alive.
 
     python recipes/ec2_swe_rollouts.py --dry-run [--tasks 1000 --max-instances 250]
-    python recipes/ec2_swe_rollouts.py --moto              # offline: moto on 127.0.0.1
+    python recipes/ec2_swe_rollouts.py --emulator          # offline: moto on 127.0.0.1
     python recipes/ec2_swe_rollouts.py --endpoint-url http://127.0.0.1:5000 --ami ami-...
 
-``--moto`` starts moto's EC2 server on 127.0.0.1 (``flowmesh_sdk.testing.moto.MotoEc2``)
-behind the counting fault proxy.  moto has no machines: its instances exist only as
-records, so the sandboxes of every "instance" run on THIS host through ``LocalRunner``
-(``Ec2Provider(runner_factory=lambda inst: LocalRunner())``).  A real EC2 run needs the
-SSH runner, which is not built yet; the recipe refuses a non-loopback endpoint rather
-than launch machines it cannot reach.
+``--emulator`` (alias ``--moto``) starts moto's EC2 in server mode on 127.0.0.1
+(``flowmesh_sdk.testing.moto.MotoEc2``) behind the counting fault proxy.  moto has no
+machines: its instances exist only as records, so the sandboxes of every "instance" run
+on THIS host through ``LocalRunner`` (``Ec2Provider(runner_factory=lambda inst:
+LocalRunner())``); so does a run against ``--endpoint-url`` on a loopback address (an
+emulator you started).  This recipe does not use the provider's SSH mode
+(``Ec2Provider(ssh=SshMode())``, docs/ssh.md), which is how real EC2 instances are
+reached: it refuses a non-loopback ``--endpoint-url`` (exit 2, before any EC2 API call)
+rather than launch machines it would not use.
 
 Cost arithmetic (also printed)::
 
@@ -45,7 +48,8 @@ refilled 2/s) per instance.  K instances in calls of at most ``max_batch`` (1000
 ``max((calls - 5) / 2, (K - 1000) / 2)`` seconds (0 for K <= 1000).
 
 Exit status: 0 when every verdict matched and nothing tagged with the fleet is left; 1
-otherwise; 2 when the run cannot start (no endpoint or AMI, images, registry).
+otherwise; 2 when the run cannot start (no endpoint or AMI, a non-loopback endpoint, images,
+registry).
 Importable too: ``await main(["--dry-run"])`` returns the exit status.
 """
 
@@ -518,10 +522,13 @@ async def _leftovers(provider: RolloutEc2, fleet_name: str) -> list[str]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ec2_swe_rollouts.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--dry-run", action="store_true", help="print the plan; no API call")
-    p.add_argument("--moto", action="store_true",
-                   help="start moto's EC2 on 127.0.0.1 and run there (sandboxes on this host)")
+    p.add_argument("--emulator", "--moto", dest="emulator", action="store_true",
+                   help="run offline: start moto's EC2 server on 127.0.0.1 and run there (sandboxes on "
+                        "this host); --moto is an alias")
     p.add_argument("--endpoint-url", default=os.environ.get(ENV_ENDPOINT) or None,
-                   help=f"EC2 endpoint (default ${ENV_ENDPOINT}); loopback only until the SSH runner exists")
+                   help=f"EC2 endpoint (default ${ENV_ENDPOINT}); loopback addresses only (an emulator: "
+                        "sandboxes run on this host); any other is refused with exit 2 before any API "
+                        "call, as this recipe does not use the provider's SSH mode")
     p.add_argument("--ami", default=os.environ.get(ENV_AMI) or None, help=f"AMI id (default ${ENV_AMI})")
     p.add_argument("--region", default=os.environ.get("AWS_DEFAULT_REGION") or "us-east-1")
     p.add_argument("--tasks", type=int, default=4, metavar="N", help="SWE tasks (default 4)")
@@ -541,7 +548,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--registry", metavar="HOST:PORT",
                    help="push to and pull from this running registry instead of a throw-away one")
     p.add_argument("--inject-capacity-error", action="store_true",
-                   help="with --moto: answer the first RunInstances of the chosen type with "
+                   help="with --emulator: answer the first RunInstances of the chosen type with "
                         "InsufficientInstanceCapacity, to show the failover")
     args = p.parse_args(argv)
     for name in ("tasks", "sandboxes_per_instance", "max_instances", "cpus"):
@@ -549,8 +556,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.task_minutes <= 0 or args.memory_gb <= 0:
         p.error("--task-minutes and --memory-gb must be positive")
-    if args.inject_capacity_error and not args.moto:
-        p.error("--inject-capacity-error needs --moto")
+    if args.inject_capacity_error and not args.emulator:
+        p.error("--inject-capacity-error needs --emulator")
     return args
 
 
@@ -568,10 +575,11 @@ async def main(argv: list[str] | None = None) -> int:
 
     from flowmesh_sdk.remote.local import LocalRunner
     common: dict[str, Any] = dict(regions=[args.region], runner_factory=lambda inst: LocalRunner())
-    stand_in = ("[bold reverse] STAND-IN [/] moto has no machines: every EC2 instance of this run "
+    stand_in = ("[bold reverse] STAND-IN [/] the emulator has no machines: every EC2 instance of this run "
                 "exists only as a record, and its sandboxes run on THIS host through LocalRunner. "
-                "Real EC2 needs the SSH runner (not built yet).")
-    if args.moto:
+                "Real EC2 instances are reached through the provider's SSH mode (docs/ssh.md), which "
+                "this recipe does not use.")
+    if args.emulator:
         from flowmesh_sdk.testing.ec2fault import Ec2FaultProxy
         from flowmesh_sdk.testing.moto import MotoEc2
         with MotoEc2() as moto, Ec2FaultProxy(moto.endpoint_url) as proxy:
@@ -589,12 +597,14 @@ async def main(argv: list[str] | None = None) -> int:
             return await run_batch(args, plan, provider, proxy, moto.client(args.region))
     if not args.endpoint_url or not args.ami:
         console.print(f"[bold red]a run needs --endpoint-url (or {ENV_ENDPOINT}) and --ami (or "
-                      f"{ENV_AMI})[/]; or --moto for an offline run, or --dry-run for the plan")
+                      f"{ENV_AMI})[/]; or --emulator for an offline run, or --dry-run for the plan")
         return 2
     if not _is_loopback(args.endpoint_url):
-        console.print(f"[bold red]refusing {args.endpoint_url}:[/] real EC2 instances are reached over "
-                      "SSH and the SSH runner is not built yet; nothing was launched. Use an EC2 "
-                      "emulator on 127.0.0.1 (moto_server) or --moto.")
+        console.print(f"[bold red]refusing {args.endpoint_url}:[/] not a loopback address. Real EC2 "
+                      "instances are reached through the provider's SSH mode (Ec2Provider(ssh=SshMode()), "
+                      "docs/ssh.md), which this recipe does not use: it runs every instance's sandboxes "
+                      "on this host; nothing was launched. Use an EC2 emulator on 127.0.0.1 "
+                      "(moto_server) or --emulator.")
         return 2
     console.print(f"EC2 endpoint {args.endpoint_url} (loopback: an emulator); credentials from the "
                   "AWS chain (AWS_ACCESS_KEY_ID / AWS_PROFILE / instance role)")

@@ -19,9 +19,10 @@ boots from its user-data as a loopback sshd host with its own container storage 
 the host key injected at launch and pinned), so bootstrap, image pulls and sandboxes run for
 real.  Offers are priced from a catalog fetched from the emulator's ``DescribePrice`` with
 the real price adapter: the fixture's made-up prices, never Alibaba's.  Nothing leaves this
-machine.  A real ECS run (``--region``, ``--vswitch ZONE=vsw-...``, ``--security-group``,
-credentials in ``ALIBABA_CLOUD_ACCESS_KEY_ID``/``_SECRET``) is not wired into this recipe:
-it refuses rather than launch machines; see docs/providers/alibaba.md.
+machine.  A real ECS run is not wired into this recipe: it has no options for one, and
+without ``--dry-run`` or ``--emulator`` it exits 2 (argparse) before any API call.  What a
+real run needs (region, a vSwitch per zone, a security group, credentials in
+``ALIBABA_CLOUD_ACCESS_KEY_ID``/``_SECRET``) is in docs/providers/alibaba.md.
 
     python recipes/ecs_persistent_pool.py --dry-run [--tasks 10000 --sandboxes-per-instance 8]
     python recipes/ecs_persistent_pool.py --emulator [--tasks 6 --instances 2]

@@ -5,7 +5,7 @@ injected at launch (cloud-init ``user-data``), sandboxes run there.
 
     python recipes/gce_eval.py --dry-run [--tasks 200 --instances 10]   # the plan and its cost
     python recipes/gce_eval.py --emulator                               # offline, nothing leaves this host
-    FLOWMESH_GCE_PROJECT=my-project python recipes/gce_eval.py           # a real run (billed)
+    FLOWMESH_GCE_PROJECT=my-project python recipes/gce_eval.py --registry HOST:PORT   # a real run (billed)
 
 ``--dry-run`` makes no API call: the cheapest catalog shape that fits (2 vCPUs, 4 GiB, the
 ``gce`` rows of ``flowmesh_sdk/catalog``), the waves and hours the batch takes at
@@ -14,9 +14,12 @@ takes.  ``--emulator`` runs the batch against the Compute Engine emulator
 (``flowmesh_sdk.testing.gce``) with the real google-cloud-compute client: every VM it
 creates is a real OpenSSH sshd on a loopback address, booted from the user-data the
 provider sent.  A real run uses Application Default Credentials and needs an image with
-podman (``--image``; docs/providers/gce.md).
+podman (``--image``; docs/providers/gce.md) and a registry the VMs can pull from
+(``--registry HOST:PORT``; without one it refuses before any API call, as a throw-away
+registry on this machine's 127.0.0.1 is out of their reach).
 
-Exits 0 only when every verdict matches its expectation.
+Exits 0 only when every verdict matches its expectation; 2 when a real run has no
+``--registry``.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _cloud_recipe import add_common_args, console, make_plan, print_plan, run_batch  # noqa: E402
+from _cloud_recipe import (add_common_args, console, make_plan, print_plan,  # noqa: E402
+                           refuse_real_run_without_registry, registry, run_batch)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -49,19 +53,20 @@ async def main(argv: list[str] | None = None) -> int:
     print_plan(plan)
     if args.dry_run:
         return 0
-    from flowmesh_sdk.registry.local import LocalRegistry
     if args.emulator:
         from flowmesh_sdk.testing.gce import GceEmulator
-        with GceEmulator(zones=(args.zone,)) as emu, LocalRegistry() as reg:
+        with GceEmulator(zones=(args.zone,)) as emu, registry(args) as reg:
             provider = emu.provider(ssh=True)
             try:
                 return await run_batch("gce-eval", "gce", provider, args, reg)
             finally:
                 await provider.close()
+    if refuse_real_run_without_registry(args, "GCE"):
+        return 2
     from flowmesh_providers.gce import GceProvider
     console.print("[yellow]a real run: instances are billed to your project[/]")
     provider = GceProvider(zones=[args.zone], ssh=True, **({"image": args.image} if args.image else {}))
-    with LocalRegistry() as reg:   # a loopback registry is not reachable from GCE: use your own
+    with registry(args) as reg:
         try:
             return await run_batch("gce-eval", "gce", provider, args, reg)
         finally:

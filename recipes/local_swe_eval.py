@@ -4,7 +4,7 @@ images pulled from a registry by digest.
 
 Each task is a tiny git repository with one bug, a pytest test that fails because of
 it, and a candidate patch (a unified diff).  Like SWE-bench, every task gets its own
-image: ``images/build.py`` builds ``localhost/flowmesh/swe-task-<name>:<tag>`` FROM
+image: ``flowmesh_sdk.imagebuild`` builds ``localhost/flowmesh/swe-task-<name>:<tag>`` FROM
 swe-base with the repository committed at ``/work/repo`` (one small layer).  The recipe
 pushes swe-base and every task image to a registry (a throw-away ``docker-registry`` on
 127.0.0.1, or ``--registry HOST:PORT``), removes the local task images, and runs each
@@ -58,7 +58,7 @@ from flowmesh_sdk import EventKind, Fleet, InstanceSpec, PoolSpec, Task, TaskRes
 from flowmesh_sdk.images import ImageInfo
 from flowmesh_sdk.registry.local import LocalRegistry
 
-BASE_IMAGE = "localhost/flowmesh/swe-base:bookworm"   # images/build.py's SWE_BASE_IMAGE
+BASE_IMAGE = "localhost/flowmesh/swe-base:bookworm"   # flowmesh_sdk.imagebuild's SWE_BASE_IMAGE
 REPO = "/work/repo"                                    # where the task images hold the repo
 PATCH = "/work/patch.diff"                             # the one file a task ships
 TASK_TIMEOUT_S = 120.0

@@ -9,12 +9,14 @@ agent -- timed, printed per machine), pulls the images into its own store, and r
 sandboxes over one multiplexed SSH connection with its host key pinned.
 
     python recipes/ssh_cluster_eval.py --inventory hosts.json --registry HOST:PORT
-    python recipes/ssh_cluster_eval.py --loopback 2        # a demo cluster on this machine
+    python recipes/ssh_cluster_eval.py                     # a demo cluster of 2 on this machine
+    python recipes/ssh_cluster_eval.py --loopback 4        # ... of 4
 
 ``--inventory`` is the ``ssh`` provider's JSON file (see docs/ssh.md); the registry must
-be reachable from every machine.  ``--loopback N`` instead starts N OpenSSH ``sshd``
-daemons on 127.0.0.21, 127.0.0.22, ... (the test fixture ``LoopbackSshd``: each with its
-own host key and its own container storage, so every "machine" really pulls) and a
+be reachable from every machine.  Without it the recipe runs offline: ``--loopback N``
+(default 2) starts N OpenSSH ``sshd`` daemons on 127.0.0.21, 127.0.0.22, ... (the test
+fixture ``LoopbackSshd``: each with its own host key and its own container storage, so
+every "machine" really pulls; it needs ``/usr/sbin/sshd``, from openssh-server) and a
 throw-away ``docker-registry`` on 127.0.0.1: everything stays on this machine.
 
 Exits 0 only when every verdict matches its expectation and every machine bootstrapped.
@@ -40,22 +42,26 @@ from _main_job import load_main_job  # noqa: E402
 
 job = load_main_job()
 console = job.console
+DEFAULT_LOOPBACK = 2   # machines of the demo cluster when no --inventory is given
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ssh_cluster_eval.py", description=__doc__.split("\n\n")[0])
-    where = p.add_mutually_exclusive_group(required=True)
+    where = p.add_mutually_exclusive_group()
     where.add_argument("--inventory", metavar="PATH", help="the ssh provider's inventory (JSON)")
     where.add_argument("--loopback", type=int, metavar="N",
-                       help="start N sshd hosts on 127.0.0.21.. as a demo cluster on this machine")
+                       help=f"start N sshd hosts on 127.0.0.21.. as a demo cluster on this machine "
+                            f"(the default without --inventory, N={DEFAULT_LOOPBACK})")
     p.add_argument("--registry", metavar="HOST:PORT",
-                   help="a registry every machine can reach (default with --loopback: a "
-                        "throw-away docker-registry on 127.0.0.1)")
+                   help="a registry every machine can reach (needed with --inventory; on the "
+                        "loopback hosts the default is a throw-away docker-registry on 127.0.0.1)")
     p.add_argument("--tasks", type=int, default=8, metavar="N", help="number of tasks (default 8)")
-    p.add_argument("--cpus", type=int, default=2, help="cpus of each instance carved from a machine")
-    p.add_argument("--sandboxes-per-instance", type=int, default=2)
+    p.add_argument("--cpus", type=int, default=2, help="cpus of each instance carved from a machine (default 2)")
+    p.add_argument("--sandboxes-per-instance", type=int, default=2, metavar="S", help="default 2")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     args = p.parse_args(argv)
+    if args.inventory is None and args.loopback is None:
+        args.loopback = DEFAULT_LOOPBACK
     if args.tasks < 1:
         p.error("--tasks must be at least 1")
     if args.loopback is not None and not 1 <= args.loopback <= 8:
@@ -87,7 +93,12 @@ async def run(args: argparse.Namespace) -> int:
     async with contextlib.AsyncExitStack() as stack:
         if args.loopback:
             from flowmesh_sdk.testing.sshd import LoopbackSshd
-            sshds = [stack.enter_context(LoopbackSshd(f"127.0.0.{21 + i}")) for i in range(args.loopback)]
+            try:
+                sshds = [stack.enter_context(LoopbackSshd(f"127.0.0.{21 + i}")) for i in range(args.loopback)]
+            except RuntimeError as exc:   # no sshd / ssh-keygen here: say so, and what else to pass
+                console.print(f"[bold red]cannot start the loopback sshd hosts:[/] {exc}; or run on your "
+                              "own machines with --inventory PATH --registry HOST:PORT")
+                return 2
             hosts = [SshHost(name=f"box{i + 1}", host=d.host, port=d.port, user=d.user,
                              key_path=d.client_key_path, host_key=d.host_public_key,
                              cpus=args.cpus, memory_gb=4) for i, d in enumerate(sshds)]

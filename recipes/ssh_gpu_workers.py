@@ -19,7 +19,7 @@ machine (``--store``).
 tensor-parallel size and the exact commands -- the container ``run`` command (the
 runtime's own host flags, such as ``--runtime runc``, are added when it probes the
 machine) and the ``vllm serve`` / ``accelerate launch`` argv, which the REAL
-``images/gpu-worker/entrypoint.py`` prints for that many GPUs.
+``flowmesh_sdk/imagebuild/gpu-worker/entrypoint.py`` prints for that many GPUs.
 
 Without ``--dry-run`` the inference workers stay up until Ctrl-C (or ``--serve-s``
 seconds), then drain and stop; the training jobs are waited for (Ctrl-C stops them) and
@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ssh-config", metavar="PATH", default=None,
                    help="the ssh config file for host aliases, users, ports and jump hosts "
                         "(default: the user's, as ssh reads it)")
-    p.add_argument("--image", required=True, help="the GPU worker image (images/gpu-worker), pushed to a "
+    p.add_argument("--image", required=True, help="the GPU worker image (flowmesh_sdk/imagebuild/gpu-worker), pushed to a "
                                                   "registry the machines can pull from")
     p.add_argument("--serve", default=None, metavar="HOSTS",
                    help="machines that serve (comma list of inventory names, or 'all'; default all "

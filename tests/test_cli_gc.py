@@ -1,5 +1,6 @@
 """The flowmesh CLI, and recovery after a coordinator is killed mid-run."""
 
+import json
 import os
 import signal
 import subprocess
@@ -147,6 +148,39 @@ def test_cli_errors_are_clear(fm_home):
     assert out.returncode != 0 and "use a number with s, m, h or d" in out.stderr
     out = _flowmesh("run", "no_such_recipe", env=env)
     assert out.returncode != 0 and "no recipe 'no_such_recipe'" in out.stderr
+
+
+def test_run_without_a_recipe_names_recipe_and_the_known_ones(fm_home):
+    env = dict(os.environ, FLOWMESH_HOME=str(fm_home), COLUMNS="400")
+    out = _flowmesh("run", env=env)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Missing argument 'RECIPE'" in out.stderr
+    assert "ec2_swe_rollouts" in out.stderr and "local_swe_eval" in out.stderr   # the known recipes
+    assert "_cloud_recipe" not in out.stderr                                     # helpers are not recipes
+    out = _flowmesh("run", "--help", env=env)   # no recipe: the run command's own help
+    assert out.returncode == 0, out.stderr
+    assert "run [OPTIONS] [RECIPE]" in out.stdout
+    assert "Known recipes:" in out.stdout and "ssh_cluster_eval" in out.stdout
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_run_passes_help_to_the_recipe(fm_home, flag):
+    pytest.importorskip("boto3")
+    env = dict(os.environ, FLOWMESH_HOME=str(fm_home), COLUMNS="200")
+    out = _flowmesh("run", "ec2_swe_rollouts", flag, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.startswith("usage: ec2_swe_rollouts.py")   # argparse's help, not the CLI's
+    assert "--emulator, --moto" in out.stdout and "--inject-capacity-error" in out.stdout
+    assert "run [OPTIONS]" not in out.stdout + out.stderr
+
+
+def test_run_passes_every_argument_after_recipe_unchanged(fm_home, tmp_path):
+    script = tmp_path / "argv_echo.py"
+    script.write_text("import json, sys\nprint(json.dumps(sys.argv[1:]))\nsys.exit(3)\n")
+    args = ["-h", "--tasks", "3", "--help", "--", "--verbose", "x"]
+    out = _flowmesh("run", str(script), *args, env=dict(os.environ, FLOWMESH_HOME=str(fm_home)))
+    assert out.returncode == 3, out.stdout + out.stderr   # the recipe's own exit status
+    assert out.stdout.strip() == json.dumps(args)
 
 
 async def test_restarted_coordinator_reconciles(fm_home, busybox_image, tmp_path):

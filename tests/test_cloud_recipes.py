@@ -32,6 +32,19 @@ def test_dry_run_prints_the_plan_and_its_cost(recipe, provider, lib, fm_home, no
     assert float(plan["cost_usd"]) > 0
 
 
+@pytest.mark.parametrize("recipe, provider, lib", RECIPES)
+def test_a_real_run_without_a_registry_is_refused_before_any_api_call(recipe, provider, lib, fm_home,
+                                                                      no_real_cloud):
+    pytest.importorskip(lib)
+    env = dict(os.environ, FLOWMESH_HOME=str(fm_home), COLUMNS="200")
+    proc = _run([recipe, "--tasks", "2"], env, 120)   # neither --dry-run nor --emulator: a real run
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "a real run needs --registry HOST:PORT" in proc.stdout and "nothing was launched" in proc.stdout
+    assert "a real run:" not in proc.stdout   # the billed-run banner: no provider was built
+    help_text = _run([recipe, "--help"], env, 120).stdout
+    assert "--registry HOST:PORT" in help_text and "--emulator" in help_text
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe, provider, lib", RECIPES)
 def test_the_swe_batch_runs_on_the_emulator(recipe, provider, lib, fm_home, swe_image, tmp_path, no_real_cloud):

@@ -1,5 +1,5 @@
 """recipes/ec2_swe_rollouts.py and bench/provider_calls.py, run for real against moto's EC2
-on 127.0.0.1 (the recipe's --moto runs its sandboxes on this host with podman and the
+on 127.0.0.1 (the recipe's --emulator runs its sandboxes on this host with podman and the
 SWE image).  Nothing here talks to an address outside 127.0.0.0/8: the subprocesses get
 no AWS credentials and the instance metadata service is switched off for boto3."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import os
 import re
@@ -119,7 +120,33 @@ def test_run_without_endpoint_or_ami_refuses_before_any_call():
     assert "--endpoint-url" in proc.stdout and "--ami" in proc.stdout
     proc = _run([str(RECIPE), "--tasks", "1", "--endpoint-url", "https://ec2.us-east-1.amazonaws.com",
                  "--ami", "ami-0123456789abcdef0"], _env(), timeout=120)
-    assert proc.returncode == 2 and "SSH runner" in proc.stdout and "nothing was launched" in proc.stdout
+    assert proc.returncode == 2 and "nothing was launched" in proc.stdout
+    assert "not a loopback address" in proc.stdout and "SSH mode" in proc.stdout
+    assert "API calls of this run" not in proc.stdout   # refused before any provider was built
+
+
+_PARSE = ("import json, runpy, sys; m = runpy.run_path(sys.argv[1]); "
+          "print(json.dumps(vars(m['parse_args'](sys.argv[2:]))))")
+
+
+def _parsed(*args: str) -> subprocess.CompletedProcess[str]:
+    """The recipe's own parse_args on ``args`` (no plan, no run), in a fresh interpreter."""
+    return _run(["-c", _PARSE, str(RECIPE), *args], _env(), timeout=120)
+
+
+def test_emulator_and_moto_are_one_option():
+    runs = {flags: _parsed(*flags) for flags in [(), ("--emulator",), ("--moto",),
+                                                 ("--moto", "--inject-capacity-error"),
+                                                 ("--emulator", "--inject-capacity-error")]}
+    for flags, proc in runs.items():
+        assert proc.returncode == 0, (flags, proc.stderr[-2000:])
+    got = {flags: json.loads(proc.stdout.strip().splitlines()[-1]) for flags, proc in runs.items()}
+    assert got[()]["emulator"] is False and "moto" not in got[()]
+    assert got[("--emulator",)]["emulator"] is True
+    assert got[("--moto",)] == got[("--emulator",)]          # the same option, not two
+    assert got[("--moto", "--inject-capacity-error")] == got[("--emulator", "--inject-capacity-error")]
+    proc = _parsed("--inject-capacity-error")
+    assert proc.returncode == 2 and "--inject-capacity-error needs --emulator" in proc.stderr
 
 
 # ---- end to end on moto ------------------------------------------------------------------------
@@ -149,7 +176,7 @@ def _instance_rows(stdout: str) -> list[list[str]]:
 
 @pytest.mark.slow
 def test_moto_end_to_end(tmp_path, swe_image):
-    proc = _run([str(RECIPE), "--moto", "--tasks", "2"], _env(FLOWMESH_HOME=str(tmp_path / "fm")))
+    proc = _run([str(RECIPE), "--emulator", "--tasks", "2"], _env(FLOWMESH_HOME=str(tmp_path / "fm")))
     out = proc.stdout
     assert proc.returncode == 0, out[-4000:] + proc.stderr[-3000:]
     assert "STAND-IN" in out and "THIS host" in out
@@ -183,7 +210,7 @@ def test_moto_spot_with_failover(tmp_path, swe_image):
         w.writerow({**rows[t], "spot_price_hour_usd": f"{float(rows[t]['price_hour_usd']) * 0.4:.4f}"})
     prices = tmp_path / "spot.csv"
     prices.write_text(buf.getvalue())
-    proc = _run([str(RECIPE), "--moto", "--tasks", "2", "--prices", str(prices), "--inject-capacity-error"],
+    proc = _run([str(RECIPE), "--emulator", "--tasks", "2", "--prices", str(prices), "--inject-capacity-error"],
                 _env(FLOWMESH_HOME=str(tmp_path / "fm")))
     out = proc.stdout
     assert proc.returncode == 0, out[-4000:] + proc.stderr[-3000:]
@@ -234,7 +261,7 @@ def test_moto_run_that_cannot_launch_exits_non_zero(tmp_path, swe_image):
     w.writerow(rows["c6a.2xlarge"])
     prices = tmp_path / "one.csv"
     prices.write_text(buf.getvalue())
-    proc = _run([str(RECIPE), "--moto", "--tasks", "1", "--prices", str(prices), "--inject-capacity-error"],
+    proc = _run([str(RECIPE), "--emulator", "--tasks", "1", "--prices", str(prices), "--inject-capacity-error"],
                 _env(FLOWMESH_HOME=str(tmp_path / "fm")))
     out = proc.stdout
     assert proc.returncode == 1, out[-4000:] + proc.stderr[-3000:]

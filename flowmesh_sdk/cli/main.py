@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from typer.core import TyperCommand
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn
@@ -91,6 +92,12 @@ def recipe_roots() -> list[Path]:
     return roots
 
 
+def known_recipes(roots: list[Path] | None = None) -> list[str]:
+    """The recipe names ``flowmesh run`` finds (helpers, ``_*.py``, left out)."""
+    return sorted({p.stem for r in (roots if roots is not None else recipe_roots()) if r.is_dir()
+                   for p in r.glob("*.py") if not p.stem.startswith("_")})
+
+
 def _find_recipe(name: str) -> Path:
     cand = Path(name)
     if cand.suffix == ".py" and cand.is_file():
@@ -100,14 +107,33 @@ def _find_recipe(name: str) -> Path:
         path = root / f"{name.removesuffix('.py')}.py"
         if path.is_file():
             return path
-    known = sorted({p.stem for r in roots if r.is_dir() for p in r.glob("*.py") if not p.stem.startswith("_")})
-    raise typer.BadParameter(f"no recipe {name!r}; known: {', '.join(known) or 'none'}",
+    raise typer.BadParameter(f"no recipe {name!r}; known: {', '.join(known_recipes(roots)) or 'none'}",
                              param_hint="RECIPE")
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def run(ctx: typer.Context, recipe: str = typer.Argument(..., help="recipe name or path to a .py")) -> None:
-    """Run a recipe script (./recipes/NAME.py, else one shipped in the package) with the remaining arguments."""
+class _RunCommand(TyperCommand):
+    """``flowmesh run``'s help ends with the recipes it finds from here (``--help`` is
+    only the run command's own before RECIPE: everything after it goes to the recipe)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:   # click's Context and HelpFormatter
+        self.epilog = f"Known recipes: {', '.join(known_recipes()) or 'none'}."
+        super().format_help(ctx, formatter)
+
+
+# allow_interspersed_args=False: option parsing stops at RECIPE, so every argument after it
+# (--help and -h included) reaches the recipe untouched, in order
+@app.command(cls=_RunCommand,
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                               "allow_interspersed_args": False})
+def run(ctx: typer.Context,
+        recipe: Optional[str] = typer.Argument(None, show_default=False, metavar="RECIPE",
+                                               help="recipe name or path to a .py; every argument after "
+                                                    "it, --help included, goes to the recipe")) -> None:
+    """Run a recipe script (./recipes/NAME.py, else one shipped in the package) with the remaining arguments.
+
+    Every argument after RECIPE goes to the recipe: `flowmesh run RECIPE --help` shows the recipe's own options."""
+    if recipe is None:
+        ctx.fail(f"Missing argument 'RECIPE': the recipe to run (known: {', '.join(known_recipes()) or 'none'}).")
     path = _find_recipe(recipe)
     sys.argv = [str(path), *ctx.args]
     try:
