@@ -55,6 +55,8 @@ their part name the module)::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 
 class FlowMeshError(Exception):
     """Base of every error the SDK raises."""
@@ -102,6 +104,15 @@ class ThrottledError(ProviderError):
 
 class AuthError(ProviderError):
     """A credential is missing or refused; the message says which one to set."""
+
+    @classmethod
+    def of_each(cls, refused: Mapping[str, AuthError]) -> AuthError:
+        """The one error for "no provider accepted its credentials", naming each
+        provider's own error (the first chained as the cause)."""
+        err = cls("no provider accepted its credentials: " + "; ".join(f"{p}: {e}" for p, e in refused.items()),
+                  code="AllAuthFailed")
+        err.__cause__ = next(iter(refused.values()), None)
+        return err
 
 
 class NotFoundError(ProviderError):

@@ -261,10 +261,7 @@ class Fleet:
         """The providers of ``spec``'s search space (loaded by name on first use) and its
         ranked offers (:func:`flowmesh_sdk.placement.place`)."""
         installed = set(available_providers()) | set(self._providers)
-        names = providers_named(spec.search_space, installed)
-        if not names:
-            raise SpecError("pool.infra", f"{', '.join(spec.infra)} matches no installed provider; installed: "
-                                          f"{', '.join(sorted(installed))}")
+        names = providers_named(spec.search_space, installed, field=spec.infra_field)
         providers = {n: self.provider(n) for n in names}
         return await place(spec, providers, lambda: self.catalog)
 

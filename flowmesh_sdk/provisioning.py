@@ -198,8 +198,7 @@ class Provisioner:
                 not errors and self.auth_failed and all(o.provider in self.auth_failed for o in offers)):
             if len(errors) == 1 and len(self.auth_failed) <= 1:
                 return errors[0]
-            err: FlowMeshError = AuthError("no provider accepted its credentials: " + "; ".join(
-                f"{p}: {e}" for p, e in self.auth_failed.items()), code="AllAuthFailed")
+            err: FlowMeshError = AuthError.of_each(self.auth_failed)
         else:
             cls = QuotaError if errors and all(isinstance(e, QuotaError) for e in errors) or not errors \
                 else CapacityError

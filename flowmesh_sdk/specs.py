@@ -340,6 +340,11 @@ class PoolSpec:
 
         return parse_infra("pool.infra", self.infra)
 
+    def infra_field(self, i: int) -> str:
+        """The field an error about search-space entry ``i`` names: ``pool.infra[i]``, or
+        ``pool.provider`` when the search space is the one ``provider`` (and ``region``) gave."""
+        return "pool.provider" if self.provider != "local" or self.region is not None else f"pool.infra[{i}]"
+
     @property
     def slots_fixed(self) -> bool:
         """True when every instance holds ``sandboxes_per_instance`` (no ``sandbox_size``)."""

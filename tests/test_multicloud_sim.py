@@ -7,13 +7,15 @@ replacing a preempted idle instance, terminate retried until gone, and 2,000 tas
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
 from flowmesh_providers.sim import SimInstanceType, unlimited
 from flowmesh_providers.sim.loop import run
 from flowmesh_providers.sim.scenario import REGISTRY, sim_clouds_fleet
-from flowmesh_sdk import BudgetExceededError, EventKind, InstanceSpec, PoolSpec, SandboxSize, SandboxSpec, Task
+from flowmesh_sdk import (AuthError, BudgetExceededError, EventKind, InstanceSpec, PoolSpec, SandboxSize, SandboxSpec,
+                          Task)
 from flowmesh_sdk import clock
 from flowmesh_sdk.lifecycle import InstanceState
 
@@ -271,6 +273,94 @@ def test_auth_failure_skips_that_provider_keeps_its_error_and_fails_only_when_no
             assert "alpha: [alpha] alpha: the access key was refused" in str(ei.value)
             assert "beta: [beta] beta: the access key was refused" in str(ei.value)
     run(main())
+
+
+def _refuse_offers(prov) -> None:
+    async def offers(spec):   # fault injection on the real simulated provider: credentials refused
+        prov.calls["offers"] += 1
+        raise AuthError(f"{prov.name}: the access key was refused", provider=prov.name, code="AuthFailure")
+    prov.offers = offers
+
+
+def test_a_provider_refusing_credentials_for_offers_is_left_out_with_the_reason(tmp_path):
+    """Issue 24, defect 11: one provider's AuthError when asked for offers aborted fleet.pool;
+    it is left out with its error (where nested_containers exclusions are), and only when
+    every provider refuses is one AuthError raised, naming each provider's error."""
+    async def main():
+        async with sim_clouds_fleet(clouds(), SIZES, home=str(tmp_path)) as (fleet, provs):
+            _refuse_offers(provs["alpha"])
+            pool = await fleet.pool(spec(min_instances=1, max_instances=2))
+            assert set(pool.providers) == {"beta", "gamma"}
+            assert {c.offer.provider for c in pool.placement.candidates} == {"beta", "gamma"}
+            assert {mi.provider.name for mi in pool.instances.values()} == {"beta"}
+            (why,) = [line for line in pool.placement.excluded if line.startswith("alpha:")]
+            assert "credentials were refused" in why and "alpha: the access key was refused" in why, why
+            await pool.drain()
+            _refuse_offers(provs["beta"])
+            _refuse_offers(provs["gamma"])
+            with pytest.raises(AuthError, match="no provider accepted its credentials") as ei:
+                await fleet.pool(spec(name="none"))
+            for name in ("alpha", "beta", "gamma"):
+                assert f"{name}: [{name}] {name}: the access key was refused" in str(ei.value), str(ei.value)
+            assert isinstance(ei.value.__cause__, AuthError) and "none" not in fleet.pools
+    run(main())
+
+
+def _calls(fn) -> int:
+    """How many Python and builtin function calls ``fn()`` makes: an operation count, not a time."""
+    n = 0
+
+    def count(frame, event, arg):
+        nonlocal n
+        if event in ("call", "c_call"):
+            n += 1
+
+    before = sys.getprofile()
+    sys.setprofile(count)
+    try:
+        fn()
+    finally:
+        sys.setprofile(before)
+    return n
+
+
+def test_building_a_search_space_is_linear_in_its_entries():
+    """Issue 24, defect 14: a PoolSpec of 10,000 entries took 8.7 s (1,000: 0.07 s); each
+    entry was compared with every one before it.  Ten times the entries must cost about ten
+    times the calls (quadratic work would cost a hundred times)."""
+    def space(n: int) -> tuple[str, ...]:   # distinct literal regions, zones and region wildcards
+        return tuple(("ec2/r{0}", "gce/r{0}/r{0}-a", "alibaba/cn-{0}*")[i % 3].format(i) for i in range(n))
+
+    small = _calls(lambda: PoolSpec(name="p", infra=space(1_000)))
+    large = _calls(lambda: PoolSpec(name="p", infra=space(10_000)))
+    assert large <= 15 * small, (small, large)
+    assert PoolSpec(name="p", infra=("ec2/r0", "gce", "ec2/r0", "ec2/*")).infra == ("ec2/r0", "gce", "ec2/r0", "ec2")
+
+
+def test_placing_a_pool_is_linear_in_its_search_space(tmp_path):
+    """Issue 24, defect 14: fleet.pool over 10,000 entries took 17 s (the space was parsed
+    three times, each quadratic).  Every entry matches alpha's one region (a ``?`` in other
+    places each), so the pool is made and every entry is checked against the offers; ten
+    times the entries cost about ten times the calls."""
+    region = "region-of-alpha-one"
+
+    def space(n: int) -> tuple[str, ...]:
+        return tuple("alpha/" + "".join("?" if m >> i & 1 else c for i, c in enumerate(region))
+                     for m in range(n)) + ("beta",)
+
+    def place(n: int) -> None:
+        async def main():
+            a = unlimited("alpha", (SimInstanceType("a.2x", 2, 4, 0.10),), region=region)
+            b = unlimited("beta", (SimInstanceType("b.2x", 2, 4, 0.12),), region="b-1")
+            async with sim_clouds_fleet((a, b), SIZES, home=str(tmp_path / str(n))) as (fleet, _):
+                pool = await fleet.pool(spec(mode="ephemeral", infra=space(n), max_instances=1))
+                assert {c.offer.provider for c in pool.placement.candidates} == {"alpha", "beta"}
+                await pool.drain()
+        run(main())
+
+    place(10)   # imports and first-use caches, outside the counts
+    small, large = _calls(lambda: place(1_000)), _calls(lambda: place(10_000))
+    assert large <= 15 * small, (small, large)
 
 
 def test_a_fleet_budget_bounds_all_its_pools_together(tmp_path):

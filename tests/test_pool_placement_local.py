@@ -128,11 +128,26 @@ def test_all_zero_weights_are_refused():
         PoolSpec(name="p", policy=Policy(0, 0, 0))
 
 
-async def test_unknown_provider_and_a_wildcard_matching_nothing(fleet):
-    with pytest.raises(SpecError, match="unknown provider 'nimbus'"):
-        await fleet.pool(PoolSpec(name="u", infra=("nimbus",)))
-    with pytest.raises(SpecError, match=r"matches no installed provider"):
-        await fleet.pool(PoolSpec(name="w", infra=("zz*",)))
+@pytest.mark.parametrize("infra, field, words", [
+    (("nimbus",), "pool.infra[0]", "unknown provider 'nimbus'; installed providers: "),
+    (("zz*",), "pool.infra[0]", "'zz*' matches no installed provider"),
+    # issue 24, defect 12: a wildcard matching nothing is refused even when another entry matches
+    (("local", "zz*"), "pool.infra[1]", "'zz*' matches no installed provider"),
+    # defect 13: an unknown provider is named by its entry, not as pool.provider
+    (("local", "nimbus", "local/local"), "pool.infra[1]", "unknown provider 'nimbus'"),
+    # the index is the one the user wrote: a repeated entry does not shift it
+    (("local", "local", "local/l?cal", "zz?"), "pool.infra[3]", "'zz?' matches no installed provider"),
+])
+async def test_an_entry_naming_no_installed_provider_is_refused_naming_the_entry(fleet, infra, field, words):
+    with pytest.raises(SpecError) as ei:
+        await fleet.pool(PoolSpec(name="u", infra=infra, instance=InstanceSpec(cpus=1, memory_gb=1)))
+    assert ei.value.field == field and words in str(ei.value), (ei.value.field, str(ei.value))
+    assert "u" not in fleet.pools
+
+
+async def test_an_unknown_provider_given_as_provider_and_an_entry_matching_no_offer(fleet):
+    with pytest.raises(SpecError, match=r"pool.provider: unknown provider 'nimbus'"):
+        await fleet.pool(PoolSpec(name="u", provider="nimbus"))   # the field the user set
     with pytest.raises(SpecError, match=r"pool.infra\[1\]: no offer of provider 'local' in region 'mars-1'"):
         await fleet.pool(PoolSpec(name="r", infra=("local", "local/mars-1"),
                                   instance=InstanceSpec(cpus=1, memory_gb=1)))

@@ -5,14 +5,19 @@ wildcards (``alibaba/*``, ``gce/us-*``, ``ec2/us-east-1/us-east-1a``).  A bare p
 means every region the provider offers.  The entries are checked for form when the
 :class:`~flowmesh_sdk.specs.PoolSpec` is built, and against the installed providers and
 their offers when the pool is made (an unknown provider, or an entry that matches no
-offer, is a :class:`SpecError` naming the entry).
+offer, is a :class:`SpecError` naming the entry, ``pool.infra[i]``).
+
+Matching is linear in the entries (issue 24, defect 14): :class:`SearchSpace` looks up the
+entries whose parts are each a name or ``*`` (most of them), and tries only those with a
+partial wildcard (``gce/us-*``) one by one.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from ..errors import SpecError
@@ -47,7 +52,12 @@ class InfraEntry:
 
     @property
     def wild_provider(self) -> bool:
-        return any(c in self.provider for c in "*?")
+        return _wild(self.provider)
+
+    @property
+    def literal(self) -> bool:
+        """Each part is a name or exactly ``*``: the entry is found by lookup, not matched."""
+        return all(part == "*" or not _wild(part) for part in (self.provider, self.region, self.zone))
 
     def matches_provider(self, provider: str) -> bool:
         return fnmatch.fnmatchcase(provider, self.provider)
@@ -64,9 +74,14 @@ class InfraEntry:
         return "/".join(parts)
 
 
+def _wild(part: str) -> bool:
+    return "*" in part or "?" in part
+
+
 def parse_infra(field_name: str, value: object) -> tuple[InfraEntry, ...]:
-    """The entries of a search space; a bare string is refused (it is one entry: write a
-    tuple), duplicates are dropped."""
+    """The entries of a search space, in the order given (so that ``pool.infra[i]`` names
+    the same entry at construction and when the pool is made); a bare string is refused
+    (it is one entry: write a tuple)."""
     if isinstance(value, (str, bytes)):
         raise SpecError(field_name, f"must be a tuple of entries, got the string {value!r}; write ({value!r},)")
     try:
@@ -74,26 +89,77 @@ def parse_infra(field_name: str, value: object) -> tuple[InfraEntry, ...]:
     except TypeError:
         raise SpecError(field_name, f"must be a tuple of 'provider[/region[/zone]]' entries, "
                                     f"got {type(value).__name__}") from None
-    out: list[InfraEntry] = []
-    for i, item in enumerate(items):
-        entry = InfraEntry.parse(f"{field_name}[{i}]", item)
-        if entry not in out:
-            out.append(entry)
-    return tuple(out)
+    return tuple(InfraEntry.parse(f"{field_name}[{i}]", item) for i, item in enumerate(items))
 
 
-def providers_named(entries: Iterable[InfraEntry], installed: Iterable[str]) -> list[str]:
-    """The provider names the search space reaches, in entry order.  A literal provider
-    need not be installed as an entry point (the fleet may hold it ready-made); a
-    wildcard expands over ``installed``."""
-    names: list[str] = []
+class SearchSpace:
+    """The entries of a search space, indexed for matching offers in linear time: an entry
+    whose parts are each a name or ``*`` is one of the (at most 8) keys an offer's
+    provider/region/zone is looked up under; only entries with a partial wildcard are
+    tried one by one.  A repeated entry is known by its first index."""
+
+    def __init__(self, entries: Iterable[InfraEntry]) -> None:
+        self.entries = tuple(entries)
+        self._exact: dict[tuple[str, str, str], int] = {}
+        self._wild: list[tuple[int, InfraEntry]] = []
+        self._first: dict[InfraEntry, int] = {}
+        for i, entry in enumerate(self.entries):
+            if self._first.setdefault(entry, i) != i:
+                continue
+            if entry.literal:
+                self._exact[(entry.provider, entry.region, entry.zone)] = i
+            else:
+                self._wild.append((i, entry))
+
+    def matching(self, provider: str, region: str, zone: str | None) -> Iterator[int]:
+        """The index of each (distinct) entry that an offer in ``provider/region/zone`` matches."""
+        for key in itertools.product((provider, "*"), (region, "*"), ("*",) if zone is None else (zone, "*")):
+            i = self._exact.get(key)
+            if i is not None:
+                yield i
+        for i, entry in self._wild:
+            if entry.matches(provider, region, zone):
+                yield i
+
+    def matches(self, provider: str, region: str, zone: str | None) -> bool:
+        return next(self.matching(provider, region, zone), None) is not None
+
+    def unmatched(self, places: Iterable[tuple[str, str, str | None]]) -> list[int]:
+        """The first index of each distinct entry that no ``(provider, region, zone)`` of
+        ``places`` matches, in entry order."""
+        hit = {i for place in places for i in self.matching(*place)}
+        return [i for i in self._first.values() if i not in hit]
+
+
+def _entry_field(i: int) -> str:
+    return f"pool.infra[{i}]"
+
+
+def providers_named(entries: Iterable[InfraEntry], installed: Iterable[str], *,
+                    field: Callable[[int], str] = _entry_field) -> list[str]:
+    """The provider names the search space reaches, in entry order.  ``installed`` is every
+    provider the fleet can use (entry points and the ones it holds ready-made); a wildcard
+    expands over it.  An entry naming a provider that is not installed, or a wildcard
+    that matches none, is a :class:`SpecError` naming the entry (``field(i)``)."""
+    names: dict[str, None] = {}
     known = sorted(set(installed))
-    for entry in entries:
-        found = [p for p in known if entry.matches_provider(p)] if entry.wild_provider else [entry.provider]
-        for p in found:
-            if p not in names:
-                names.append(p)
-    return names
+    have = set(known)
+    expanded: dict[str, list[str]] = {}   # a repeated wildcard is expanded once
+    for i, entry in enumerate(entries):
+        if not entry.wild_provider:
+            if entry.provider not in have:
+                raise SpecError(field(i), f"unknown provider {entry.provider!r}; installed providers: "
+                                          f"{', '.join(known) or 'none'}")
+            names.setdefault(entry.provider)
+            continue
+        found = expanded.get(entry.provider)
+        if found is None:
+            found = expanded[entry.provider] = [p for p in known if entry.matches_provider(p)]
+        if not found:
+            raise SpecError(field(i), f"{str(entry)!r} matches no installed provider; installed: "
+                                      f"{', '.join(known) or 'none'}")
+        names.update(dict.fromkeys(found))
+    return list(names)
 
 
-__all__ = ["InfraEntry", "parse_infra", "providers_named"]
+__all__ = ["InfraEntry", "SearchSpace", "parse_infra", "providers_named"]

@@ -4,9 +4,11 @@ priced offers its instances are launched from.
 1. Providers that cannot serve the pool are left out, each with the reason: instances
    that are containers themselves (``nested_containers=False``) hold no persistent or
    auto pool's sandboxes; a provider without spot serves no ``spot="only"`` pool.
-2. Every provider left is asked for the shapes that fit (:func:`.ranking.query_spec`);
-   each search-space entry must match at least one offer (else a :class:`SpecError`
-   naming the entry).
+2. Every provider left is asked for the shapes that fit (:func:`.ranking.query_spec`),
+   all at once; one that refuses its credentials (``AuthError``) is left out with its
+   error, as the launch path skips it, and only when every one refuses is one
+   ``AuthError`` raised, naming each.  Each search-space entry must match at least one
+   offer (else a :class:`SpecError` naming the entry).
 3. The offers are priced from the catalog (:func:`.ranking.priced_offers`) and ranked by
    the bidder (:func:`.ranking.rank`), with the warm images' registry region as the
    locality term.
@@ -20,9 +22,10 @@ from collections.abc import Callable, Mapping
 
 from ..bidder.gates import NoFeasibleOffer
 from ..catalog.loader import Catalog
-from ..errors import SpecError
+from ..errors import AuthError, SpecError
 from ..provider import Provider
-from ..specs import PoolMode, PoolSpec
+from ..specs import InstanceSpec, Offer, PoolMode, PoolSpec
+from .infra import SearchSpace
 from .ranking import Placement, PriceBook, priced_offers, query_spec, rank, registry_locality
 
 log = logging.getLogger("flowmesh.placement")
@@ -48,12 +51,10 @@ async def place(spec: PoolSpec, providers: Mapping[str, Provider],
     if not providers:
         raise SpecError("pool.infra", "no provider of the search space can serve this pool: " + "; ".join(why_not))
     qspec = query_spec(spec)
-    found = await asyncio.gather(*(p.offers(qspec) for p in providers.values()))
-    raw = dict(zip(providers, found))
-    for i, entry in enumerate(space):
-        if not any(entry.matches_provider(n) for n in providers):
-            continue   # explained by why_not
-        if not any(entry.matches(o.provider, o.region, o.zone) for offers in raw.values() for o in offers):
+    raw = await _offers(providers, qspec, why_not)
+    for i in SearchSpace(space).unmatched((o.provider, o.region, o.zone) for offers in raw.values() for o in offers):
+        entry = space[i]
+        if any(entry.matches_provider(n) for n in providers):   # else explained by why_not
             prov = providers.get(entry.provider)
             why = getattr(prov, "explain_misfit", None) if prov else None
             where = f" in region {entry.region!r}" if entry.region != "*" else ""
@@ -79,3 +80,25 @@ async def place(spec: PoolSpec, providers: Mapping[str, Provider],
         log.info("pool %s: excluded %s", spec.name, line)
     return providers, Placement(ranked, excluded + why_not)
 
+
+async def _offers(providers: dict[str, Provider], qspec: InstanceSpec, why_not: list[str]) -> dict[str, list[Offer]]:
+    """Every provider's offers, asked all at once.  A provider that refuses its
+    credentials is removed from ``providers`` with the reason in ``why_not``; when every
+    one refuses, one :class:`AuthError` names each.  Any other error is raised."""
+    names = list(providers)
+    found = await asyncio.gather(*(providers[n].offers(qspec) for n in names), return_exceptions=True)
+    refused: dict[str, AuthError] = {}
+    raw: dict[str, list[Offer]] = {}
+    for name, got in zip(names, found):
+        if isinstance(got, AuthError):
+            refused[name] = got
+        elif isinstance(got, BaseException):
+            raise got
+        else:
+            raw[name] = list(got)
+    if refused and not raw:
+        raise AuthError.of_each(refused)
+    for name, exc in refused.items():
+        why_not.append(f"{name}: its credentials were refused when asked for offers, so it is left out: {exc}")
+        del providers[name]
+    return raw

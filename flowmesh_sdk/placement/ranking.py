@@ -32,7 +32,7 @@ from ..bidder.scoring import Score, score
 from ..catalog.records import CatalogRow
 from ..errors import SpecError
 from ..specs import InstanceSpec, Offer, PoolMode, PoolSpec
-from .infra import InfraEntry
+from .infra import InfraEntry, SearchSpace
 
 DEFAULT_TASK_MINUTES = 10.0   # assumed per-task duration for T_eff when the pool does not say
 DEFAULT_IMAGE_GB = 2.0        # assumed image size to pull, for T_eff's pull-contention term
@@ -168,9 +168,10 @@ def priced_offers(provider_offers: Mapping[str, Sequence[Offer]], *, free: Mappi
             seen.add(o.key)
             out.append(o)
 
+    index = SearchSpace(space)
     for name, offers in provider_offers.items():
         for o in offers:
-            if not any(e.matches(o.provider, o.region, o.zone) for e in space):
+            if not index.matches(o.provider, o.region, o.zone):
                 continue
             markets = [o.spot] if free.get(name) else sorted({o.spot} | ({True} if spot_capable.get(name) else set()))
             for want_spot in markets:
