@@ -33,16 +33,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # the sibling _swe_tasks, _main_job
 
-import yaml  # noqa: E402  (a dependency of mini-swe-agent)
 from rich.table import Table  # noqa: E402
 
 from flowmesh_sdk import Task  # noqa: E402
-from flowmesh_sdk.integrations.minisweagent import FlowMeshEnvironment  # noqa: E402
+from flowmesh_sdk.errors import IntegrationMissingError  # noqa: E402
+from flowmesh_sdk.integrations import require  # noqa: E402
 import _swe_tasks as recipe  # noqa: E402
 
-from minisweagent.agents.default import DefaultAgent  # noqa: E402
-from minisweagent.config import builtin_config_dir  # noqa: E402
-from minisweagent.models.test_models import DeterministicModel, make_output  # noqa: E402
+# mini-swe-agent (the [minisweagent] extra) and its yaml are imported where they are used,
+# so that --help needs only the base install
 
 job = recipe.job
 console = recipe.console
@@ -53,6 +52,8 @@ SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git diff"
 def scripted_policy(task: Any) -> list[dict]:
     """A SCRIPTED POLICY STANDING IN FOR AN LLM: the actions a model would take, as
     mini-swe-agent's DeterministicModel outputs (one bash action each)."""
+    from minisweagent.models.test_models import make_output
+
     patch = task.patch.decode()
     steps = [
         ("Look at the repository and run its tests.",
@@ -67,6 +68,9 @@ def scripted_policy(task: Any) -> list[dict]:
 
 def agent_config() -> dict[str, Any]:
     """mini-swe-agent's own default agent config (prompts and limits)."""
+    import yaml   # a dependency of mini-swe-agent
+    from minisweagent.config import builtin_config_dir
+
     cfg = yaml.safe_load((builtin_config_dir / "default.yaml").read_text())
     agent = dict(cfg["agent"])
     agent.update(step_limit=10, cost_limit=0.0)
@@ -80,6 +84,11 @@ def task_text(task: Any) -> str:
 
 async def solve(pool: Any, task: Any, image: str) -> dict[str, Any]:
     """mini-swe-agent's agent loop on a sandbox of the task's image; its submission."""
+    from minisweagent.agents.default import DefaultAgent
+    from minisweagent.models.test_models import DeterministicModel
+
+    from flowmesh_sdk.integrations.minisweagent import FlowMeshEnvironment
+
     t0 = time.monotonic()
     async with pool.sandbox(pool.default_sandbox(image), name=f"agent-{task.name}") as sb:
         env = FlowMeshEnvironment(sandbox=sb, cwd=job.REPO, timeout=STEP_TIMEOUT_S,
@@ -127,6 +136,11 @@ def table(rows: list[dict[str, Any]]) -> Table:
 
 async def main(argv: list[str] | None = None) -> int:
     args = recipe.parse_args("mini_swe_agent_eval.py", __doc__, argv)
+    try:
+        require("minisweagent", package="mini-swe-agent", extra="minisweagent")
+    except IntegrationMissingError as exc:
+        console.print(f"[bold red]{exc}[/]")
+        return 2
     return await recipe.run_recipe(args, "mini-swe-agent", "the model is a scripted policy standing in for "
                                    "an LLM (mini-swe-agent's DeterministicModel)", run_one,
                                    lambda rows: console.print(table(rows)))

@@ -30,10 +30,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # the sibling _swe_tasks, _main_job
 
 from rich.table import Table  # noqa: E402
-from swerex.runtime.abstract import (BashAction, Command, CreateBashSessionRequest, ReadFileRequest,  # noqa: E402
-                                     WriteFileRequest)
 
-from flowmesh_sdk.integrations.swerex import FlowMeshDeployment  # noqa: E402
+from flowmesh_sdk.errors import IntegrationMissingError  # noqa: E402
+from flowmesh_sdk.integrations import require  # noqa: E402
 import _swe_tasks as recipe  # noqa: E402
 
 job = recipe.job
@@ -43,6 +42,11 @@ PYTEST = "python3 -m pytest -q -p no:cacheprovider"
 
 async def solve(pool: Any, task: Any, image: str) -> dict[str, Any]:
     """One task through SWE-ReX's calls, as SWE-agent makes them."""
+    # the [swerex] extra, imported here so that --help needs only the base install
+    from swerex.runtime.abstract import BashAction, Command, CreateBashSessionRequest, ReadFileRequest, WriteFileRequest
+
+    from flowmesh_sdk.integrations.swerex import FlowMeshDeployment
+
     calls: dict[str, list[float]] = defaultdict(list)
 
     async def call(name: str, coro: Any) -> Any:
@@ -104,6 +108,11 @@ def tables(rows: list[dict[str, Any]]) -> tuple[Table, Table]:
 
 async def main(argv: list[str] | None = None) -> int:
     args = recipe.parse_args("swerex_backend.py", __doc__, argv)
+    try:
+        require("swerex", package="swe-rex", extra="swerex")
+    except IntegrationMissingError as exc:
+        console.print(f"[bold red]{exc}[/]")
+        return 2
 
     def show(rows: list[dict[str, Any]]) -> None:
         for t in tables(rows):
