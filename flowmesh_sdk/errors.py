@@ -57,6 +57,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from .redaction import redact_url
+
 
 class FlowMeshError(Exception):
     """Base of every error the SDK raises."""
@@ -189,8 +191,8 @@ class ControlPlaneUnavailableError(FlowMeshError):
     coordinator's lease on it was lost; ``url`` names where (without a password)."""
 
     def __init__(self, message: str, *, url: str = "") -> None:
-        super().__init__(message)
-        self.url = url
+        super().__init__(redact_url(message))
+        self.url = redact_url(url)
 
 
 __all__ = [

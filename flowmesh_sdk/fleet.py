@@ -102,6 +102,9 @@ class Fleet:
                  reconcile_interval_s: float | None = 60.0,
                  metrics_port: int | None = None) -> None:
         check_name("fleet.name", name)
+        if control is not None and control.fleet not in (None, name):
+            raise SpecError("fleet.control", f"the control backend keeps fleet {control.fleet!r}'s state, not "
+                                             f"{name!r}'s: make it for this fleet (RedisBackend(url, fleet={name!r}))")
         for field, value in (("fleet.budget_per_hour", budget_per_hour), ("fleet.budget_total", budget_total)):
             if value is not None:
                 check_number(field, value, lo=0, lo_open=True)
@@ -123,7 +126,7 @@ class Fleet:
         self.store.attach(self.bus)
         # the control state: in this process, or shared with other coordinators (Redis)
         self._own_control = control is None
-        self.control = control or open_backend(state)
+        self.control = control or open_backend(state, fleet=name)
         self._control_started = False
         self.ledger: SpendLedger = self.control.ledger(name)
         self.control.on_adopted(self._adopted)

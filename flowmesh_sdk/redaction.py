@@ -1,4 +1,7 @@
-"""Secrets out of a client library's DEBUG records.
+"""Secrets out of what the SDK shows: URLs' passwords, and client libraries' DEBUG records.
+
+:func:`redact_url` is the one way a URL is shown (errors, logs, reprs, ``flowmesh
+status``, ``flowmesh config show``): the password of every URL in a text as ``***``.
 
 A cloud library may log request and response payloads at DEBUG level, and some carry a
 secret (user data with an instance's private host key).  :func:`install` puts a filter on
@@ -10,7 +13,39 @@ structured extras named in ``extras``.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterable
+from typing import overload
+
+REDACTED = "***"
+
+# scheme://userinfo@ -- the userinfo runs to the last '@' before the authority ends (as
+# urllib.parse.urlsplit reads it), so a password holding an unescaped '@' is redacted whole
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#\s]*)@")
+# a credential in the query (redis-py reads ``?password=``)
+_QUERY = re.compile(r"(?P<name>[?&](?:password|passwd|pwd|token|secret|api[_-]?key|access[_-]?key)=)[^&#\s]*",
+                    re.IGNORECASE)
+
+
+def _hide(m: re.Match[str]) -> str:
+    user, colon, _password = m["userinfo"].partition(":")
+    return f"{m['scheme']}{user}{colon}{REDACTED if colon else ''}@"
+
+
+@overload
+def redact_url(text: str) -> str: ...
+@overload
+def redact_url(text: None) -> None: ...
+
+
+def redact_url(text: str | None) -> str | None:
+    """``text`` with the password of every URL in it as ``***`` (``redis://:pw@h:6379/0`` ->
+    ``redis://:***@h:6379/0``; the user name, host, port and path are kept; a text without
+    a URL comes back as it was); so is a credential in its query (``?password=...``).
+    None (an endpoint not set) stays None."""
+    if text is None:
+        return None
+    return _QUERY.sub(lambda m: m["name"] + REDACTED, _USERINFO.sub(_hide, text))
 
 
 class RedactingFilter(logging.Filter):
@@ -45,4 +80,4 @@ def install(loggers: Iterable[str], tag: str, redact: Callable[[str], str], trig
             lg.addFilter(RedactingFilter(tag, redact, trigger, extras))
 
 
-__all__ = ["RedactingFilter", "install"]
+__all__ = ["REDACTED", "RedactingFilter", "install", "redact_url"]

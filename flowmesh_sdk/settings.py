@@ -23,7 +23,8 @@
 * an **argument** is what the caller passed (a keyword, a CLI option): ``resolve(key, arg)``.
 
 ``flowmesh config show`` prints the effective value of each setting and where it came
-from; secrets are shown as ``***``.
+from; secrets are shown as ``***``, and so is the password of any URL in a value (the
+``state`` URL's, an endpoint's: :func:`flowmesh_sdk.redaction.redact_url`).
 """
 
 from __future__ import annotations
@@ -36,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SpecError
+from .redaction import REDACTED, redact_url
 
 CONFIG_ENV = "FLOWMESH_CONFIG"
 CONFIG_NAME = "flowmesh.toml"
-REDACTED = "***"
 
 
 def _default_home() -> str:
@@ -58,14 +59,16 @@ class Setting:
     env: tuple[str, ...]                  # environment variables, the first one set wins
     kind: type = str                      # str, float, int or bool
     default: Callable[[], Any] | None = None
-    secret: bool = False
+    secret: bool = False                  # the whole value (a URL's password is always hidden: see Resolved.safe)
     help: str = ""
 
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("home", ("FLOWMESH_HOME",), default=_default_home,
             help="state directory: the metadata store, local instances, the CAS"),
-    Setting("state", ("FLOWMESH_STATE",), help="shared control state, e.g. redis://host:port/db (default: in-process)"),
+    Setting("state", ("FLOWMESH_STATE",),
+            help="shared control state, e.g. redis://[:password@]host:port/db (default: in-process); its password is "
+                 "a secret, shown as ***"),
     Setting("cache_dir", ("FLOWMESH_CACHE_DIR",), default=_default_cache,
             help="cache directory (refreshed price catalogs under catalog/)"),
     Setting("catalog.max_age_days", ("FLOWMESH_CATALOG_MAX_AGE_DAYS",), float, lambda: 30.0,
@@ -97,10 +100,18 @@ class Resolved:
     secret: bool = False
 
     @property
-    def shown(self) -> str:
+    def safe(self) -> Any:
+        """The value as it may be shown: a secret as ``***``; in a text, every URL's
+        password as ``***`` (``redis://:***@host:6379/0``); None when unset."""
         if self.value is None:
-            return "-"
-        return REDACTED if self.secret else str(self.value)
+            return None
+        if self.secret:
+            return REDACTED
+        return redact_url(self.value) if isinstance(self.value, str) else self.value
+
+    @property
+    def shown(self) -> str:
+        return "-" if self.value is None else str(self.safe)
 
 
 def config_path() -> Path:
@@ -166,7 +177,7 @@ def _convert(s: Setting, raw: Any, where: str) -> Any:
         return str(raw)
     except (TypeError, ValueError):
         allowed = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[s.kind]
-        shown = REDACTED if s.secret else repr(raw)
+        shown = REDACTED if s.secret else repr(redact_url(raw) if isinstance(raw, str) else raw)
         raise SpecError(s.key, f"{where}: must be {allowed}, got {shown}") from None
 
 

@@ -18,7 +18,7 @@ from flowmesh_sdk.control.redis import RedisBackend
 
 
 async def main(url: str, home: Path, fleet_name: str, image: str) -> None:
-    be = RedisBackend(url, lease_s=1.0)
+    be = RedisBackend(url, fleet=fleet_name, lease_s=1.0)
     provider = LocalProvider(cpus=2, memory_gb=8, state_dir=home / "local" / "instances")
     async with Fleet(fleet_name, home=home, control=be, providers={"local": provider},
                      reconcile_interval_s=None) as fleet:

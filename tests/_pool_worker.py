@@ -22,7 +22,7 @@ from flowmesh_sdk.pools.shared import SharedTasks
 
 
 async def main(url: str, home: Path, state: Path, cas: Path, image: str, submit: int) -> None:
-    be = RedisBackend(url, lease_s=1.0)
+    be = RedisBackend(url, fleet="shared-tasks", lease_s=1.0)
     provider = LocalProvider(cpus=4, memory_gb=16, state_dir=state)
     async with Fleet("shared-tasks", home=home, control=be, providers={"local": provider},
                      reconcile_interval_s=None) as fleet:

@@ -25,8 +25,8 @@ LEASE_S = 0.6
 @pytest.fixture
 async def two(redis_server, request): 
     ns = f"t{abs(hash(request.node.name)) % 10**8}"
-    a = RedisBackend(redis_server.url, namespace=ns, lease_s=LEASE_S)
-    b = RedisBackend(redis_server.url, namespace=ns, lease_s=LEASE_S)
+    a = RedisBackend(redis_server.url, fleet="f", namespace=ns, lease_s=LEASE_S)
+    b = RedisBackend(redis_server.url, fleet="f", namespace=ns, lease_s=LEASE_S)
     await a.start()
     await b.start()
     yield a, b
@@ -269,10 +269,10 @@ async def test_cli_status_and_pools_show_the_whole_shared_fleet(redis_server, tm
 
 
 def test_url_password_never_shown():
-    from flowmesh_sdk.control.redis.client import redact
+    from flowmesh_sdk.redaction import redact_url
     be = RedisBackend("redis://:hunter2@127.0.0.1:1/0")
     assert "hunter2" not in repr(be) and "hunter2" not in repr(be.client)
-    assert redact("redis://user:hunter2@10.0.0.5:6380/1") == "redis://user:***@10.0.0.5:6380/1"
+    assert redact_url("redis://user:hunter2@10.0.0.5:6380/1") == "redis://user:***@10.0.0.5:6380/1"
 
 
 async def test_real_pools_of_two_coordinators_share_one_cap_on_redis(redis_server, fm_home, busybox_image):

@@ -116,7 +116,7 @@ def test_config_show_says_where_each_came_from_and_redacts_secrets(cfg: Path, tm
     assert doc["schema"] == "flowmesh.config.show/1" and doc["file"] == str(cfg) and doc["file_exists"]
     rows = {r["key"]: r for r in doc["settings"]}
     assert rows["providers.ec2.image_id"] == {"key": "providers.ec2.image_id", "value": "ami-from-env",
-                                              "source": "env FLOWMESH_EC2_AMI", "secret": False}
+                                              "source": "env FLOWMESH_EC2_AMI", "secret": False, "redacted": False}
     assert rows["providers.vast.api_key"]["value"] == "***" and rows["providers.vast.api_key"]["source"] == f"file {cfg}"
     assert rows["providers.alibaba.access_key_secret"]["value"] == "***"
     assert rows["providers.alibaba.access_key_secret"]["source"] == "env ALIBABA_CLOUD_ACCESS_KEY_SECRET"

@@ -59,7 +59,7 @@ async def until(pred, timeout_s: float, what: str) -> None:
 
 
 def fleet_on(url: str, home: Path, name: str) -> Fleet:
-    return Fleet(name, home=home, control=RedisBackend(url, lease_s=LEASE_S), reconcile_interval_s=None,
+    return Fleet(name, home=home, control=RedisBackend(url, fleet=name, lease_s=LEASE_S), reconcile_interval_s=None,
                  providers={"local": LocalProvider(cpus=2, memory_gb=8, state_dir=home / "local" / "instances")})
 
 
@@ -101,9 +101,10 @@ async def test_gc_on_a_shared_fleet_spares_what_a_live_coordinator_holds(redis_s
                                                                          monkeypatch):
     monkeypatch.setenv("FLOWMESH_STATE", redis_server.url)
     victim, inst, dead = start_victim(redis_server.url, fm_home, "held", busybox_image)
-    # a coordinator of another fleet on the same Redis adopts it: it holds the instance
-    # now, but reclaims only its own fleet's
-    other = fleet_on(redis_server.url, fm_home / "other", "other")
+    # another coordinator of the fleet adopts it (only a coordinator of the same fleet can):
+    # it holds the instance now, but cannot reclaim it -- its local provider's state is
+    # elsewhere (another home), so the slice is not visible from it
+    other = fleet_on(redis_server.url, fm_home / "other", "held")
     await other.start()
     runner = CliRunner()
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from ..backoff import retry_async
 from ..errors import FlowMeshError, ProviderUnavailableError, SpecError, ThrottledError
+from ..redaction import redact_url
 from .loader import Catalog, cache_dir, write_csv
 from .records import PROVIDERS, CatalogRow, canonical_provider
 
@@ -80,7 +81,7 @@ async def refresh(provider: str, *, endpoint: str | None = None, regions: Sequen
                              retry_on=(ThrottledError, ProviderUnavailableError))
     rows = [r for r in rows if r.provider == name]
     if not rows:
-        where = f" at {endpoint}" if endpoint else ""
+        where = f" at {redact_url(endpoint)}" if endpoint else ""
         raise FlowMeshError(f"the {name} price API{where} returned no instance prices"
                             + (f" for region(s) {', '.join(regions)}" if regions else "")
                             + "; the cached catalog is unchanged")

@@ -1,5 +1,5 @@
 """``flowmesh config show``: the effective settings (:mod:`flowmesh_sdk.settings`), each
-with where it came from; secrets redacted."""
+with where it came from; secrets redacted (a secret as ***, a URL's password as ***)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ config_app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 @config_app.command("show")
 def config_show(json_out: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
-    """Every setting's effective value and its source (env VAR, file PATH, default); secrets as ***."""
+    """Every setting's effective value and its source (env VAR, file PATH, default); secrets and URL passwords as ***."""
     try:
         rows = settings.effective()
     except FlowMeshError as exc:
@@ -29,8 +29,8 @@ def config_show(json_out: bool = typer.Option(False, "--json", help=JSON_HELP)) 
     path = settings.config_path()
     if json_out:
         emit("config.show", file=str(path), file_exists=path.is_file(),
-             settings=[{"key": r.key, "value": None if r.value is None else (settings.REDACTED if r.secret else r.value),
-                        "source": r.source, "secret": r.secret} for r in rows])
+             settings=[{"key": r.key, "value": r.safe, "source": r.source, "secret": r.secret,
+                        "redacted": r.safe != r.value} for r in rows])
         return
     table = Table(title=f"settings (file: {escape(str(path))}{'' if path.is_file() else ', absent'})")
     for col in ("key", "value", "source"):

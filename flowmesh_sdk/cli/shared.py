@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..control.backend import state_url
@@ -53,10 +54,12 @@ def print_shared(console: Console) -> None:
     s: Any = shared_status()
     if s is None:
         return
-    _table(console, f"coordinators sharing the fleet ({s.url})", ("coordinator", "host", "pid", "lease left (ms)"),
-           [(c.id, c.host, c.pid, c.lease_left_ms if c.lease_left_ms >= 0 else "lapsed") for c in s.coordinators],
-           always=True)
-    _table(console, "shared queues", ("queue", "queued", "claimed"), [(q.name, q.queued, q.claimed) for q in s.queues])
+    console.print(f"shared control state: {escape(s.url)}")   # its password as *** (snapshot redacts it)
+    _table(console, "coordinators sharing the state", ("fleet", "coordinator", "host", "pid", "lease left (ms)"),
+           [(c.fleet, c.id, c.host, c.pid, c.lease_left_ms if c.lease_left_ms >= 0 else "lapsed")
+            for c in s.coordinators], always=True)
+    _table(console, "shared queues", ("fleet", "queue", "queued", "claimed"),
+           [(q.fleet or "- (older layout)", q.name, q.queued, q.claimed) for q in s.queues])
     _table(console, "instances owned by the fleet", ("id", "fleet", "pool", "provider", "held by"),
            [(i.id, i.fleet, i.pool, i.provider, i.holder) for i in s.instances])
     _table(console, "adoptions (dead coordinators' work taken over)", ("dead", "adopter", "leases", "tasks", "instances"),

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from .. import settings
 from ..errors import SpecError
+from ..redaction import redact_url
 from .events import EventBus
 from .limits import Quota, QuotaLimits, Semaphore, TokenBucket
 from .shared import Adoption, SharedHolders, SharedInstance
@@ -22,6 +23,10 @@ STATE_ENV = "FLOWMESH_STATE"
 
 
 class ControlBackend(abc.ABC):
+    # the one fleet whose state this backend keeps (a shared backend: its keys are that
+    # fleet's); None: any fleet of this process
+    fleet: str | None = None
+
     @abc.abstractmethod
     def rate_limiter(self, key: str, rate: float, burst: float) -> TokenBucket: ...
 
@@ -91,22 +96,23 @@ def state_url(state: str | None = None) -> str | None:
     if value in ("", "memory", "in-process"):
         return None
     if not isinstance(value, str) or not value.startswith(("redis://", "rediss://", "unix://")):
-        raise SpecError("state", f"must be 'memory' or a redis://host:port[/db] URL ({STATE_ENV}), got {value!r}")
+        shown = repr(redact_url(value)) if isinstance(value, str) else type(value).__name__
+        raise SpecError("state", f"must be 'memory' or a redis://host:port[/db] URL ({STATE_ENV}), got {shown}")
     return value
 
 
-def open_backend(state: str | None = None, *, lease_s: float = 5.0) -> ControlBackend:
+def open_backend(state: str | None = None, *, fleet: str = "default", lease_s: float = 5.0) -> ControlBackend:
     """The backend :func:`state_url` names, else in-process.
 
-    ``redis://host:port/db`` is the Redis backend (the ``[redis]`` extra); ``memory`` (or
-    unset) is in-process.  Nothing is contacted here: the fleet's start does that, and a
+    ``redis://host:port/db`` is the Redis backend (the ``[redis]`` extra) of ``fleet``
+    (its keys are that fleet's); ``memory`` (or unset) is in-process.  Nothing is contacted here: the fleet's start does that, and a
     Redis that cannot be reached is an error, never a silent fall-back to in-process."""
     url = state_url(state)
     if url is None:
         return InProcessBackend()
     from .redis import RedisBackend
 
-    return RedisBackend(url, lease_s=lease_s)
+    return RedisBackend(url, fleet=fleet, lease_s=lease_s)
 
 
 __all__ = ["ControlBackend", "InProcessBackend", "STATE_ENV", "open_backend", "state_url"]

@@ -1,6 +1,7 @@
 """A pool's tasks through a shared fleet's queue (``Fleet(state="redis://...")`` or
-``FLOWMESH_STATE``): any coordinator submits them, every coordinator with a pool of that
-name runs them, each result is published once to the shared content-addressed store,
+``FLOWMESH_STATE``): any coordinator of the fleet submits them, every coordinator of the
+same fleet with a pool of that name runs them (another fleet on the same Redis, pool names
+alike, never sees them: the queue's keys are the fleet's), each result is published once to the shared content-addressed store,
 and the tasks a coordinator had claimed when it died run on the others.
 
     tasks = SharedTasks(fleet, pool, results=LocalDirStore("/shared/cas"))   # or an S3Store
@@ -74,7 +75,8 @@ def decode_result(body: bytes) -> TaskResult:
 
 class SharedTasks:
     """``pool``'s tasks on the shared queue ``queue`` (default: the pool's name; one per
-    pool name on a Redis namespace); ``results``: the content-addressed store every
+    pool name in the fleet -- ``fleet``'s keys, so another fleet's pool of the same name
+    on the same Redis has a queue of its own); ``results``: the content-addressed store every
     coordinator publishes to and reads from (a shared directory or S3); ``capacity``: tasks
     of this queue running at once, fleet-wide."""
 

@@ -33,6 +33,7 @@ import httpx
 from ..control.limits import TokenBucket
 from ..errors import (AuthError, NotFoundError, PoolClosedError, ProviderUnavailableError, SpecError,
                       ThrottledError)
+from ..redaction import redact_url
 from .batching import MicroBatcher, group_key
 from .specs import ChatMessage, ClientLimits, SamplingParams
 
@@ -81,7 +82,8 @@ class InferenceEndpoint:
                  limits: ClientLimits | None = None,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise SpecError("endpoint.base_url", f"must be an http(s) URL, got {base_url!r}")
+            shown = redact_url(base_url) if isinstance(base_url, str) else base_url
+            raise SpecError("endpoint.base_url", f"must be an http(s) URL, got {shown!r}")
         if not isinstance(model, str) or not model:
             raise SpecError("endpoint.model", f"must be a non-empty string, got {model!r}")
         self.base_url = base_url.rstrip("/")
@@ -101,7 +103,7 @@ class InferenceEndpoint:
         self._calls: set[asyncio.Future[Any]] = set()
 
     def __repr__(self) -> str:
-        return (f"InferenceEndpoint({self.base_url!r}, model={self.model!r}, worker={self.worker!r}, "
+        return (f"InferenceEndpoint({redact_url(self.base_url)!r}, model={self.model!r}, worker={self.worker!r}, "
                 f"tp={self.tensor_parallel})")
 
     # ---- what a request carries -------------------------------------------------------

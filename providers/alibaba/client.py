@@ -50,6 +50,7 @@ from typing import Any
 from flowmesh_sdk import settings as _settings
 from flowmesh_sdk.errors import FlowMeshError, ProviderError
 from flowmesh_sdk.provider import ApiRate
+from flowmesh_sdk.redaction import redact_url
 
 from .errors import PROVIDER, map_error, missing_credentials
 
@@ -148,7 +149,7 @@ class EcsClient:
         self._closed = False
 
     def __repr__(self) -> str:
-        return f"EcsClient(endpoint={self.endpoint!r}, {self.credentials!r})"
+        return f"EcsClient(endpoint={redact_url(self.endpoint)!r}, {self.credentials!r})"
 
     def _client(self, region: str) -> Any:
         client = self._clients.get(region)

@@ -69,6 +69,7 @@ from flowmesh_sdk import settings as _settings
 from flowmesh_sdk.errors import NotFoundError, ProviderError, SpecError
 from flowmesh_sdk.provider import (TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest, Provider,
                                    ProviderState)
+from flowmesh_sdk.redaction import redact_url
 from flowmesh_sdk.remote.injection import KeyInjector, instance_runner
 from flowmesh_sdk.remote.injection import SshMode as _SshMode
 from flowmesh_sdk.remote.runner import Runner
@@ -194,7 +195,8 @@ class AlibabaProvider(Provider):
         self.image_id = image_id
         endpoint = endpoint if endpoint is not None else _settings.value("providers.alibaba.endpoint")
         if endpoint is not None and not re.match(r"^(https?://)?[^/\s]+$", str(endpoint).rstrip("/")):
-            raise SpecError("alibaba.endpoint", f"must be host[:port] or an http(s) URL, got {endpoint!r}")
+            raise SpecError("alibaba.endpoint",
+                            f"must be host[:port] or an http(s) URL, got {redact_url(str(endpoint))!r}")
         self.endpoint = endpoint
         types = tuple(instance_types) if instance_types is not None else DEFAULT_INSTANCE_TYPES
         if not types or not all(isinstance(t, str) and t.startswith("ecs.") for t in types):
@@ -221,7 +223,7 @@ class AlibabaProvider(Provider):
 
     def __repr__(self) -> str:
         return (f"AlibabaProvider(regions={list(self.regions)!r}, zones={list(self.zones)!r}, "
-                f"endpoint={self.endpoint!r}{', ssh' if self.ssh else ''})")
+                f"endpoint={redact_url(self.endpoint)!r}{', ssh' if self.ssh else ''})")
 
     # ---- shapes --------------------------------------------------------------------
     def _wanted(self, name: str) -> bool:

@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 from flowmesh_sdk.errors import FlowMeshError, ProviderError, ProviderUnavailableError
 from flowmesh_sdk.offloop import OffLoop
 from flowmesh_sdk.provider import ApiRate
+from flowmesh_sdk.redaction import redact_url
 
 from .errors import PROVIDER, map_http_error, missing_credentials, unreachable
 
@@ -103,7 +104,7 @@ class AzureClient:
                                                                  code="Closed"))
 
     def __repr__(self) -> str:
-        return f"AzureClient(subscription_id={self.subscription_id!r}, base_url={self.base_url!r})"
+        return f"AzureClient(subscription_id={self.subscription_id!r}, base_url={redact_url(self.base_url)!r})"
 
     # ---- in a worker thread ------------------------------------------------------
     def _cred(self) -> Any:

@@ -76,6 +76,7 @@ from flowmesh_sdk import settings as _settings
 from flowmesh_sdk.errors import FlowMeshError, NotFoundError, SpecError
 from flowmesh_sdk.provider import (TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest,
                                    Provider, ProviderState)
+from flowmesh_sdk.redaction import redact_url
 from flowmesh_sdk.remote.injection import KeyInjector, instance_runner
 from flowmesh_sdk.remote.injection import SshMode as _SshMode
 from flowmesh_sdk.remote.runner import Runner
@@ -207,7 +208,7 @@ class AzureProvider(Provider):
         self.admin_username = admin_username
         base_url = base_url if base_url is not None else _settings.value("providers.azure.base_url")
         if base_url is not None and not re.match(r"^https?://[^/\s]+", base_url):
-            raise SpecError("azure.base_url", f"must be an http(s) URL, got {base_url!r}")
+            raise SpecError("azure.base_url", f"must be an http(s) URL, got {redact_url(str(base_url))!r}")
         if allow_http and not (base_url or "").startswith(("http://127.", "http://localhost")):
             raise SpecError("azure.allow_http", "only for an emulator on a loopback http:// base_url")
         self.base_url = base_url
@@ -241,7 +242,8 @@ class AzureProvider(Provider):
 
     def __repr__(self) -> str:
         return (f"AzureProvider(subscription_id={self.subscription_id!r}, locations={list(self.locations)!r}, "
-                f"resource_group={self.resource_group!r}, base_url={self.base_url!r}{', ssh' if self.ssh else ''})")
+                f"resource_group={self.resource_group!r}, base_url={redact_url(self.base_url)!r}"
+                f"{', ssh' if self.ssh else ''})")
 
     # ---- shapes --------------------------------------------------------------------
     async def _location_sizes(self, location: str) -> list[VmSize]:

@@ -62,6 +62,7 @@ from flowmesh_sdk import redaction
 from flowmesh_sdk.errors import ProviderError
 from flowmesh_sdk.offloop import OffLoop
 from flowmesh_sdk.provider import ApiRate
+from flowmesh_sdk.redaction import redact_url
 
 from .errors import PROVIDER, endpoint_unreachable, map_client_error, missing_credentials
 
@@ -139,7 +140,7 @@ class Ec2Client:
         install_log_redaction()
 
     def __repr__(self) -> str:
-        return f"Ec2Client(endpoint_url={self.endpoint_url!r}, max_workers={self.max_workers})"
+        return f"Ec2Client(endpoint_url={redact_url(self.endpoint_url)!r}, max_workers={self.max_workers})"
 
     # ---- in a worker thread ------------------------------------------------------
     def _make_client(self, region: str) -> Any:

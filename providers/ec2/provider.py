@@ -104,6 +104,7 @@ from flowmesh_sdk import settings as _settings
 from flowmesh_sdk.errors import NotFoundError, ProviderError, SpecError
 from flowmesh_sdk.provider import (TAG_FLEET, TAG_POOL, TAG_REQUEST, Capabilities, Instance, LaunchRequest,
                                    Provider, ProviderState)
+from flowmesh_sdk.redaction import redact_url
 from flowmesh_sdk.remote.injection import KeyInjector, instance_runner
 from flowmesh_sdk.remote.injection import SshMode as _SshMode
 from flowmesh_sdk.remote.keys import PublicKey
@@ -262,7 +263,7 @@ class Ec2Provider(Provider):
 
         endpoint_url = endpoint_url if endpoint_url is not None else _settings.value("providers.ec2.endpoint_url")
         if endpoint_url is not None and not re.match(r"^https?://[^/\s]+", str(endpoint_url)):
-            raise SpecError("ec2.endpoint_url", f"must be an http(s) URL, got {endpoint_url!r}")
+            raise SpecError("ec2.endpoint_url", f"must be an http(s) URL, got {redact_url(str(endpoint_url))!r}")
         self.endpoint_url = endpoint_url
 
         if image_id is None:
@@ -326,7 +327,7 @@ class Ec2Provider(Provider):
         self._spec_of: dict[str, InstanceSpec] = {}                 # instance id -> spec it was launched for
 
     def __repr__(self) -> str:
-        return (f"Ec2Provider(regions={list(self.regions)!r}, endpoint_url={self.endpoint_url!r}, "
+        return (f"Ec2Provider(regions={list(self.regions)!r}, endpoint_url={redact_url(self.endpoint_url)!r}, "
                 f"image_id={self._image_ids!r}{', ssh' if self.ssh else ''})")
 
     # ---- instance types and prices ---------------------------------------------------

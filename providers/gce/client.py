@@ -48,6 +48,7 @@ from flowmesh_sdk import redaction
 from flowmesh_sdk.errors import FlowMeshError, ProviderError, ProviderUnavailableError
 from flowmesh_sdk.offloop import OffLoop
 from flowmesh_sdk.provider import ApiRate
+from flowmesh_sdk.redaction import redact_url
 
 from .errors import PROVIDER, map_api_error, map_operation_error, missing_credentials, unreachable
 
@@ -114,7 +115,8 @@ class GceClient:
         install_log_redaction()
 
     def __repr__(self) -> str:
-        return f"GceClient(project={self.project!r}, endpoint={self.endpoint!r}, max_workers={self.max_workers})"
+        return (f"GceClient(project={self.project!r}, endpoint={redact_url(self.endpoint)!r}, "
+                f"max_workers={self.max_workers})")
 
     # ---- in a worker thread ------------------------------------------------------
     def _creds(self) -> Any:

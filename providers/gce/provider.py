@@ -78,6 +78,7 @@ from flowmesh_sdk import settings as _settings
 from flowmesh_sdk.errors import NotFoundError, SpecError
 from flowmesh_sdk.provider import (TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest, Provider,
                                    ProviderState)
+from flowmesh_sdk.redaction import redact_url
 from flowmesh_sdk.remote.injection import KeyInjector, instance_runner
 from flowmesh_sdk.remote.injection import SshMode as _SshMode
 from flowmesh_sdk.remote.runner import Runner
@@ -210,7 +211,7 @@ class GceProvider(Provider):
         self.zones: tuple[str, ...] = tuple(zs)
         endpoint = endpoint if endpoint is not None else _settings.value("providers.gce.endpoint")
         if endpoint is not None and not re.match(r"^https?://[^/\s]+", str(endpoint)):
-            raise SpecError("gce.endpoint", f"must be an http(s) URL, got {endpoint!r}")
+            raise SpecError("gce.endpoint", f"must be an http(s) URL, got {redact_url(str(endpoint))!r}")
         self.endpoint = endpoint
         if not isinstance(image, str) or not image.strip():
             raise SpecError("gce.image", f"must be an image URL like {DEFAULT_IMAGE!r}, got {image!r}")
@@ -244,7 +245,8 @@ class GceProvider(Provider):
         self._ips: dict[str, tuple[str | None, str | None]] = {}    # id -> (internal, external)
 
     def __repr__(self) -> str:
-        return (f"GceProvider(project={self.project!r}, zones={list(self.zones)!r}, endpoint={self.endpoint!r}"
+        return (f"GceProvider(project={self.project!r}, zones={list(self.zones)!r}, "
+                f"endpoint={redact_url(self.endpoint)!r}"
                 f"{', ssh' if self.ssh else ''})")
 
     # ---- shapes --------------------------------------------------------------------

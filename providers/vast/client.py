@@ -38,6 +38,7 @@ from flowmesh_sdk import settings as _settings
 from flowmesh_sdk.errors import FlowMeshError, ProviderError
 from flowmesh_sdk.offloop import OffLoop
 from flowmesh_sdk.provider import ApiRate
+from flowmesh_sdk.redaction import redact_url
 
 from .errors import PROVIDER, map_http_error, missing_key, unreachable
 
@@ -66,7 +67,7 @@ class VastClient:
                               close_client=lambda sdk: None)
 
     def __repr__(self) -> str:
-        return f"VastClient(server_url={self.server_url!r}, max_workers={self.max_workers})"
+        return f"VastClient(server_url={redact_url(self.server_url)!r}, max_workers={self.max_workers})"
 
     def _make(self, _key: None) -> Any:
         try:

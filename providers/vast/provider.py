@@ -48,6 +48,7 @@ from typing import Any
 from flowmesh_sdk.errors import ProviderError, SpecError
 from flowmesh_sdk.provider import (TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest, Provider,
                                    ProviderState)
+from flowmesh_sdk.redaction import redact_url
 from flowmesh_sdk.remote.injection import KeyInjector
 from flowmesh_sdk.remote.injection import SshMode as _SshMode
 from flowmesh_sdk.remote.runner import Runner
@@ -148,7 +149,8 @@ class VastProvider(Provider):
                  limit: int = 64, max_workers: int = 4, ssh: SshMode | bool | None = None,
                  runner_factory: RunnerFactory | None = None) -> None:
         if server_url is not None and not re.match(r"^https?://[^/\s]+/?$", str(server_url)):
-            raise SpecError("vast.server_url", f"must be an http(s) URL like http://127.0.0.1:PORT, got {server_url!r}")
+            raise SpecError("vast.server_url", "must be an http(s) URL like http://127.0.0.1:PORT, "
+                                               f"got {redact_url(str(server_url))!r}")
         if not isinstance(image, str) or not image.strip():
             raise SpecError("vast.image", f"must be an image reference, got {image!r}")
         if not isinstance(min_reliability, (int, float)) or not 0 <= min_reliability <= 1:
@@ -170,7 +172,8 @@ class VastProvider(Provider):
         self._rows: dict[str, Mapping[str, Any]] = {}
 
     def __repr__(self) -> str:
-        return f"VastProvider(server_url={self._client.server_url!r}, image={self.image!r}{', ssh' if self.ssh else ''})"
+        return (f"VastProvider(server_url={redact_url(self._client.server_url)!r}, image={self.image!r}"
+                f"{', ssh' if self.ssh else ''})")
 
     # ---- offers --------------------------------------------------------------------
     def _query(self, spec: InstanceSpec) -> dict[str, Any]:

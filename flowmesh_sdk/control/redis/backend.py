@@ -18,16 +18,18 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from ...backoff import backoff_delay
-from ...errors import FlowMeshError
+from ...errors import FlowMeshError, SpecError
+from ...redaction import redact_url
 from ..backend import ControlBackend
 from ..events import EventBus
 from ..limits import QuotaLimits
 from ..shared import Adoption, SharedHolders, SharedInstance
 from . import fleet_state, scripts
-from .client import RedisClient, RetrySettings, check_url, redact
+from .client import RedisClient, RetrySettings, check_url
 from .coordinator import Coordinator
 from .events import EventStream
 from .fleet_state import SharedSpendLedger
+from .keys import FleetKeys
 from .limits import RedisQuota, RedisSemaphore, RedisTokenBucket
 from .queue import TaskQueue
 
@@ -35,17 +37,21 @@ log = logging.getLogger("flowmesh.control.redis")
 
 
 class RedisBackend(ControlBackend):
-    """``url``: ``redis://host:port/db``; ``namespace`` prefixes every key (one Redis can
-    hold several independent fleets' state); ``lease_s``: how long a coordinator that
-    stopped heartbeating keeps its leases (and how soon its work is adopted: within
-    about 1.3 x ``lease_s``)."""
+    """``url``: ``redis://host:port/db``; ``fleet``: the fleet whose coordinator this is
+    (``Fleet(name, state=url)`` makes it with its name): every key it writes is under
+    ``<namespace>:fleet:<fleet>:`` (:mod:`.keys`), so one Redis can hold several fleets
+    and a coordinator only ever claims, counts and adopts its own fleet's work;
+    ``lease_s``: how long a coordinator that stopped heartbeating keeps its leases (and
+    how soon its work is adopted: within about 1.3 x ``lease_s``)."""
 
-    def __init__(self, url: str, *, namespace: str = "flowmesh", lease_s: float = 5.0,
+    def __init__(self, url: str, *, fleet: str = "default", namespace: str = "flowmesh", lease_s: float = 5.0,
                  retry: RetrySettings | None = None) -> None:
         self.url = check_url(url)
-        self.ns = namespace.rstrip(":") + ":"
+        self.keys = FleetKeys(namespace.rstrip(":"), fleet)
+        self.fleet = fleet
+        self.ns = self.keys.prefix
         self.client = RedisClient(url, scripts.ALL, retry=retry)
-        self.coordinator = Coordinator(self.client, self.ns, lease_s=lease_s, on_lost=self._fenced,
+        self.coordinator = Coordinator(self.client, self.keys, lease_s=lease_s, on_lost=self._fenced,
                                        on_adopted=self._adopted)
         self._buckets: dict[str, RedisTokenBucket] = {}
         self._sems: dict[str, RedisSemaphore] = {}
@@ -61,10 +67,16 @@ class RedisBackend(ControlBackend):
         self.started = False
 
     def __repr__(self) -> str:
-        return f"RedisBackend({redact(self.url)!r}, coordinator={self.coordinator.id!r})"
+        return f"RedisBackend({redact_url(self.url)!r}, coordinator={self.coordinator.id!r})"
 
     def key(self, *parts: str) -> str:
-        return self.ns + ":".join(parts)
+        """A key of this backend's fleet."""
+        return self.keys.key(*parts)
+
+    def _own(self, fleet: str) -> None:
+        if fleet != self.fleet:
+            raise SpecError("fleet.control", f"this Redis backend is fleet {self.fleet!r}'s, not {fleet!r}'s: "
+                                             f"RedisBackend(url, fleet={fleet!r})")
 
     # ---- life ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -74,7 +86,7 @@ class RedisBackend(ControlBackend):
         await self.coordinator.join()
         self._listener = asyncio.ensure_future(self._listen())
         self.started = True
-        log.info("coordinator %s joined the shared control state at %s", self.coordinator.id, redact(self.url))
+        log.info("coordinator %s joined the shared control state at %s", self.coordinator.id, redact_url(self.url))
 
     async def close(self) -> None:
         if not self.started:
@@ -147,12 +159,14 @@ class RedisBackend(ControlBackend):
         return self._queues[name]
 
     def ledger(self, fleet: str) -> SharedSpendLedger:
+        self._own(fleet)
         if fleet not in self._ledgers:
             self._ledgers[fleet] = SharedSpendLedger(self, fleet)
         return self._ledgers[fleet]
 
     def attach(self, fleet: str, bus: EventBus) -> None:
         """Forward ``bus`` to the fleet's stream; mirror the fleet's spend."""
+        self._own(fleet)
         EventStream(self, fleet).attach(bus)
         self.ledger(fleet).run()
 
@@ -215,7 +229,7 @@ class RedisBackend(ControlBackend):
             except errors as exc:
                 attempt += 1
                 wait = backoff_delay(attempt, 0.05, 1.0)
-                log.info("redis pub/sub at %s: %s; reconnecting in %.2f s", redact(self.url), exc, wait)
+                log.info("redis pub/sub at %s: %s; reconnecting in %.2f s", redact_url(self.url), exc, wait)
                 await asyncio.sleep(wait)
             except FlowMeshError as exc:   # pragma: no cover - defensive
                 log.warning("redis pub/sub: %s", exc)

@@ -19,6 +19,7 @@ from typing import Any
 
 from ...backoff import retry_async
 from ...errors import ControlPlaneUnavailableError, FlowMeshError, SpecError
+from ...redaction import redact_url
 
 log = logging.getLogger("flowmesh.control.redis")
 
@@ -34,18 +35,10 @@ def import_redis() -> Any:
     return aioredis
 
 
-def redact(url: str) -> str:
-    """``url`` without its password (for errors and logs)."""
-    p = urllib.parse.urlsplit(url)
-    if p.password is None:
-        return url
-    netloc = f"{p.username or ''}:***@{p.hostname}" + (f":{p.port}" if p.port else "")
-    return urllib.parse.urlunsplit((p.scheme, netloc, p.path, p.query, p.fragment))
-
-
 def check_url(url: object) -> str:
     if not isinstance(url, str) or urllib.parse.urlsplit(url).scheme not in ("redis", "rediss", "unix"):
-        raise SpecError("state", f"must be a redis://host:port[/db] URL (FLOWMESH_STATE), got {url!r}")
+        shown = repr(redact_url(url)) if isinstance(url, str) else type(url).__name__
+        raise SpecError("state", f"must be a redis://host:port[/db] URL (FLOWMESH_STATE), got {shown}")
     return url
 
 
@@ -86,12 +79,12 @@ class RedisClient:
         self._sender: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
-        return f"RedisClient({redact(self.url)!r})"
+        return f"RedisClient({redact_url(self.url)!r})"
 
     def unavailable(self, exc: BaseException, what: str = "") -> ControlPlaneUnavailableError:
         return ControlPlaneUnavailableError(
-            f"the control state at {redact(self.url)} cannot be reached{f' ({what})' if what else ''}: "
-            f"{type(exc).__name__}: {exc}", url=redact(self.url))
+            f"the control state at {redact_url(self.url)} cannot be reached{f' ({what})' if what else ''}: "
+            f"{type(exc).__name__}: {exc}", url=redact_url(self.url))
 
     # ---- calls -------------------------------------------------------------------
     async def script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -121,7 +114,7 @@ class RedisClient:
                                  before_sleep=self._log_retry)
 
     def _log_retry(self, attempt: int, exc: BaseException, wait: float) -> None:
-        log.warning("redis %s: attempt %d failed (%s); retrying in %.2f s", redact(self.url), attempt, exc, wait)
+        log.warning("redis %s: attempt %d failed (%s); retrying in %.2f s", redact_url(self.url), attempt, exc, wait)
 
     def _submit(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
@@ -165,7 +158,7 @@ class RedisClient:
             for *_, fut in batch:
                 if not fut.done():
                     fut.set_exception(exc if isinstance(exc, Exception) else ControlPlaneUnavailableError(
-                        f"redis call to {redact(self.url)} abandoned", url=redact(self.url)))
+                        f"redis call to {redact_url(self.url)} abandoned", url=redact_url(self.url)))
             raise
         for (method, args, _, fut), r in zip(batch, results):
             if fut.done():
@@ -174,7 +167,7 @@ class RedisClient:
                 fut.set_exception(self.unavailable(r, "loading its data"))
             elif isinstance(r, BaseException):
                 name = args[0] if method == "evalsha" else method
-                fut.set_exception(FlowMeshError(f"redis {name} at {redact(self.url)} failed: {r}"))
+                fut.set_exception(FlowMeshError(f"redis {name} at {redact_url(self.url)} failed: {r}"))
             else:
                 fut.set_result(r)
 

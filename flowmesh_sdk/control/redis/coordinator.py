@@ -29,17 +29,18 @@ from ...errors import ControlPlaneUnavailableError, FlowMeshError
 from ...specs import check_number
 from ..shared import Adoption, SharedInstance
 from .client import RedisClient
+from .keys import FleetKeys
 
 log = logging.getLogger("flowmesh.control.redis")
 
 
 class Coordinator:
-    def __init__(self, client: RedisClient, ns: str, *, lease_s: float = 5.0,
+    def __init__(self, client: RedisClient, keys: FleetKeys, *, lease_s: float = 5.0,
                  on_lost: Callable[[str], None] | None = None,
                  on_adopted: Callable[[Adoption], None] | None = None) -> None:
         check_number("state.lease_s", lease_s, lo=0.1)
         self.client = client
-        self.ns = ns
+        self.keys = keys
         self.lease_ms = int(lease_s * 1000)
         self.on_lost = on_lost
         self.on_adopted = on_adopted
@@ -57,7 +58,7 @@ class Coordinator:
 
     # ---- keys ----------------------------------------------------------------------
     def key(self, *parts: str) -> str:
-        return self.ns + ":".join(parts)
+        return self.keys.key(*parts)
 
     @property
     def coord_key(self) -> str:
@@ -123,7 +124,8 @@ class Coordinator:
     async def reap(self) -> list[Adoption]:
         """Adopt the work of every coordinator whose lease lapsed (one adopter wins each);
         ``on_adopted`` hears of each adoption (its instances are this coordinator's now)."""
-        flat = await self.client.script("ADOPT", (self.key("coords"), self.key("adoptions")), (self.ns, self.id))
+        flat = await self.client.script("ADOPT", (self.key("coords"), self.key("adoptions")),
+                                        (self.keys.prefix, self.id, self.keys.fleet))
         out = []
         for i in range(0, len(flat), 5):
             dead = flat[i].decode() if isinstance(flat[i], bytes) else str(flat[i])
@@ -160,4 +162,5 @@ class Coordinator:
         with contextlib.suppress(FlowMeshError):
             await self.client.command("delete", self.coord_key)
             await self.client.command("zadd", self.key("coords"), {self.id: 0})
-            await self.client.script("ADOPT", (self.key("coords"), self.key("adoptions")), (self.ns, "-"))
+            await self.client.script("ADOPT", (self.key("coords"), self.key("adoptions")),
+                                     (self.keys.prefix, "-", self.keys.fleet))

@@ -65,8 +65,9 @@ def _decode(c: Claim) -> Job:
 
 
 class SharedQueue:
-    """``name``: the queue (one per pool); ``capacity``: tasks running at once across every
-    coordinator; ``quotas``: per-tenant limits (``"*"``: the default), the same on every
+    """``name``: the queue (one per pool name in the backend's fleet: its keys, cap and
+    quota are that fleet's); ``capacity``: tasks running at once across every coordinator
+    of the fleet; ``quotas``: per-tenant limits (``"*"``: the default), the same on every
     coordinator; ``results``: the store results are published to (shared by every
     coordinator: a shared directory or S3)."""
 
@@ -84,7 +85,14 @@ class SharedQueue:
         self.sem = backend.semaphore(f"queue:{name}", capacity)
         self.stats = ServeStats()
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._migrated = False
         backend.on_fenced(self._fenced)
+
+    async def _migrate(self) -> None:
+        """Once: take in what an older version queued under this name without the fleet."""
+        if not self._migrated:
+            await self.queue.migrate()
+            self._migrated = True
 
     def ref(self, task_id: str) -> str:
         return f"tasks/{self.name}/{task_id}"
@@ -92,6 +100,7 @@ class SharedQueue:
     async def submit(self, bodies: Iterable[bytes], *, tenant: str = "default") -> list[str]:
         """Admit and queue each body as a task; its id back.  QuotaError (with the
         numbers) at the first one over ``tenant``'s quota: those before it are queued."""
+        await self._migrate()
         ids: list[str] = []
         items = [(uuid.uuid4().hex, b) for b in bodies]
         try:
@@ -112,6 +121,7 @@ class SharedQueue:
         """Run tasks from the queue until cancelled (or, ``until_empty``, until the queue has
         nothing queued or claimed)."""
         check_number("serve.concurrency", concurrency, lo=1, integer=True)
+        await self._migrate()
         free = asyncio.Event()
         be = self.backend
         try:

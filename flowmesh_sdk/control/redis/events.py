@@ -1,4 +1,4 @@
-"""The fleet's events on a Redis Stream (``<ns>events:<fleet>``), so that every
+"""The fleet's events on a Redis Stream (``<namespace>:fleet:<fleet>:events``), so that every
 coordinator's lifecycle and task events reach every reader.
 
 :meth:`EventStream.attach` forwards a coordinator's :class:`~flowmesh_sdk.control.events.EventBus`
@@ -61,7 +61,7 @@ class EventStream:
     def __init__(self, backend: RedisBackend, fleet: str, *, maxlen: int = 100_000) -> None:
         self.backend = backend
         self.fleet = fleet
-        self.key = backend.key("events", fleet)
+        self.key = backend.keys.of(fleet).key("events")
         self.maxlen = maxlen
 
     def attach(self, bus: EventBus) -> None:

@@ -41,8 +41,7 @@ class SharedSpendLedger(SpendLedger):
 
     def _keys(self) -> tuple[str, str, str, str]:
         be = self.backend
-        return (be.key("fleet", self.fleet, "charges"), be.key("fleet", self.fleet, "instances"),
-                be.key("fleet", self.fleet, "holder"), be.coordinator.instances_key)
+        return be.key("charges"), be.key("instances"), be.key("holder"), be.coordinator.instances_key
 
     def start(self, instance_id: str, *, pool: str, provider: str, price_per_hour: float,
               billing_min_s: float | None = None) -> None:
@@ -95,35 +94,48 @@ class SharedSpendLedger(SpendLedger):
 
 async def instances(backend: RedisBackend, fleet: str) -> list[SharedInstance]:
     """The fleet's live instances and which coordinator holds each."""
-    rows = await backend.client.command("hgetall", backend.key("fleet", fleet, "instances"))
-    holders = await backend.client.command("hgetall", backend.key("fleet", fleet, "holder"))
+    k = backend.keys.of(fleet)
+    rows = await backend.client.command("hgetall", k.key("instances"))
+    holders = await backend.client.command("hgetall", k.key("holder"))
     out = []
-    for k, v in sorted(rows.items()):
+    for iid, v in sorted(rows.items()):
         d = json.loads(v)
-        out.append(SharedInstance(k.decode(), fleet, d.get("pool", ""), d.get("provider", ""),
-                                  holders.get(k, b"").decode(), d.get("host", "")))
+        out.append(SharedInstance(iid.decode(), fleet, d.get("pool", ""), d.get("provider", ""),
+                                  holders.get(iid, b"").decode(), d.get("host", "")))
     return out
 
 
 async def forget(backend: RedisBackend, inst: SharedInstance) -> None:
     """``inst`` is gone (terminated by ``flowmesh gc``): its charge ends at server time and
     it leaves the fleet's list and its holder's."""
-    keys = (backend.key("fleet", inst.fleet, "charges"), backend.key("fleet", inst.fleet, "instances"),
-            backend.key("fleet", inst.fleet, "holder"), backend.key("coord", inst.holder, "instances"))
+    k = backend.keys.of(inst.fleet)
+    keys = (k.key("charges"), k.key("instances"), k.key("holder"), k.key("coord", inst.holder, "instances"))
     await backend.client.script("CHARGE_END", keys, (inst.fleet, inst.id))
 
 
-async def fleets(backend: RedisBackend) -> list[str]:
-    """The fleets the shared state lists instances for."""
-    pre, suf = backend.key("fleet", ""), ":instances"
-    return sorted({k.decode()[len(pre):-len(suf)]
-                   async for k in backend.client.redis.scan_iter(match=pre + "*" + suf, count=500)})
+async def fleets(backend: RedisBackend, *, having: str = "instances") -> list[str]:
+    """The fleets of the backend's namespace that have the key ``having`` (``instances``:
+    those with instances listed; ``epoch``: those a coordinator ever joined)."""
+    ks, found = backend.keys, set()
+    async for raw in backend.client.redis.scan_iter(match=ks.pattern(having), count=500):
+        key = raw.decode()
+        fleet = ks.fleet_of(key)
+        if fleet is not None and key == ks.of(fleet).key(having):
+            found.add(fleet)
+    return sorted(found)
+
+
+async def live_coordinators(backend: RedisBackend, fleet: str) -> frozenset[str]:
+    """The coordinators of ``fleet`` whose lease runs."""
+    k = backend.keys.of(fleet)
+    coords = [c.decode() for c in await backend.client.command("zrange", k.key("coords"), 0, -1)]
+    alive = await asyncio.gather(*(backend.client.command("exists", k.key("coord", c)) for c in coords))
+    return frozenset(c for c, a in zip(coords, alive) if a)
 
 
 async def holders(backend: RedisBackend, fleet: str | None = None) -> SharedHolders:
     """``fleet``'s instances (every fleet's: None) and the coordinators whose lease runs."""
     names = [fleet] if fleet is not None else await fleets(backend)
     insts = [i for f in names for i in await instances(backend, f)]
-    coords = [c.decode() for c in await backend.client.command("zrange", backend.key("coords"), 0, -1)]
-    alive = await asyncio.gather(*(backend.client.command("exists", backend.key("coord", c)) for c in coords))
-    return SharedHolders(tuple(insts), frozenset(c for c, a in zip(coords, alive) if a))
+    live = [await live_coordinators(backend, f) for f in names]
+    return SharedHolders(tuple(insts), frozenset().union(*live))

@@ -2,8 +2,9 @@
 a one-machine shared fleet: a free port, its own directory, not daemonized, AOF on
 (``fsync``: ``always``, the default, loses nothing a client was answered for even when the
 machine dies; ``everysec`` survives a redis-server crash except when a slow disk made Redis
-postpone its AOF write -- see docs/operations.md), stopped and restarted on the same port
-and data at will."""
+postpone its AOF write -- see docs/operations.md), with a password when given
+(``requirepass``; :attr:`LocalRedis.url` then carries it), stopped and restarted on the
+same port and data at will."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.parse
 from pathlib import Path
 
 from ...errors import FlowMeshError
+from ...redaction import redact_url
 
 
 def free_port() -> int:
@@ -25,7 +28,7 @@ def free_port() -> int:
 
 class LocalRedis:
     def __init__(self, directory: str | Path, *, port: int | None = None, appendonly: bool = True,
-                 fsync: str = "always") -> None:
+                 fsync: str = "always", password: str | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise FlowMeshError("redis-server is not installed: apt-get install -y redis-server "
@@ -36,11 +39,18 @@ class LocalRedis:
         self.port = port or free_port()
         self.appendonly = appendonly
         self.fsync = fsync
+        if password is not None and (not password or any(c in password for c in '"\\\r\n')):
+            raise FlowMeshError("LocalRedis(password=...): a non-empty password without quotes, backslashes or newlines")
+        self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{urllib.parse.quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def __repr__(self) -> str:
+        return f"LocalRedis({redact_url(self.url)!r})"
 
     def start(self, timeout_s: float = 10.0) -> LocalRedis:
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
@@ -48,7 +58,14 @@ class LocalRedis:
                 "--logfile", str(self.dir / "redis.log")]
         if self.appendonly:
             args += ["--appendonly", "yes", "--appendfsync", self.fsync]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if self.password:   # on stdin, not in argv where ps shows it
+            args.insert(1, "-")
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE if self.password else subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if self.password:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(f'requirepass "{self.password}"\n'.encode())
+            self.proc.stdin.close()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -57,7 +74,7 @@ class LocalRedis:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
                     s.sendall(b"PING\r\n")
-                    if s.recv(64).startswith(b"+PONG"):
+                    if s.recv(64).startswith((b"+PONG", b"-NOAUTH")):   # up (and asking for the password)
                         return self
             except OSError:
                 pass

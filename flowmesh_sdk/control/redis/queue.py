@@ -8,12 +8,17 @@ latest on the next claim after the lease lapsed.  ``ack`` removes a finished tas
 ``nack`` puts it back at the front (cancelled, or this coordinator is draining).
 A claim whose reply was lost (Redis restarted, the connection dropped) and that the retry
 loop sends again returns the tasks the first one took, so none is left held unseen.
+
+The queue's keys are its fleet's (``<namespace>:fleet:<fleet>:q:<name>:...``, see
+:mod:`.keys`); :meth:`TaskQueue.migrate` moves in what an older version queued under the
+same name without the fleet.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,6 +28,9 @@ from ...specs import check_name
 
 if TYPE_CHECKING:
     from .backend import RedisBackend
+    from .client import RedisClient
+
+log = logging.getLogger("flowmesh.control.redis")
 
 _REQUEST_MS = 120_000   # how long a claim's reply is kept for a retry of the same call
 
@@ -45,7 +53,26 @@ class TaskQueue:
         self._order, self._seq = f"{base}:order", f"{base}:seq"
 
     def __repr__(self) -> str:
-        return f"TaskQueue({self.name!r})"
+        return f"TaskQueue({self.name!r}, fleet={self.backend.keys.fleet!r})"
+
+    async def migrate(self) -> int:
+        """Move the tasks an older version queued under ``<namespace>:q:<name>`` (the
+        layout without the fleet) to the front of this queue; how many.  While a coordinator
+        of that version still holds a lease they stay where they are (a warning says so)."""
+        be = self.backend
+        old = f"{be.keys.legacy}q:{self.name}"
+        moved, live, left = await be.client.script(
+            "Q_MIGRATE", (*(f"{old}:{part}" for part in ("ready", "tasks", "claimed", "attempts", "order", "seq")),
+                          f"{be.keys.legacy}coords", self._ready, self._tasks, self._attempts, self._order, self._seq),
+            (self._ready, be.keys.legacy))
+        if moved:
+            log.warning("queue %s: moved %d task(s) an older FlowMesh queued under %s:* (no fleet in its keys) "
+                        "into fleet %s's queue", self.name, moved, old, be.keys.fleet)
+        elif left:
+            log.warning("queue %s: %d task(s) an older FlowMesh queued under %s:* stay there while %d of its "
+                        "coordinator(s) still hold a lease on this Redis; stop them, and this queue takes the "
+                        "tasks when it is next opened", self.name, left, old, live)
+        return int(moved)
 
     async def push(self, items: Iterable[tuple[str, bytes]]) -> int:
         """Append ``(id, payload)`` pairs in order; returns how many were new."""
@@ -100,6 +127,11 @@ class TaskQueue:
 
     async def depth(self) -> tuple[int, int]:
         """(queued, claimed) now."""
-        queued = await self.backend.client.command("llen", self._ready)
-        claimed = await self.backend.client.command("zcard", self._claimed)
-        return int(queued), int(claimed)
+        return await depth(self.backend.client, self._base)
+
+
+async def depth(client: RedisClient, base: str) -> tuple[int, int]:
+    """(queued, claimed) of the queue whose keys begin with ``base``."""
+    queued = await client.command("llen", f"{base}:ready")
+    claimed = await client.command("zcard", f"{base}:claimed")
+    return int(queued), int(claimed)

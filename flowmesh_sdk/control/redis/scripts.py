@@ -58,7 +58,7 @@ end
 return {#fields, now}
 """
 
-# KEYS: coords zset, adoptions stream   ARGV: namespace prefix, adopter id
+# KEYS: coords zset, adoptions stream   ARGV: the fleet's key prefix, adopter id, fleet
 # -> flat list: dead id, leases dropped, tasks requeued, instances adopted, their rows (json), ...
 ADOPT = _NOW + """
 local now = now_ms()
@@ -98,13 +98,11 @@ for _, d in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
     -- a coordinator leaving cleanly ('-') keeps what it could not terminate: listed under
     -- its name, with no lease behind it, for ``flowmesh gc``
     if ARGV[2] == '-' then insts = {} end
-    for _, fi in ipairs(insts) do
-      local i = string.find(fi, '\\t', 1, true)
-      local fleet, id = string.sub(fi, 1, i - 1), string.sub(fi, i + 1)
-      redis.call('HSET', ns .. 'fleet:' .. fleet .. ':holder', id, ARGV[2])
-      redis.call('SADD', ns .. 'coord:' .. ARGV[2] .. ':instances', fi)
-      local row = cjson.decode(redis.call('HGET', ns .. 'fleet:' .. fleet .. ':instances', id) or '{}')
-      row['id'] = id; row['fleet'] = fleet
+    for _, id in ipairs(insts) do
+      redis.call('HSET', ns .. 'holder', id, ARGV[2])
+      redis.call('SADD', ns .. 'coord:' .. ARGV[2] .. ':instances', id)
+      local row = cjson.decode(redis.call('HGET', ns .. 'instances', id) or '{}')
+      row['id'] = id; row['fleet'] = ARGV[3]
       table.insert(listed, row)
     end
     if ARGV[2] ~= '-' then   -- '-': a coordinator leaving cleanly, not an adoption
@@ -299,7 +297,41 @@ if n > 0 then redis.call('PUBLISH', ARGV[1], n) end
 return n
 """
 
-# KEYS: charges hash, instances hash, holder hash, coord instances set
+# KEYS: the old layout's ready, tasks, claimed, attempts, order, seq and coords; this queue's
+#       ready, tasks, attempts, order, seq
+# ARGV: channel (this queue's ready list), the old layout's prefix
+# -> {moved, live coordinators of the old layout, tasks left there}
+# Tasks an older version queued under ``<namespace>:q:<name>`` (no fleet in the keys) move to
+# the front of this fleet's queue of that name, in submission order, claimed ones too --
+# unless a coordinator of the old layout still holds a lease (it may be running them).
+Q_MIGRATE = """
+local live = 0
+for _, c in ipairs(redis.call('ZRANGE', KEYS[7], 0, -1)) do
+  if redis.call('EXISTS', ARGV[2] .. 'coord:' .. c) == 1 then live = live + 1 end
+end
+local left = redis.call('HLEN', KEYS[2])
+if live > 0 or left == 0 then return {0, live, left} end
+local ids = redis.call('HKEYS', KEYS[2])
+local order = {}
+for _, id in ipairs(ids) do order[id] = tonumber(redis.call('HGET', KEYS[5], id) or '0') end
+table.sort(ids, function(x, y) return order[x] < order[y] end)
+local moved = 0
+for i = #ids, 1, -1 do
+  local id = ids[i]
+  if redis.call('HSETNX', KEYS[9], id, redis.call('HGET', KEYS[2], id)) == 1 then
+    redis.call('HSET', KEYS[11], id, redis.call('INCR', KEYS[12]))
+    local a = redis.call('HGET', KEYS[4], id)
+    if a then redis.call('HSET', KEYS[10], id, a) end
+    redis.call('LPUSH', KEYS[8], id)
+    moved = moved + 1
+  end
+end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+if moved > 0 then redis.call('PUBLISH', ARGV[1], moved) end
+return {moved, 0, 0}
+"""
+
+# KEYS: charges hash, instances hash, holder hash, coord instances set (of the fleet's keys)
 # ARGV: fleet, id, coord, charge json (without times), instance json   -- started at server time
 CHARGE_START = _NOW + """
 local c = cjson.decode(ARGV[4])
@@ -307,7 +339,7 @@ c['started_ms'] = now_ms()
 redis.call('HSETNX', KEYS[1], ARGV[2], cjson.encode(c))
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[5])
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
-redis.call('SADD', KEYS[4], ARGV[1] .. '\t' .. ARGV[2])
+redis.call('SADD', KEYS[4], ARGV[2])
 return 1
 """
 
@@ -320,7 +352,7 @@ if raw then
 end
 redis.call('HDEL', KEYS[2], ARGV[2])
 redis.call('HDEL', KEYS[3], ARGV[2])
-redis.call('SREM', KEYS[4], ARGV[1] .. '\t' .. ARGV[2])
+redis.call('SREM', KEYS[4], ARGV[2])
 return 1
 """
 

@@ -3,7 +3,7 @@ SHA-256 of the task's body, after ``--task-ms`` of sleep): what the shared-fleet
 ``bench/shared_fleet.py`` start several of, and SIGKILL.
 
     python -m flowmesh_sdk.control.redis.worker_main --url redis://127.0.0.1:6379/0 \\
-        --queue q --results /shared/cas --log /tmp/c1.log [--submit 2000] [--lease-s 1]
+        [--fleet default] --queue q --results /shared/cas --log /tmp/c1.log [--submit 2000] [--lease-s 1]
 
 Each result it publishes is appended to ``--log`` (``published <id>``) and flushed at once,
 so a killed process's log still says what it published; the last line is ``done ...``.
@@ -24,7 +24,7 @@ from .dispatch import Job, SharedQueue
 
 
 async def amain(args: argparse.Namespace) -> int:
-    be = RedisBackend(args.url, lease_s=args.lease_s)
+    be = RedisBackend(args.url, fleet=args.fleet, lease_s=args.lease_s)
     await be.start()
     log = open(args.log, "a", buffering=1)
     log.write(f"coordinator {be.coordinator.id} pid {os.getpid()}\n")
@@ -60,6 +60,7 @@ async def amain(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", required=True)
+    p.add_argument("--fleet", default="default")
     p.add_argument("--queue", default="shared")
     p.add_argument("--results", required=True)
     p.add_argument("--log", required=True)
