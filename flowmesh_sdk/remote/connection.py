@@ -6,7 +6,7 @@ config (the target's ``ssh_config`` file when it names one, else OpenSSH's
 ``/etc/ssh/ssh_config`` and ``~/.ssh/config``), so a host may be an alias and its
 ``HostName``, ``User``, ``Port``, ``IdentityFile``, ``ProxyJump`` (one jump host or a
 chain, visited in the order written; fabric builds a gateway ``Connection`` per hop),
-``ProxyCommand``,
+``ProxyCommand`` (run through the user's shell as OpenSSH runs it: :mod:`.proxycommand`),
 ``ConnectTimeout``, ``HostKeyAlias`` and ``UserKnownHostsFile`` apply; what the target
 gives explicitly (port, user, key) wins over the config, as on ``ssh``'s command line.
 
@@ -32,7 +32,9 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import AuthError, ProviderUnavailableError
+from ..errors import AuthError, FlowMeshError, ProviderUnavailableError, SpecError
+from . import proxycommand
+from .proxycommand import ShellProxy
 from .trust import HostTrust, hop_names
 
 if TYPE_CHECKING:
@@ -90,8 +92,22 @@ def _chain(c: Any) -> list[Any]:
 
 def build(target: SshTarget, timeout_s: float | None = None) -> Any:
     """The fabric Connection for ``target`` (not opened: no network yet, but the ssh
-    config files are read).  ``timeout_s`` None: the ssh config's ``ConnectTimeout``, else 10 s."""
+    config files are read).  ``timeout_s`` None: the ssh config's ``ConnectTimeout``, else 10 s.
+    An ssh config that cannot be read or applied (a missing file, a line paramiko cannot
+    parse, a ``Port`` that is no number) is a :class:`SpecError` on ``ssh.ssh_config``."""
     need_fabric()
+    try:
+        return _build(target, timeout_s)
+    except FlowMeshError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - fabric/paramiko/invoke raise anything here; never raw
+        where = f"the ssh config {target.ssh_config}" if target.ssh_config else (
+            "no ssh config" if target.ssh_config == "" else "the ssh config (/etc/ssh/ssh_config, ~/.ssh/config)")
+        raise SpecError("ssh.ssh_config", f"{target.label}: {where} could not be applied: "
+                                          f"{type(exc).__name__}: {exc}") from exc
+
+
+def _build(target: SshTarget, timeout_s: float | None) -> Any:
     kwargs: dict[str, Any] = {}
     if target.key_path and not os.access(target.key_path, os.R_OK):
         raise AuthError(f"{target.label}: cannot read the private key {target.key_path}", provider="ssh")
@@ -157,14 +173,47 @@ class _Policy:
         return t
 
 
+if paramiko is not None:
+    class _Unexpanded(paramiko.SSHConfig):
+        """The ssh config as read, with ``ProxyCommand`` left as written: paramiko replaces
+        ``~``, ``%h``, ``%p`` and ``%r`` in it by plain string replacement (``%%h`` becomes a
+        ``%`` and the host), with the config's user and port rather than the ones given."""
+
+        TOKENS_BY_CONFIG_KEY = {k: v for k, v in paramiko.SSHConfig.TOKENS_BY_CONFIG_KEY.items()
+                                if k != "proxycommand"}
+
+
+def _proxy(c: Any) -> ShellProxy:
+    """Start the ProxyCommand of ``c`` (a hop whose gateway fabric resolved to one) as
+    OpenSSH does (:mod:`.proxycommand`), in place of fabric's (paramiko's ``ProxyCommand``
+    splits it without a shell, and fabric expands its tokens a second time)."""
+    raw = _Unexpanded()
+    raw._config = c.config.base_ssh_config._config   # the rules fabric parsed, read-only here
+    written = raw.lookup(c.original_host).get("proxycommand") or c.gateway
+    command = proxycommand.expand(str(written), host=c.host, port=int(c.port), user=c.user,
+                                  alias=c.original_host, key_alias=c.ssh_config.get("hostkeyalias"))
+    return ShellProxy(command)
+
+
 def _open_one(c: Any, trust: HostTrust, label: str, timeout_s: float) -> None:
     policy = _Policy(trust, c, label)
     c.client.set_missing_host_key_policy(policy)
     c.connect_kwargs = {**c.connect_kwargs, "transport_factory": policy.transport,
                         "banner_timeout": timeout_s, "auth_timeout": timeout_s, "channel_timeout": timeout_s}
+    proxy: ShellProxy | None = None
     try:
-        c.open()
-    except AuthError:
+        if isinstance(c.gateway, str):
+            proxy = _proxy(c)
+            c.gateway = None    # so fabric does not start its own
+            c.connect_kwargs = {**c.connect_kwargs, "sock": proxy}
+            label = f"{label} via ProxyCommand"
+        try:
+            c.open()
+        except BaseException:
+            if proxy is not None:
+                proxy.close()
+            raise
+    except (AuthError, SpecError):
         raise
     except paramiko.AuthenticationException as exc:
         raise AuthError(f"{label}: the server refused every key offered for {c.user} "
@@ -177,9 +226,20 @@ def _open_one(c: Any, trust: HostTrust, label: str, timeout_s: float) -> None:
             raise AuthError(f"{label}: no key to log in as {c.user} with: no key_path, no IdentityFile in "
                             "the ssh config, no ssh-agent (SSH_AUTH_SOCK) and no ~/.ssh/id_* key",
                             provider="ssh") from exc
-        raise ProviderUnavailableError(f"{label}: SSH handshake failed: {exc}", provider="ssh") from exc
+        raise ProviderUnavailableError(f"{label}: SSH handshake failed: {exc}{_why(proxy)}",
+                                       provider="ssh") from exc
     except (OSError, EOFError) as exc:
-        raise ProviderUnavailableError(f"{label}: cannot connect: {exc}", provider="ssh") from exc
+        raise ProviderUnavailableError(f"{label}: cannot connect: {exc or type(exc).__name__}{_why(proxy)}",
+                                       provider="ssh") from exc
+    except FlowMeshError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - nothing but the SDK's errors leaves the connect path
+        raise ProviderUnavailableError(f"{label}: cannot connect: {type(exc).__name__}: {exc}{_why(proxy)}",
+                                       provider="ssh") from exc
+
+
+def _why(proxy: ShellProxy | None) -> str:
+    return f" ({proxy.stderr_tail()})" if proxy is not None else ""
 
 
 def open_connection(c: Any, trust: HostTrust, *, keepalive_s: float = 0) -> Any:

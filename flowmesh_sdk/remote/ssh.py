@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 
 from ..errors import AuthError, ProviderUnavailableError, SandboxClosedError, SpecError
 from . import connection
+from .hostnames import check_host, check_user
 from .keys import PublicKey
 from .runner import Channel, CommandResult, Runner, StreamChannel
 from .sudo import Sudo, SudoGate
@@ -102,7 +103,11 @@ class SshTarget:
     (``ssh-ed25519 AAAA...``), pinned; empty, the user's known_hosts decides
     (:class:`~flowmesh_sdk.remote.trust.HostTrust`).  ``ssh_config`` is the ssh config
     file to read (None: ``/etc/ssh/ssh_config`` and ``~/.ssh/config``; ``""``: none).
-    ``sudo``: every command runs as root through sudo (a login user that is not root)."""
+    ``sudo``: every command runs as root through sudo (a login user that is not root).
+
+    ``host`` and ``user`` are refused (:class:`SpecError` on ``ssh.host`` / ``ssh.user``)
+    where OpenSSH's ``ssh`` refuses them on its command line: a leading ``-``, whitespace,
+    control characters, shell metacharacters (:mod:`.hostnames`)."""
 
     host: str
     port: int | None = None
@@ -111,6 +116,15 @@ class SshTarget:
     host_key: str = field(default="", repr=False)
     ssh_config: str | None = None
     sudo: bool = False
+
+    def __post_init__(self) -> None:
+        check_host("ssh.host", self.host)
+        if self.user is not None:
+            check_user("ssh.user", self.user)
+        if self.port is not None and (isinstance(self.port, bool) or not isinstance(self.port, int)
+                                      or not 1 <= self.port <= 65535):
+            raise SpecError("ssh.port", f"must be a port number 1-65535 (or None: the ssh config's); "
+                                        f"got {self.port!r}")
 
     @property
     def label(self) -> str:
@@ -205,6 +219,13 @@ class _Proc:
 
     def exited(self) -> bool:
         return self.chan.exit_status_ready()
+
+    def lost(self) -> bool:
+        """The channel ended without an exit status because its connection died (not
+        because sshd ended it: then EOF came first, as for a command killed by a signal,
+        whose ``exit-signal`` paramiko does not keep)."""
+        t = self.chan.get_transport()
+        return self.chan.exit_status == -1 and (not self.chan.eof_received or t is None or not t.is_active())
 
     async def wait_exit(self, timeout_s: float) -> int | None:
         """The exit status, or None if there is none within ``timeout_s`` (or it was
@@ -399,7 +420,12 @@ class SshRunner(Runner):
                 await self._drop(conn)
                 t = None
             if t is None:
-                cxn = await asyncio.wait_for(_blocking(self._connect_blocking), self.connect_timeout_s * 3)
+                limit = self.connect_timeout_s * 3
+                try:
+                    cxn = await asyncio.wait_for(_blocking(self._connect_blocking), limit)
+                except asyncio.TimeoutError as exc:
+                    raise ProviderUnavailableError(f"{self.label}: no SSH connection within {limit:g} s",
+                                                   provider="ssh") from exc
                 conn.cxn = cxn
                 t = cxn.transport
                 self.connects += 1
@@ -553,6 +579,11 @@ class SshRunner(Runner):
                     for task in (*drains, feeder):
                         task.cancel()
                 out, err = bytes(out), bytes(err)
+                if not timed_out and code is None and proc.lost():
+                    raise ProviderUnavailableError(
+                        f"{self.label}: the SSH connection was lost while `{shlex.join(argv)[:200]}` ran "
+                        "(its exit status is unknown; it may still run on the machine)",
+                        provider="ssh", code="ConnectionLost")
             except BaseException:
                 if not proc.exited():
                     await asyncio.shield(proc.kill())

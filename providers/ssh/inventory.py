@@ -8,7 +8,10 @@ A JSON file (``FLOWMESH_SSH_INVENTORY``)::
                 "cpus": 16, "memory_gb": 64, "arch": "x86_64"}]}
 
 ``host`` is an address or a host alias of the ssh config (default: ``name``, so a host
-the ssh config already describes needs nothing but its size); ``port``, ``user`` and
+the ssh config already describes needs nothing but its size), and ``user`` a login name;
+both are refused where OpenSSH's ``ssh`` refuses them on its command line (a leading
+``-``, whitespace, control characters, shell metacharacters:
+:mod:`flowmesh_sdk.remote.hostnames`); ``port``, ``user`` and
 ``key_path`` override the config when given (left out: the config's ``Port``, ``User``,
 ``IdentityFile``, else 22, the local user, the ssh-agent and ``~/.ssh/id_*``).  Jump
 hosts (``ProxyJump``) come from the config.
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowmesh_sdk.errors import SpecError
+from flowmesh_sdk.remote.hostnames import check_host, check_user
 from flowmesh_sdk.remote.keys import PublicKey
 from flowmesh_sdk.specs import ARCHES, check_choice, check_name, check_number
 
@@ -58,12 +62,11 @@ class SshHost:
         f = f"ssh.hosts[{self.name}]"
         if not self.host:
             object.__setattr__(self, "host", self.name)   # the ssh config's alias
-        if not isinstance(self.host, str):
-            raise SpecError(f"{f}.host", "must be a host name, address or ssh config alias")
+        check_host(f"{f}.host", self.host)   # as OpenSSH's ssh checks its command line
         if self.port is not None:
             check_number(f"{f}.port", self.port, lo=1, hi=65535, integer=True)
-        if self.user is not None and (not isinstance(self.user, str) or not self.user):
-            raise SpecError(f"{f}.user", "must be a login name (or left out: the ssh config's)")
+        if self.user is not None:
+            check_user(f"{f}.user", self.user)
         check_number(f"{f}.cpus", self.cpus, lo=1, hi=4096, integer=True)
         check_number(f"{f}.memory_gb", self.memory_gb, lo=0, lo_open=True)
         check_choice(f"{f}.arch", self.arch, ARCHES)
