@@ -18,6 +18,12 @@ machine -- whose instances this home never launched -- are left alone, whoever t
 in the metadata store it is given (``INSTANCE_TERMINATED``), so ``flowmesh status`` no
 longer lists what gc removed.
 
+A provider whose machines outlive its instances (``ssh``) frees the slice of an instance
+whose machine did not answer at termination and remembers its containers; with
+``leftovers=True`` :func:`plan` asks each provider what is still there
+(:meth:`Provider.leftovers`) -- listing the machines it could not reach -- and
+:func:`execute` removes it once the machine answers (:meth:`Provider.remove_leftovers`).
+
 On a shared fleet, :func:`plan` is given what Redis says (``shared``): an instance a live
 coordinator holds -- one it adopted from a dead coordinator included -- is never taken
 without ``include_live``, whatever its owner tag says; one whose holder has no lease is.
@@ -37,8 +43,8 @@ from .control.backend import InProcessBackend
 from .control.events import Event, EventKind
 from .control.shared import SharedHolders, SharedInstance
 from .control.store import MetadataStore
-from .provider import (LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, TAG_FLEET, TAG_OWNER, TAG_POOL,
-                       Provider, ProviderState)
+from .provider import (LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, TAG_FLEET, TAG_OWNER, TAG_POOL, Leftover,
+                       LeftoverScan, Provider, ProviderState)
 from .provisioning import Provisioner
 from .remote.runtime import ContainerInfo, ContainerRuntime
 
@@ -58,9 +64,29 @@ class Orphan:
 
 
 @dataclass(frozen=True, slots=True)
+class Unreachable:
+    """A machine gc could not ask (its leftovers stay until it answers)."""
+
+    provider: str
+    machine: str
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
 class GcPlan:
     instances: tuple[Orphan, ...]
     containers: tuple[ContainerInfo, ...]
+    #: per provider, what terminate left on machines that did not answer then
+    leftovers: tuple[LeftoverScan, ...] = ()
+
+    @property
+    def leftover_containers(self) -> tuple[tuple[str, Leftover], ...]:
+        """(provider, leftover) of every leftover container found."""
+        return tuple((scan.provider, lo) for scan in self.leftovers for lo in scan.found)
+
+    @property
+    def unreachable(self) -> tuple[Unreachable, ...]:
+        return tuple(Unreachable(scan.provider, m, why) for scan in self.leftovers for m, why in scan.unreachable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +94,10 @@ class GcResult:
     terminated: tuple[str, ...]
     still_present: tuple[str, ...]
     containers_removed: tuple[str, ...]
+    #: leftover containers removed from machines that answered again (their names)
+    leftovers_removed: tuple[str, ...] = ()
+    #: machines that did not answer: what they hold stays
+    unreachable: tuple[Unreachable, ...] = ()
 
 
 def _owner_gone(owner_text: str) -> tuple[bool | None, str]:
@@ -83,13 +113,14 @@ def _owner_gone(owner_text: str) -> tuple[bool | None, str]:
 async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, *,
                older_than_s: float | None = None, include_live: bool = False,
                known_instances: Iterable[str] = (), fleet: str | None = None,
-               shared: SharedHolders | None = None) -> GcPlan:
+               shared: SharedHolders | None = None, leftovers: bool = False) -> GcPlan:
     """What is left behind.  ``known_instances``: ids of instances this home launched
     (its metadata store's records); with ``providers``' own listings they decide which
     containers are this home's.  ``fleet``: only that fleet's instances and containers.
     ``shared``: a shared fleet's state -- an instance a live coordinator holds is never
     taken (one adopted from a dead coordinator included) and one whose holder's lease
-    lapsed is, whatever its owner tag says."""
+    lapsed is, whatever its owner tag says.  ``leftovers``: also ask each provider what
+    terminate left on machines that did not answer then (this contacts those machines)."""
     now = time.time()
     orphans: list[Orphan] = []
     live_ids: set[str] = set()
@@ -135,7 +166,8 @@ async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, 
             if (include_live or gone is True or inst in orphan_ids
                     or (gone is None and inst not in live_ids)):
                 containers.append(c)
-    return GcPlan(tuple(orphans), tuple(containers))
+    scans = [scan for scan in [await prov.leftovers(fleet) for prov in providers] if scan] if leftovers else []
+    return GcPlan(tuple(orphans), tuple(containers), tuple(scans))
 
 
 async def plan_adopted(insts: Sequence[SharedInstance], dead: str, provider: Callable[[str], Provider]
@@ -206,4 +238,17 @@ async def execute(gc_plan: GcPlan, providers: Sequence[Provider], runtime: Conta
         if progress:
             for c in gc_plan.containers:
                 progress(c.name)
-    return GcResult(tuple(terminated), tuple(still), tuple(removed))
+    swept: list[str] = []
+    unreachable: list[Unreachable] = []
+    for scan in gc_plan.leftovers:
+        prov = by_provider.get(scan.provider)
+        if prov is None:
+            continue
+        after = await prov.remove_leftovers(scan)
+        kept = {lo.container_id for lo in after.found}
+        swept += [lo.container_name for lo in scan.found if lo.container_id not in kept]
+        unreachable += [Unreachable(scan.provider, m, why) for m, why in after.unreachable]
+        if progress:
+            for lo in scan.found:
+                progress(lo.container_name)
+    return GcResult(tuple(terminated), tuple(still), tuple(removed), tuple(swept), tuple(unreachable))

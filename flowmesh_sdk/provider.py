@@ -15,6 +15,10 @@ A provider only talks to its cloud.  Six calls, all async and batched:
                         restarted coordinator find what a crash left behind.
 ``runner(instance)``    a :class:`~flowmesh_sdk.remote.runner.Runner` that runs commands on it.
 
+Optional: ``leftovers()`` / ``remove_leftovers(scan)`` for a provider whose machines
+outlive its instances (``ssh``): containers ``terminate`` could not remove because the
+machine did not answer, which ``flowmesh gc`` sweeps once it answers again.
+
 What callers may assume: instance ids are the cloud's unique ids (never names a user could
 reuse), unique per provider and never reused, not even after termination; a
 launched instance is findable by its tags from the moment ``launch`` returns; errors are
@@ -133,6 +137,35 @@ class Instance:
     zone: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Leftover:
+    """A container ``terminate`` could not remove because its machine did not answer then
+    (a provider whose machines outlive its instances: ``ssh``); ``flowmesh gc`` removes it
+    once the machine answers again."""
+
+    machine: str
+    instance_id: str
+    container_id: str
+    container_name: str
+    fleet: str = ""
+    pool: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LeftoverScan:
+    """What one provider's machines still hold of terminated instances: the containers
+    found (``found``), the machines that could not be asked (``unreachable``: machine and
+    why) and the instances whose machine answered with nothing of them left (``settled``)."""
+
+    provider: str
+    found: tuple[Leftover, ...] = ()
+    unreachable: tuple[tuple[str, str], ...] = ()
+    settled: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.found or self.unreachable or self.settled)
+
+
 class Provider(abc.ABC):
     name: ClassVar[str]
     capabilities: ClassVar[Capabilities]
@@ -160,6 +193,16 @@ class Provider(abc.ABC):
         cloud hands out a fresh VM next time anyway; a provider that reuses machines
         should avoid these for a while."""
         return None
+
+    async def leftovers(self, fleet: str | None = None) -> LeftoverScan:
+        """What ``terminate`` left on machines that did not answer then (``fleet``: only that
+        fleet's).  None for a cloud, whose terminate takes everything with the VM."""
+        return LeftoverScan(self.name)
+
+    async def remove_leftovers(self, scan: LeftoverScan) -> LeftoverScan:
+        """Remove what ``scan`` (from :meth:`leftovers`) found; returns what is still there
+        and the machines that did not answer (the rest is forgotten)."""
+        return LeftoverScan(self.name)
 
     async def close(self) -> None:  # noqa: B027 - optional
         return None

@@ -279,7 +279,9 @@ def gc(provider: list[str] = typer.Option(["local"], "--provider", "-p",
        yes: bool = typer.Option(False, "--yes", "-y", help="act; without it, only list (dry run)"),
        json_out: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
     """Find instances and containers this FLOWMESH_HOME left behind (by their tags and its
-    records) and remove them; removals are recorded in the metadata store."""
+    records) and remove them; removals are recorded in the metadata store.  With -p ssh,
+    also the containers of instances terminated while their machine did not answer, once
+    it answers (machines that do not are named)."""
     known = available_providers()
     for name in provider:
         if name not in known:
@@ -315,7 +317,8 @@ async def _gc_with(store: MetadataStore, names: list[str], age: float | None, al
     known = {r.id for r in await asyncio.to_thread(store.instances)}   # what this home launched
     async with shared_gc(fleet) as shared:
         the_plan = await gc_mod.plan(providers, runtime, older_than_s=age, include_live=all_,
-                                     known_instances=known, fleet=fleet, shared=shared.holders)
+                                     known_instances=known, fleet=fleet, shared=shared.holders,
+                                     leftovers=True)
         if json_out:
             await _gc_json(the_plan, providers, runtime, store, yes, shared)
         else:
@@ -332,9 +335,15 @@ async def _gc_table(the_plan: gc_mod.GcPlan, providers: list, runtime: Container
     for c in the_plan.containers:
         table.add_row("container", "local", c.name, c.labels.get(LABEL_POOL, ""), "-",
                       f"instance {c.labels.get(LABEL_INSTANCE, '?')}")
-    total = len(the_plan.instances) + len(the_plan.containers)
+    for prov, lo in the_plan.leftover_containers:
+        table.add_row("container", prov, lo.container_name, lo.pool, "-",
+                      f"instance {lo.instance_id} on {lo.machine}, terminated while {lo.machine} did not answer")
+    _print_unreachable(the_plan.unreachable)
+    total = len(the_plan.instances) + len(the_plan.containers) + len(the_plan.leftover_containers)
     if not total:
-        console.print("nothing left behind")
+        console.print("nothing left behind" + (" on what answered" if the_plan.unreachable else ""))
+        if yes and the_plan.unreachable:
+            raise typer.Exit(2)
         return
     console.print(table)
     if not yes:
@@ -346,23 +355,33 @@ async def _gc_table(the_plan: gc_mod.GcPlan, providers: list, runtime: Container
         res = await gc_mod.execute(the_plan, providers, runtime,
                                    progress=lambda _i: prog.advance(bar), store=store, record=shared.record)
     console.print(f"terminated {len(res.terminated)} instance(s), removed "
-                  f"{len(res.containers_removed)} container(s)")
+                  f"{len(res.containers_removed) + len(res.leftovers_removed)} container(s)")
+    _print_unreachable(res.unreachable)
     if res.still_present:
         err.print(f"[red]still present after terminate:[/red] {', '.join(res.still_present)}")
+    if res.still_present or res.unreachable:
         raise typer.Exit(2)
+
+
+def _print_unreachable(unreachable: tuple[gc_mod.Unreachable, ...]) -> None:
+    for u in unreachable:
+        err.print(f"[yellow]could not reach[/yellow] {escape(u.machine)} ({u.provider}): {escape(u.why)}; "
+                  "what it holds stays until it answers (run gc again then)")
 
 
 async def _gc_json(the_plan: gc_mod.GcPlan, providers: list, runtime: ContainerRuntime | None,
                    store: MetadataStore, yes: bool, shared: SharedGc) -> None:
     found = {"instances": [dataclasses.asdict(o) for o in the_plan.instances],
              "containers": [{"name": c.name, "pool": c.labels.get(LABEL_POOL, ""),
-                             "instance": c.labels.get(LABEL_INSTANCE, "")} for c in the_plan.containers]}
+                             "instance": c.labels.get(LABEL_INSTANCE, "")} for c in the_plan.containers],
+             "leftovers": [{"provider": prov, **dataclasses.asdict(lo)} for prov, lo in the_plan.leftover_containers],
+             "unreachable": [dataclasses.asdict(u) for u in the_plan.unreachable]}
     if not yes:
         emit("gc", dry_run=True, found=found, result=None)
         return
     res = await gc_mod.execute(the_plan, providers, runtime, store=store, record=shared.record)
     emit("gc", dry_run=False, found=found, result=res)
-    if res.still_present:
+    if res.still_present or res.unreachable:
         raise typer.Exit(2)
 
 

@@ -8,11 +8,18 @@ first use only for hosts marked so), and sudo for a login user that is not root
 
 Launching allocates slices (no machine is created); terminating removes the slice's
 containers on its machine and frees it.  Every slice carries the SDK's tags, so
-``flowmesh gc --provider ssh`` finds what a crashed coordinator left behind.
+``flowmesh gc --provider ssh`` finds what a crashed coordinator left behind.  A machine
+that does not answer at termination still gets its slices freed (it may never come back),
+but what they had on it is remembered (``unswept/`` beside the slice records) and a WARNING
+says so; ``flowmesh gc -p ssh`` removes those containers once the machine answers again
+(:meth:`SshProvider.leftovers`) and names the machines it could not reach.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +28,8 @@ from typing import TYPE_CHECKING
 from flowmesh_sdk import settings as _settings
 from flowmesh_sdk.config import home_dir
 from flowmesh_sdk.errors import CapacityError, FlowMeshError, SpecError
-from flowmesh_sdk.provider import LABEL_INSTANCE, Capabilities, Instance, LaunchRequest
+from flowmesh_sdk.provider import (LABEL_INSTANCE, TAG_FLEET, TAG_POOL, Capabilities, Instance, LaunchRequest,
+                                   Leftover, LeftoverScan, ProviderState)
 from flowmesh_sdk.remote.keys import KNOWN_HOSTS_NAME, KnownHosts
 from flowmesh_sdk.remote.keys import keys_dir as default_keys_dir
 from flowmesh_sdk.remote.runner import Runner
@@ -40,6 +48,8 @@ if TYPE_CHECKING:
 
 ENV_INVENTORY = "FLOWMESH_SSH_INVENTORY"
 REGION = "byo"
+ASK_TIMEOUT_S = 60.0   # how long gc waits for one machine to list or remove its leftovers
+log = logging.getLogger("flowmesh.providers.ssh")
 
 
 class SshProvider(SlicedProvider):
@@ -66,6 +76,8 @@ class SshProvider(SlicedProvider):
             hosts = load_inventory(path)
         self.hosts = {h.name: h for h in hosts}
         self._records = RecordDir(Path(state_dir) if state_dir else home_dir() / "ssh" / "instances")
+        #: instances terminated while their machine did not answer: their containers are still there
+        self._unswept = RecordDir(self._records.root / "unswept")
         self._runtime_config = runtime_config
         self._max_sessions = max_sessions
         self._runners: dict[str, Runner] = {}
@@ -123,19 +135,97 @@ class SshProvider(SlicedProvider):
         return chosen
 
     async def _remove_containers(self, instances: list[Instance]) -> None:
-        by_host: dict[str, set[str]] = {}
+        by_host: dict[str, list[Instance]] = {}
         for inst in instances:
-            by_host.setdefault(inst.address or "", set()).add(inst.id)
-        for name, wanted in by_host.items():
+            by_host.setdefault(inst.address or "", []).append(inst)
+        for name, insts in by_host.items():
             if name not in self.hosts:
                 continue
-            runtime = ContainerRuntime(self._runner_for(name), self._runtime_config)
+            wanted = {i.id for i in insts}
+            runtime = self._runtime(name)
             try:
                 containers = [c.id for c in await runtime.list(label_keys=[LABEL_INSTANCE])
                               if c.labels.get(LABEL_INSTANCE) in wanted]
                 await runtime.remove(containers)
-            except FlowMeshError:
-                pass  # an unreachable machine: free its slices anyway; gc sweeps its containers later
+            except FlowMeshError as exc:
+                # free the slices anyway (the machine may never come back), but remember what
+                # they had there: `flowmesh gc -p ssh` removes it once the machine answers
+                await asyncio.to_thread(self._remember, insts)
+                log.warning("ssh host %s did not answer at termination (%s): the containers of %s stay on it "
+                            "until `flowmesh gc -p ssh` removes them once it answers", name, exc,
+                            ", ".join(sorted(wanted)))
+
+    def _runtime(self, name: str) -> ContainerRuntime:
+        return ContainerRuntime(self._runner_for(name), self._runtime_config)
+
+    def _remember(self, insts: list[Instance]) -> None:
+        with self._unswept.locked():
+            for inst in insts:
+                self._unswept.write(dataclasses.replace(inst, state=ProviderState.TERMINATED))
+
+    def _forget(self, ids: set[str]) -> None:
+        with self._unswept.locked():
+            for i in ids:
+                self._unswept.remove(i)
+
+    async def leftovers(self, fleet: str | None = None) -> LeftoverScan:
+        """The containers of terminated instances still on machines that did not answer at
+        their termination, asking each such machine (at most ``ASK_TIMEOUT_S`` each, all at
+        once); ``unreachable`` names the machines that do not answer now either."""
+        pending = await asyncio.to_thread(self._unswept.all)
+        by_host: dict[str, list[Instance]] = {}
+        for inst in pending:
+            if fleet is None or inst.tags.get(TAG_FLEET, "") == fleet:
+                by_host.setdefault(inst.address or "", []).append(inst)
+        scans = await asyncio.gather(*(self._scan(name, insts) for name, insts in sorted(by_host.items())))
+        return LeftoverScan(self.name, tuple(lo for s in scans for lo in s.found),
+                            tuple(u for s in scans for u in s.unreachable),
+                            tuple(i for s in scans for i in s.settled))
+
+    async def _scan(self, name: str, insts: list[Instance]) -> LeftoverScan:
+        if name not in self.hosts:
+            return LeftoverScan(self.name, unreachable=((name, "no longer in the inventory"),))
+        by_id = {i.id: i for i in insts}
+        try:
+            async with asyncio.timeout(ASK_TIMEOUT_S):
+                listed = await self._runtime(name).list(label_keys=[LABEL_INSTANCE])
+        except (FlowMeshError, OSError, TimeoutError) as exc:
+            return LeftoverScan(self.name, unreachable=((name, f"{type(exc).__name__}: {exc}"),))
+        found = tuple(Leftover(name, c.labels[LABEL_INSTANCE], c.id, c.name,
+                               by_id[c.labels[LABEL_INSTANCE]].tags.get(TAG_FLEET, ""),
+                               by_id[c.labels[LABEL_INSTANCE]].tags.get(TAG_POOL, ""))
+                      for c in listed if c.labels.get(LABEL_INSTANCE) in by_id)
+        there = {lo.instance_id for lo in found}
+        return LeftoverScan(self.name, found, settled=tuple(i for i in by_id if i not in there))
+
+    async def remove_leftovers(self, scan: LeftoverScan) -> LeftoverScan:
+        """Remove what :meth:`leftovers` found; an instance none of whose containers is left
+        (``settled``) is forgotten.  Returns what is still there and the machines that did
+        not answer."""
+        by_host: dict[str, list[Leftover]] = {}
+        for lo in scan.found:
+            by_host.setdefault(lo.machine, []).append(lo)
+        still: list[Leftover] = []
+        unreachable = list(scan.unreachable)
+        settled = set(scan.settled)
+        for name, items in sorted(by_host.items()):
+            if name not in self.hosts:
+                still += items
+                continue
+            runtime = self._runtime(name)
+            try:
+                async with asyncio.timeout(ASK_TIMEOUT_S):
+                    await runtime.remove([lo.container_id for lo in items])
+                    left = {c.id for c in await runtime.list(label_keys=[LABEL_INSTANCE])}
+            except (FlowMeshError, OSError, TimeoutError) as exc:
+                unreachable.append((name, f"{type(exc).__name__}: {exc}"))
+                still += items
+                continue
+            kept = [lo for lo in items if lo.container_id in left]
+            still += kept
+            settled |= {lo.instance_id for lo in items} - {lo.instance_id for lo in kept}
+        await asyncio.to_thread(self._forget, settled)
+        return LeftoverScan(self.name, tuple(still), tuple(unreachable), tuple(sorted(settled)))
 
     def runner(self, instance: Instance) -> Runner:
         if instance.address not in self.hosts:
@@ -175,8 +265,6 @@ def _target(h: SshHost, ssh_config: str | None) -> SshTarget:
 def where(host: SshHost, *, ssh_config: str | None = None) -> Resolved:
     """Where ``host`` really goes once the ssh config (``ssh_config``, default the user's)
     applies: a host named by its config alias alone gets its HostName, User and Port."""
-    import dataclasses
-
     from flowmesh_sdk.remote.connection import build, resolve
     # the key plays no part in where a host is (and need not be readable to plan)
     return resolve(build(dataclasses.replace(_target(host, ssh_config), key_path=None)))
