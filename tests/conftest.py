@@ -23,6 +23,8 @@ def _load_images_module():
 def pytest_configure(config: pytest.Config) -> None:
     if shutil.which("podman") is None:
         raise pytest.UsageError("the tests use the real podman: apt-get install -y podman runc")
+    # the session-end leak check (tests/_leakcheck.py): tags the session before anything starts
+    config.pluginmanager.import_plugin("_leakcheck")
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import asyncio
 import importlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -17,8 +18,16 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
-os.environ.setdefault("MSWEA_GLOBAL_CONFIG_DIR", tempfile.mkdtemp(prefix="mswea-config-"))
-pytest.importorskip("minisweagent")
+# mini-swe-agent reads its global config (a .env) once, at import: an empty one, not the
+# user's; gone again right after, so the suite leaves no temporary directory behind
+_CONFIG_DIR = tempfile.mkdtemp(prefix="mswea-config-")
+_OWN_CONFIG = os.environ.setdefault("MSWEA_GLOBAL_CONFIG_DIR", _CONFIG_DIR) == _CONFIG_DIR
+try:
+    pytest.importorskip("minisweagent")
+finally:
+    if _OWN_CONFIG:
+        del os.environ["MSWEA_GLOBAL_CONFIG_DIR"]
+    shutil.rmtree(_CONFIG_DIR, ignore_errors=True)
 
 from minisweagent.exceptions import Submitted  # noqa: E402
 

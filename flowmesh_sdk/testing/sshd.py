@@ -20,6 +20,12 @@ generating its own.  ``extra_config=`` lines go at the end of its ``sshd_config`
 
 ``restart()`` stops and starts the daemon on the same address, port and keys (to test
 reconnects); ``accepted_logins()`` counts the ``Accepted publickey`` lines in its log.
+``stop(cleanup=True)`` (the context manager's exit) is a machine that is gone for good:
+what its sessions still run is killed, its containers are removed and confirmed gone (no
+container in its store, no conmon of it alive), and only then are its storage and keys
+deleted.  Its sessions carry ``FLOWMESH_TEST_SSHD=<its directory>`` (and the test session's
+tag, :data:`~flowmesh_sdk.testing.hygiene.SESSION_VAR`), which is how their processes are
+found once the daemon no longer holds them.
 It is not meant for anything but tests: it runs as the current user (root in CI) and
 trusts a key it generated itself.
 """
@@ -35,7 +41,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import hygiene
+
 SSHD = "/usr/sbin/sshd"
+HOST_VAR = "FLOWMESH_TEST_SSHD"   # in every session's environment: this host's directory
 INSTALL_HINT = "install OpenSSH's server: apt-get install -y openssh-server"
 
 
@@ -111,10 +120,14 @@ class LoopbackSshd:
         #: the host's public key line, ``ssh-ed25519 AAAA...`` (what a client pins)
         self.host_public_key = f"{parts[0]} {parts[1]}"
         env = [f"PATH={path}"] if path else []
+        env.append(f"{HOST_VAR}={self._tmp}")
+        if os.environ.get(hygiene.SESSION_VAR):
+            env.append(f"{hygiene.SESSION_VAR}={os.environ[hygiene.SESSION_VAR]}")
         #: this host's own container storage (None when it shares the machine's)
         self.storage_root = str(self._tmp / "containers") if own_storage else None
         if self.storage_root:
             env += self._write_container_confs(Path(self.storage_root))
+            hygiene.STORES.add(Path(self.storage_root))
         Path(self.config_path).write_text("\n".join([
             f"ListenAddress {self.host}:{self.port}",
             f"HostKey {self.host_key_path}",
@@ -130,7 +143,7 @@ class LoopbackSshd:
             "MaxStartups 64",
             "LogLevel VERBOSE",
             "Subsystem sftp internal-sftp",
-            *([f"SetEnv {' '.join(env)}"] if env else []),
+            f"SetEnv {' '.join(env)}",
             *extra_config,   # last: it may hold Match blocks
             "",
         ]))
@@ -182,48 +195,75 @@ class LoopbackSshd:
             time.sleep(0.05)
 
     def stop(self, *, cleanup: bool = False) -> None:
-        """Stop the daemon (and the sessions it runs); ``cleanup`` also deletes the keys
-        and this host's container storage (its containers removed first)."""
+        """Stop the daemon (and the sessions it runs); ``cleanup`` also ends what the
+        sessions left running and this host's containers (:meth:`_end_host`), then deletes
+        its directory: keys and container storage."""
         if self._proc is not None and self._proc.poll() is None:
             # Per-connection sshd processes are children of the listener in their own
-            # sessions; SIGTERM on the listener does not end them, so end them by pid.
-            # The listener goes first, so that by the time the sessions die no new
-            # connection can be accepted (as with a machine that vanished).
-            children = _children(self._proc.pid)
-            try:
-                os.killpg(self._proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
+            # sessions; killing the listener does not end them, so end them by pid.  The
+            # listener is stopped first: it then accepts no connection while they die (as
+            # with a machine that vanished), and no session it forks after they were listed
+            # lives on to run a command.
+            pid = self._proc.pid
+            os.kill(pid, signal.SIGSTOP)
+            _, status = os.waitpid(pid, os.WUNTRACED)   # stopped: every child it forked exists
+            if os.WIFSTOPPED(status):
+                hygiene.kill(_children(pid))
+                os.killpg(pid, signal.SIGKILL)
                 self._proc.wait(5)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-                self._proc.wait(5)
-            for pid in children:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            else:   # it had exited: the status is reaped here, not by Popen
+                self._proc.returncode = os.waitstatus_to_exitcode(status)
         if self._log is not None:
             self._log.close()
             self._log = None
         if cleanup:
+            self._end_host()
+            if self._tmp.exists():
+                hygiene.unmount_under(self._tmp)
+                shutil.rmtree(self._tmp)
             if self.storage_root:
-                self._wipe_storage()
-            shutil.rmtree(self._tmp, ignore_errors=True)
+                hygiene.STORES.discard(Path(self.storage_root))
 
-    def _wipe_storage(self) -> None:
-        """Remove this host's containers and images with podman pointed explicitly at its
-        store (a plain rmtree would leave overlay mounts behind), then the files."""
-        root = Path(self.storage_root or "")
-        if shutil.which("podman") is None or not (root / "graph").is_dir():
-            return
-        base = ["podman", "--root", str(root / "graph"), "--runroot", str(root / "run"),
-                "--tmpdir", str(root / "tmp")]
-        for args in (["rm", "-af", "-t", "0"], ["rmi", "-af"]):
-            subprocess.run(base + args, capture_output=True, timeout=120, check=False)
-        subprocess.run(["umount", "-R", str(root / "graph" / "overlay")], capture_output=True,
-                       check=False)
+    def _end_host(self, timeout_s: float = 30.0) -> None:
+        """Kill what this host's sessions still run, remove its containers, and wait until
+        none of its processes is left; raises (and keeps the storage) if one is.
+
+        The daemon is stopped already, but a command a session started lives on: an
+        in-flight ``podman run`` would create its container after a ``podman rm -a`` (so
+        those go first), and every container's conmon, and the ``podman container cleanup``
+        conmon runs when its container exits, must be gone before the store is deleted."""
+        mark = f"={self._tmp}"   # HOST_VAR, or the CONTAINERS_* paths that sudo keeps
+        procs = hygiene.processes()
+        mine = hygiene.tagged(procs, mark)
+        conmons = {p for p in mine if procs[p].comm == "conmon"}
+        commands = hygiene.with_descendants(procs, mine - conmons) - hygiene.with_descendants(procs, conmons)
+        hygiene.kill(commands)
+        hygiene.wait_gone(commands, timeout_s)
+        root = Path(self.storage_root) if self.storage_root else None
+        if root is not None and (root / "graph").is_dir() and shutil.which("podman"):
+            res = hygiene.podman(root, "rm", "-af", "-t", "0")
+            stored = hygiene.containers(root)
+            if res.returncode != 0 or stored:
+                raise RuntimeError(f"{self}: podman rm -af in {root} failed ({res.stderr.strip()}); "
+                                   f"containers left: {', '.join(map(str, stored))}")
+        elif conmons:
+            # the machine's own storage: only the containers this host's sessions started
+            ids = [procs[p].cmdline.partition(" -c ")[2].split(" ", 1)[0] for p in conmons]
+            hygiene.podman(None, "rm", "-f", "-t", "0", "--ignore", *filter(None, ids))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            procs = hygiene.processes()
+            left = hygiene.with_descendants(procs, hygiene.tagged(procs, mark))
+            if root is not None:
+                left |= hygiene.with_descendants(procs, hygiene.conmons_of(procs, root))
+            if not left or time.monotonic() >= deadline:
+                break
+            hygiene.wait_gone(left, deadline - time.monotonic())
+        if left:
+            raise RuntimeError(f"{self}: still running after its containers were removed: "
+                               + "; ".join(str(procs[p]) for p in sorted(left) if p in procs))
+        if root is not None and (root / "graph").is_dir():
+            hygiene.podman(root, "rmi", "-af")
 
     def restart(self) -> None:
         """Stop and start again on the same address, port and keys (drops connections)."""
@@ -231,7 +271,11 @@ class LoopbackSshd:
         self.start()
 
     def __enter__(self) -> LoopbackSshd:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:   # no __exit__ follows a failed __enter__
+            self.stop(cleanup=True)
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.stop(cleanup=True)
