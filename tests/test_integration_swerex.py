@@ -2,7 +2,8 @@
 (SWE-agent: start, create a bash session from startup files, run actions with timeouts and
 check modes, interrupt, execute Commands, move files, stop), with the installed swe-rex
 package's own request models -- validated from the JSON shapes its server accepts -- and
-its own exception classes, on real podman (the Debian image: bash)."""
+its own exception classes, on real podman (the Debian image: bash; the busybox image: ash
+where a test says so), held against SWE-ReX's own LocalRuntime where that is cheap."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from swerex.exceptions import (BashIncorrectSyntaxError, CommandTimeoutError, De
 from swerex.runtime.abstract import (AbstractRuntime, Action, BashAction, BashInterruptAction,  # noqa: E402
                                      CloseBashSessionRequest, Command, CreateBashSessionRequest,
                                      ReadFileRequest, UploadRequest, WriteFileRequest)
+from swerex.runtime.local import LocalRuntime  # noqa: E402
 
 from flowmesh_sdk import SandboxSpec  # noqa: E402
 from flowmesh_sdk.errors import FlowMeshError, IntegrationMissingError  # noqa: E402
@@ -125,6 +127,78 @@ async def test_bash_session_as_swe_agent_drives_it(deployment):
         await rt.run_in_session(BashAction(session="other", command="true"))
     with pytest.raises(SessionDoesNotExistError):
         await rt.close_session(CloseBashSessionRequest(session="other"))
+
+
+@pytest.fixture(params=["busybox", "debian"])
+async def any_deployment(request, pool, busybox_image, swe_image):
+    """A started deployment on each image a session runs on (busybox: ash, Debian: bash)."""
+    image = busybox_image if request.param == "busybox" else swe_image
+    d = FlowMeshDeployment(pool, spec=SandboxSpec(image=image, cpus=1, memory_gb=0.5))
+    await d.start()
+    yield d
+    await d.stop()
+
+
+@pytest.fixture
+async def rex_local():
+    """SWE-ReX's own LocalRuntime with a bash session on this machine: the reference."""
+    rt = LocalRuntime()
+    await rt.create_session(CreateBashSessionRequest(startup_timeout=30))
+    yield rt
+    await rt.close()
+
+
+async def test_empty_and_comment_only_commands_run_as_swerex_runs_them(any_deployment, rex_local):
+    # issue 24 (15): old code raised BashIncorrectSyntaxError (near unexpected token `}')
+    rt = any_deployment.runtime
+    await rt.create_session(CreateBashSessionRequest())
+    await rt.run_in_session(BashAction(command="cd /tmp && X=kept", timeout=30))
+    for cmd in ("", "\n", "   ", "# echo hi", "  # a comment\n\n# another\n"):
+        ref = await rex_local.run_in_session(BashAction(command=cmd, timeout=30))
+        obs = await rt.run_in_session(BashAction(command=cmd, timeout=30))      # check="raise"
+        assert (obs.output, obs.exit_code) == ("", 0), cmd
+        # SWE-ReX's output is the pty's line ends only
+        assert (ref.output.strip(), ref.exit_code) == (obs.output, obs.exit_code), cmd
+    obs = await rt.run_in_session(BashAction(command='pwd; echo "$X"', timeout=30))
+    assert (obs.output, obs.exit_code) == ("/tmp\nkept\n", 0)
+
+
+async def test_a_syntax_error_is_the_commands_own_as_swerex_reports_it(any_deployment, rex_local):
+    # issue 24 (16): old code quoted the wrapper (near unexpected token `}', `} 2>&1')
+    rt = any_deployment.runtime
+    bash = "busybox" not in any_deployment.sandbox.spec.image
+    await rt.create_session(CreateBashSessionRequest())
+    # under `set -e` too, a command that does not parse leaves the shell and its state alone
+    await rt.run_in_session(BashAction(command="cd /tmp && X=kept && set -e", timeout=30))
+    for cmd in ("(a", "if true; then", "f() { echo", "echo a\n)\necho b", "fi", "for",
+                "touch /tmp/ran; echo 'unterminated"):
+        with pytest.raises(BashIncorrectSyntaxError) as ours:
+            await rt.run_in_session(BashAction(command=cmd, timeout=30))
+        info = ours.value.extra_info
+        assert info["bash_stdout"] == "" and info["bash_stderr"].endswith("\n"), info
+        assert not any(w in info["bash_stderr"] for w in ("`}'", 'unexpected "}"', "} 2>&1", ".flowmesh")), info
+        if bash:       # exactly what SWE-ReX raises: its message, its extra_info
+            with pytest.raises(BashIncorrectSyntaxError) as ref:
+                await rex_local.run_in_session(BashAction(command=cmd, timeout=30))
+            assert (str(ours.value), info) == (str(ref.value), ref.value.extra_info)
+        else:          # the session shell's own parser (busybox ash) on the command
+            assert info["bash_stderr"].startswith("sh: syntax error: "), info
+            assert str(ours.value).startswith(f"Error (exit code 2) while checking bash command \n{cmd!r}\n")
+    assert (await rt.execute(Command(command=["test", "-e", "/tmp/ran"]))).exit_code == 1   # nothing ran
+    obs = await rt.run_in_session(BashAction(command='pwd; echo "$X"', timeout=30))
+    assert (obs.output, obs.exit_code) == ("/tmp\nkept\n", 0)
+    assert rt.sessions["default"].restarts == 0
+
+
+async def test_exit_in_a_session_returns_its_status_and_the_session_goes_on(any_deployment):
+    # issue 24 (8), through SWE-ReX's calls: old code raised for `exit 3` (bash) or said exit 0 (ash)
+    rt = any_deployment.runtime
+    await rt.create_session(CreateBashSessionRequest())
+    await rt.run_in_session(BashAction(command="cd /tmp && X=gone", timeout=30))
+    obs = await rt.run_in_session(BashAction(command="echo bye; exit 3", timeout=30, check="silent"))
+    assert (obs.output, obs.exit_code) == ("bye\n", 3)
+    obs = await rt.run_in_session(BashAction(command='echo "[$X]"', timeout=30))     # a fresh shell
+    assert (obs.output, obs.exit_code) == ("[]\n", 0)
 
 
 async def test_execute_commands_and_files(deployment, tmp_path):

@@ -201,6 +201,40 @@ async def test_closing_the_sandbox_kills_every_session_and_process(pool, image):
     assert cid not in {c.id for c in await sb.runtime.list()}
 
 
+@pytest.fixture(params=["busybox-ash", "debian-bash", "debian-dash"])
+def shell_case(request, busybox_image, swe_image) -> tuple[str, str | None, str]:
+    """(image, session shell, the shell it must be): every shell a session runs in."""
+    return {"busybox-ash": (busybox_image, None, "/bin/sh"),
+            "debian-bash": (swe_image, None, "/usr/bin/bash"),
+            "debian-dash": (swe_image, "/bin/sh", "/bin/sh")}[request.param]
+
+
+async def test_exit_in_a_session_answers_and_the_next_run_starts_a_fresh_shell(pool, shell_case):
+    # issue 24 (8): old code: busybox and dash answered exit 0 and the next run raised
+    # SandboxClosedError; bash raised SandboxClosedError for the `exit 3` itself
+    image, shell, expect = shell_case
+    async with pool.sandbox(_spec(image)) as sb:
+        s = sb.session(shell=shell)
+        start = (await s.run("pwd")).stdout
+        assert s.shell == expect and start != "/tmp\n"
+        r = await s.run("cd /tmp; X=set; sleep 300 & echo out; echo err >&2; exit 3")
+        assert (r.exit_code, r.stdout, r.stderr, r.timed_out) == (3, "out\n", "err\n", False), r
+        assert s.restarts == 0
+        r = await s.run('pwd; echo "[$X]"')
+        assert (r.exit_code, r.stdout, r.stderr) == (0, start + "[]\n", ""), r     # a fresh shell
+        assert s.restarts == 1
+        assert "sleep 300" not in await _ps(sb)           # what the ended shell started went with it
+        # `exit` alone gives the last status; errexit ends the shell the same way
+        r = await s.run("cd /tmp; false; exit")
+        assert (r.exit_code, r.stdout) == (1, ""), r
+        r = await s.run("set -e; echo before; false; echo not-reached")
+        assert (r.exit_code, r.stdout) == (1, "before\n"), r
+        # a subshell's exit ends only the subshell
+        r = await s.run("(exit 4); echo $?; v=$(exit 5); echo $?; pwd")
+        assert (r.exit_code, r.stdout) == (0, "4\n5\n" + start), r
+        assert s.restarts == 3 and not s.closed
+
+
 async def _until_running(sb, needle: str | None, session) -> None:
     """Until the session's command has started (and ``needle`` shows in ps, if given)."""
     for _ in range(200):

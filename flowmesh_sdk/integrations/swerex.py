@@ -18,9 +18,10 @@ models and exception classes:
 * ``create_session`` starts a shell session of the sandbox (bash when the image has it)
   and sources ``startup_source``; a second session of one name is ``SessionExistsError``.
 * ``run_in_session(BashAction)`` runs the command in that session (cd, variables and
-  functions persist); ``output`` is stdout and stderr merged in order.  A syntax error is
-  ``BashIncorrectSyntaxError`` and nothing of the command ran (it runs as one compound
-  command, which bash parses whole before running it);
+  functions persist); ``output`` is stdout and stderr merged in order.  As SWE-ReX does,
+  the command is first checked with ``bash -n`` (the session shell's own ``-n``): a syntax
+  error is ``BashIncorrectSyntaxError`` with that check's own message, and nothing of the
+  command ran; an empty or comment-only command is exit 0 with empty output;
   past ``timeout`` the command's processes are killed and ``CommandTimeoutError`` is
   raised (the session goes on); ``check="raise"`` raises ``NonZeroExitCodeError``,
   ``"silent"`` returns the exit code, ``"ignore"`` returns ``exit_code=None``.
@@ -48,6 +49,7 @@ import itertools
 import logging
 import os
 import re
+import secrets
 import shlex
 from collections.abc import AsyncIterator
 from typing import Any
@@ -80,8 +82,7 @@ log = logging.getLogger("flowmesh.integrations.swerex")
 NO_TIMEOUT_S = 7 * 86400.0
 #: SWE-ReX's BashSession prompt: what a finished command's ``expect_string`` is
 PS1 = "SHELLPS1PREFIX"
-_PARSE_ERROR = re.compile(r"syntax error|unexpected EOF|unexpected end of file")
-_SCRIPT_PATH = re.compile(r"^(\S+): /\S+: line (\d+):", re.M)   # "bash: /tmp/.flowmesh-s1/2.sh: line 3:"
+_SYNTAX_MARK = "__FM_SYNTAX__"   # + a nonce and the check's status: stdout of a command that did not parse
 _EXEC_SHELLS = 4                 # idle /bin/sh sessions kept for execute()
 _ALIVE_TIMEOUT_S = 10.0
 # the errors that mean the sandbox (or the channel to it) is gone
@@ -198,19 +199,23 @@ class FlowMeshRuntime(AbstractRuntime):
                                   "(is_interactive_command / is_interactive_quit): every command runs "
                                   "to its end with stdin from /dev/null")
         timeout = NO_TIMEOUT_S if action.timeout is None else action.timeout
+        nonce = secrets.token_hex(8)
         async with self._guard(f"run_in_session({action.session!r})"):
-            # one compound command: bash parses all of it before running any of it, so a
-            # syntax error means nothing ran; stderr is merged into stdout inside it, so
-            # only the shell's own parse error reaches the result's stderr
-            r = await session.run(f"{{\n{action.command}\n}} 2>&1", timeout_s=max(timeout, 0.001), binary=True)
+            r = await session.run(_session_script(action.command, session.shell or "/bin/sh", nonce),
+                                  timeout_s=max(timeout, 0.001), binary=True)
+        out = r.stdout_raw.decode(errors="backslashreplace")  # type: ignore[attr-defined]
         err = r.stderr_raw.decode(errors="backslashreplace")  # type: ignore[attr-defined]
-        if r.exit_code == 2 and not r.stdout_raw and _PARSE_ERROR.search(err):  # type: ignore[attr-defined]
-            detail = _SCRIPT_PATH.sub(lambda m: f"{m.group(1)}: line {max(1, int(m.group(2)) - 1)}:", err)
+        bad = re.fullmatch(rf"{_SYNTAX_MARK} {nonce} (\d+)\n", out)
+        if bad:
+            # SWE-ReX's own message and extra_info (its _check_bash_command), the shell
+            # named as `bash -n` names itself there ("bash: line 2: ...", not a path)
+            shell = session.shell or "/bin/sh"
+            detail = re.sub(rf"^{re.escape(shell)}: ", f"{shell.rsplit('/', 1)[-1]}: ", err, flags=re.M)
             raise BashIncorrectSyntaxError(
-                f"Error (exit code 2) while checking bash command \n{action.command!r}\n"
+                f"Error (exit code {bad.group(1)}) while checking bash command \n{action.command!r}\n"
                 f"---- Stderr ----\n{detail}\n---- Stdout ----\n",
                 extra_info={"bash_stdout": "", "bash_stderr": detail})
-        output = r.stdout_raw.decode(errors="backslashreplace") + err  # type: ignore[attr-defined]
+        output = out + err
         if r.timed_out:
             raise CommandTimeoutError(f"timeout after {action.timeout} seconds while running command "
                                       f"{action.command!r}")
@@ -410,6 +415,36 @@ class FlowMeshDeployment(AbstractDeployment):
         if getattr(self, "_runtime", None) is not None:
             log.warning("FlowMeshDeployment garbage-collected without stop(); its sandbox is "
                         "destroyed when its pool drains")
+
+
+def _session_script(command: str, shell: str, nonce: str) -> str:
+    """``command`` as a session runs it: checked first with the session shell's ``-n`` on
+    the text as SWE-ReX checks it (``bash -n`` reading ``COMMAND\\n``, so its messages and
+    line numbers are SWE-ReX's), then, only if that passed, run with ``eval`` in the session
+    shell itself, so ``cd``, variables, functions and ``source`` persist as typed at a
+    prompt.  ``eval`` rather than a wrapping ``{ ...; }``: the text needs no wrapper around
+    it (an empty or comment-only command is no syntax error, a trailing backslash or an
+    unterminated here-document swallows no brace) and the error a model sees is about its
+    own command; the check, not a wrapper parsed whole, is why nothing of a command that
+    does not parse runs.  Stderr is merged into stdout.  A command that does not parse
+    answers ``__FM_SYNTAX__ NONCE STATUS`` on stdout and the check's message on stderr,
+    and returns 0.  Under ``set -e`` neither a failed check (an ``||`` list) nor that
+    return ends the shell; under ``set -x`` the group's stderr on /dev/null (fd 3 its way
+    out) shows none of the check."""
+    return (f"{{ __fm_cmd={shlex.quote(command)}\n"
+            "__fm_rc=0\n"
+            f"__fm_syn=$(command {shlex.quote(shell)} -n 2>&1 >/dev/null <<__FM_EOF__\n"
+            "$__fm_cmd\n"
+            "__FM_EOF__\n"
+            ") || __fm_rc=$?\n"
+            'if [ "$__fm_rc" != 0 ]; then\n'
+            """  printf '%s\\n' "$__fm_syn" >&3\n"""
+            f"""  printf '{_SYNTAX_MARK} {nonce} %s\\n' "$__fm_rc"\n"""
+            "  return 0\n"
+            "fi\n"
+            "unset __fm_syn __fm_rc\n"
+            "} 3>&2 2>/dev/null\n"
+            'eval "$__fm_cmd" 2>&1')
 
 
 def _command_script(command: Command) -> str:

@@ -326,13 +326,14 @@ command rm -rf -- "$__fm_d0" 2>/dev/null
 [ -n "$BASH_VERSION" ] && { set +o history; unset HISTFILE; }
 """ + _COMMON + r"""
 __fm_foot() {
+  # $1 the command's status; $2 2 when the shell is exiting (the host then drops it)
   __fm_r=$1
   trap '' INT
   exec 3>&- 4>&-
   __fm_sizes; __no=$__os; __ne=$__es
   [ "$__no" -gt "$__cap" ] && __no=$__cap
   [ "$__ne" -gt "$__cap" ] && __ne=$__cap
-  printf '__FM__ %s %s 0 %s %s\n' "$__fm_cur" "$__fm_r" "$__os" "$__es" >&7
+  printf '__FM__ %s %s %s %s %s\n' "$__fm_cur" "$__fm_r" "${2:-0}" "$__os" "$__es" >&7
   [ "$__no" -gt 0 ] && __fm_put 5 "$__no" >&7
   [ "$__ne" -gt 0 ] && __fm_put 6 "$__ne" >&7
   exec 5<&- 6<&-
@@ -370,7 +371,32 @@ __fm_sloop() {
   done
   exit 0
 }
-trap '[ -n "$__fm_cur" ] && __fm_foot $?' EXIT
+__fm_chan() {
+  # the channel again, on fd 7: bash runs the EXIT trap inside the command's redirections
+  # (fd 7 closed there; its saved copy is on an fd of bash's choosing), found by identity
+  [ -n "$__fm_cl" ] || return 1
+  for __f in /proc/$$/fd/*; do
+    [ "$(command readlink "$__f" 2>/dev/null)" = "$__fm_cl" ] || continue
+    eval "exec 7>&${__f##*/}" 2>/dev/null && return 0
+  done
+  return 1
+}
+__fm_exit() {
+  # the EXIT trap: `exit` (or errexit) in a command ends the shell.  That command is
+  # answered first, with the status the trap was given (read before anything else runs)
+  # and flag 2, so the host starts a fresh shell for the next one.  dash and busybox ash
+  # undo the command's redirections before the trap; bash does not: its streams, the
+  # output files and the channel are set up again here
+  __fm_r=$1
+  [ -n "$__fm_cur" ] || return 0
+  trap '' INT
+  exec </dev/null >/dev/null 2>&1
+  { : >&7; } 2>/dev/null || __fm_chan || return 0
+  { exec 5<"$__o" 6<"$__e"; } 2>/dev/null
+  __fm_foot "$__fm_r" 2
+}
+trap '__fm_exit $?' EXIT
+__fm_cl=$(command readlink /proc/$$/fd/7 2>/dev/null)
 __fm_mk
 echo __FM_SREADY__ $$ >&7
 __fm_sloop

@@ -7,7 +7,9 @@ throws it back to its top level instead of ending it.  Every command is framed l
 ``__fm_sloop``), stored in a file and run with ``.`` inside the shell itself, so ``cd``,
 variables, functions and ``source venv/bin/activate`` persist; its output goes to a
 fresh pair of files.  The shell answers ``__FMS__ ID LASTPID`` when the command starts and
-``__FM__ ID RC 0 OUTBYTES ERRBYTES`` plus the output when it ends.
+``__FM__ ID RC FLAG OUTBYTES ERRBYTES`` plus the output when it ends; FLAG is 2 when the
+command ended the shell (``exit``, errexit): its EXIT trap answers the command, and the
+host drops that shell so that the next command starts a fresh one.
 
 Timeouts and :meth:`Session.interrupt` are driven by the host over another of the
 sandbox's channels (``SIGNAL_TREE``): SIGINT (or SIGKILL) to the processes the command
@@ -38,7 +40,8 @@ if TYPE_CHECKING:
     from ..remote.runner import Channel
     from . import Sandbox
 
-_HEADER = re.compile(rb"^__FM__ (\d+) (-?\d+) ([01]) (\d+) (\d+)\n$")
+_HEADER = re.compile(rb"^__FM__ (\d+) (-?\d+) ([012]) (\d+) (\d+)\n$")
+_EXITING = b"2"                # the header's flag: the shell is ending (`exit` in the command)
 _STARTED = re.compile(rb"^__FMS__ (\d+) (\d+)\n$")
 _START_S = 30.0
 _INT_GRACE_S = 2.0          # after SIGINT, before SIGKILL
@@ -123,7 +126,7 @@ class Session:
         setup += f"cd {sh_quote(cwd, 'cwd')} || return 126\n".encode()
         setup += (_env_prefix(self.sandbox.spec.env) + _env_prefix(self.env)).encode() + b"\n"
         res = await self._run_locked(setup, 60.0, 65536, False)
-        if res.exit_code != 0:
+        if res.exit_code != 0 or self._chan is not chan:     # (not chan: the shell ended)
             await self._drop(kill=True)
             raise SandboxFileError(f"{self.sandbox.name}: session {self.name!r} could not start in "
                                    f"{cwd}: {res.stderr.strip()}")
@@ -242,6 +245,9 @@ class Session:
             body_deadline = clock.monotonic() + _BODY_S
             out = await _read_exactly(chan, min(osz, cap), body_deadline)
             err = await _read_exactly(chan, min(esz, cap), body_deadline)
+            if m.group(3) == _EXITING:
+                # the shell is ending: what it started goes with it, the next run starts a fresh one
+                await self._drop(kill=True)
             return _result(rc, cur.timed_out, out, err, osz, esz, clock.monotonic() - t0, binary)
         except asyncio.TimeoutError as exc:
             await self._drop(kill=True)
