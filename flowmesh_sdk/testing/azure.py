@@ -414,7 +414,7 @@ class AzureEmulator(HttpServer):
 
             def gone() -> None:
                 self._remove_vm(key)
-                threading.Thread(target=self.hosts.halt, args=(vm_id,), daemon=True).start()
+                self.hosts.halt_soon(vm_id)
                 return None
             return self._lro(request, str(vm["location"]), "delete", gone, 202, None)
         if (e := self._need_rg(rg)) is not None:

@@ -64,6 +64,8 @@ class CloudInitHosts:
         self._next = first_host
         self._sshd_kwargs = sshd_kwargs
         self._vms: dict[str, BootedVm] = {}
+        self._halting: list[threading.Thread] = []
+        self._halt_errors: list[BaseException] = []
         self._lock = threading.Lock()
         self._tmp = Path(tempfile.mkdtemp(prefix="fm-cloudinit-"))
         os.chmod(self._tmp, 0o700)
@@ -123,18 +125,40 @@ class CloudInitHosts:
             return vm
 
     def halt(self, instance_id: str) -> None:
-        """The VM is gone (deleted): its sshd stops."""
+        """The VM is gone (deleted): its sshd stops, its containers and storage go."""
         with self._lock:
             vm = self._vms.pop(instance_id, None)
         if vm is not None:
             vm.sshd.stop(cleanup=True)
 
+    def halt_soon(self, instance_id: str) -> None:
+        """:meth:`halt` in a thread of its own (an emulator answers the delete at once);
+        :meth:`close` waits for it, and the thread is not a daemon, so an interpreter that
+        exits without closing still lets it finish removing the VM's containers and files."""
+        def run() -> None:
+            try:
+                self.halt(instance_id)
+            except BaseException as exc:   # raised again by close()
+                with self._lock:
+                    self._halt_errors.append(exc)
+        t = threading.Thread(target=run, name=f"halt-{instance_id}")
+        with self._lock:
+            self._halting.append(t)
+        t.start()
+
     def close(self) -> None:
         with self._lock:
+            halting, self._halting = self._halting, []
+        for t in halting:
+            t.join()
+        with self._lock:
             vms, self._vms = list(self._vms.values()), {}
+            errors, self._halt_errors = self._halt_errors, []
         for vm in vms:
             vm.sshd.stop(cleanup=True)
         shutil.rmtree(self._tmp, ignore_errors=True)
+        if errors:
+            raise errors[0]
 
     def __enter__(self) -> Any:
         return self

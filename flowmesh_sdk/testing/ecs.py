@@ -422,5 +422,5 @@ class EcsEmulator(AlibabaEcsEmulator):
                                                              "this operation (a running instance needs Force).")
         for iid in ids:
             self._instances.pop(iid, None)
-            threading.Thread(target=self.hosts.halt, args=(iid,), daemon=True).start()
+            self.hosts.halt_soon(iid)
         return self._ok({})

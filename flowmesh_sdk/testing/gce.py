@@ -592,7 +592,7 @@ class GceEmulator(HttpServer):
 
             def apply() -> tuple[list[dict[str, str]], int]:
                 self._instances.pop(iid, None)
-                threading.Thread(target=self.hosts.halt, args=(iid,), daemon=True).start()
+                self.hosts.halt_soon(iid)
                 return [], 0
             op = self._new_op(zone, "delete", inst["selfLink"], apply)
             if request_id:

@@ -252,5 +252,5 @@ class VastEmulator(VastSearchEmulator):
                 for o in self.offers:   # the machine is rentable again (unless someone else took it)
                     if o["id"] == row["ask_contract_id"] and not o.get("_taken"):
                         o["rented"] = False
-                threading.Thread(target=self.hosts.halt, args=(str(iid),), daemon=True).start()
+                self.hosts.halt_soon(str(iid))
         return 200, {"success": True}, {}
