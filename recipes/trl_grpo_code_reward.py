@@ -76,20 +76,22 @@ async def main(argv: list[str] | None = None) -> int:
         return 2
     build = job._load_image_builder()
     await asyncio.to_thread(job.ensure_base, build)
-    work = Path(tempfile.mkdtemp(prefix="flowmesh-grpo-"))
-    lm = await asyncio.to_thread(build_tiny_lm, work / "tiny", texts=ANSWERS + [p for p, _ in TASKS])
-    ds = Dataset.from_list([{"prompt": p, "tests": t} for p, t in TASKS])   # each step: all three
-    async with Fleet(name="grpo-reward") as fleet:
-        pool = await fleet.pool(PoolSpec(name="rewards", mode="persistent", instance=InstanceSpec(cpus=2, memory_gb=4),
-                                         min_instances=1, max_instances=1, sandboxes_per_instance=4))
-        reward = code_reward(fleet, pool, spec=SandboxSpec(image=job.BASE_IMAGE, cpus=0.5, memory_gb=0.5),
-                             timeout_s=args.timeout, history=args.steps)
-        config = GRPOConfig(output_dir=str(work / "out"), max_steps=args.steps, per_device_train_batch_size=24,
-                            num_generations=8, max_completion_length=1, learning_rate=1e-3, logging_steps=1,
-                            report_to="none", disable_tqdm=True, use_cpu=True, save_strategy="no", seed=0)
-        trainer = GRPOTrainer(model=str(lm.model), reward_funcs=[reward], args=config, train_dataset=ds)
-        await asyncio.to_thread(trainer.train)   # the reward hops back to this loop for each step
-        steps = trainer.state.global_step
+    # the tiny model and the trainer's output live only as long as the run
+    with tempfile.TemporaryDirectory(prefix="flowmesh-grpo-") as tmp:
+        work = Path(tmp)
+        lm = await asyncio.to_thread(build_tiny_lm, work / "tiny", texts=ANSWERS + [p for p, _ in TASKS])
+        ds = Dataset.from_list([{"prompt": p, "tests": t} for p, t in TASKS])   # each step: all three
+        async with Fleet(name="grpo-reward") as fleet:
+            pool = await fleet.pool(PoolSpec(name="rewards", mode="persistent", instance=InstanceSpec(cpus=2, memory_gb=4),
+                                             min_instances=1, max_instances=1, sandboxes_per_instance=4))
+            reward = code_reward(fleet, pool, spec=SandboxSpec(image=job.BASE_IMAGE, cpus=0.5, memory_gb=0.5),
+                                 timeout_s=args.timeout, history=args.steps)
+            config = GRPOConfig(output_dir=str(work / "out"), max_steps=args.steps, per_device_train_batch_size=24,
+                                num_generations=8, max_completion_length=1, learning_rate=1e-3, logging_steps=1,
+                                report_to="none", disable_tqdm=True, use_cpu=True, save_strategy="no", seed=0)
+            trainer = GRPOTrainer(model=str(lm.model), reward_funcs=[reward], args=config, train_dataset=ds)
+            await asyncio.to_thread(trainer.train)   # the reward hops back to this loop for each step
+            steps = trainer.state.global_step
     batches = list(reward.history)
     table = Table(title="GRPO rewards from FlowMesh sandboxes", title_justify="left")
     for col in ("step", "completion", "reward", "reason", "reuse", "ran on"):
