@@ -45,6 +45,7 @@ from types import MappingProxyType
 from ..errors import (AuthError, ContainerRuntimeError, ImageNotFoundError, RegistryUnavailableError,
                       RuntimeMissingError, SpecError, ThrottledError)
 from ..specs import SandboxSpec, check_number
+from . import sparse
 from .runner import Channel, CommandResult, Runner
 
 INSTALL_HINT = ("install podman: `apt-get install -y podman runc` (Debian/Ubuntu) or "
@@ -279,15 +280,20 @@ class ContainerRuntime:
         res = await self._run(argv + [ref], check=False, timeout_s=max(self.config.command_timeout_s, 900.0))
         if not res.ok:
             raise pull_error(ref, self.runner.label, res)
+        await self._dig_holes(ref)
         return True
 
     async def commit_and_push(self, container: str, local: str, remote: str, *,
                               tls_verify: bool = True) -> str:
         """Commit ``container``'s filesystem as ``local``, push it to ``remote``
         (``HOST/REPO:TAG``) and return the pushed manifest digest.  ``local`` is removed
-        again (the image stays under its digest wherever it is pulled)."""
+        again (the image stays under its digest wherever it is pulled).  The image names
+        the container's sparse files in a label, for :meth:`pull` to keep them sparse
+        (``remote/sparse.py``)."""
         info = await self.probe()
-        res = await self._run([info.binary, "commit", "--quiet", container, local], check=False,
+        holes = await self._sparse_label(container)
+        change = ["--change", f"LABEL {sparse.LABEL}={holes}"] if holes else []
+        res = await self._run([info.binary, "commit", "--quiet", *change, container, local], check=False,
                               timeout_s=max(self.config.command_timeout_s, 900.0))
         if not res.ok:
             raise ContainerRuntimeError(f"could not commit {container} on {self.runner.label}: "
@@ -307,6 +313,40 @@ class ContainerRuntime:
                                            f"{self.runner.label} failed: {res.describe()}",
                                            provider=remote.split("/", 1)[0], code="PushFailed")
         return digest
+
+    async def _sparse_label(self, container: str) -> str:
+        """The label value naming ``container``'s sparse files: those of its writable layer
+        (listed from the host) and those its image named; "" when none or not found."""
+        info = await self.probe()
+        res = await self._run([info.binary, "inspect", "--format",
+                               "{{.GraphDriver.Data.UpperDir}}\n"
+                               f'{{{{index .Config.Labels "{sparse.LABEL}"}}}}', container], check=False)
+        upper, _, label = res.text().strip().partition("\n")
+        found = b""
+        if res.ok and upper.startswith("/"):
+            scan = await self.runner.run(["sh", "-c", sparse.SCAN, "sh", upper],
+                                         timeout_s=max(self.config.command_timeout_s, 900.0))
+            found = b"" if scan.timed_out else scan.stdout     # what find could read
+        return sparse.encode(sparse.sparse_paths(found), sparse.decode(label.strip()))
+
+    async def _dig_holes(self, ref: str) -> None:
+        """Make the files a pulled snapshot names in its label sparse again in this
+        machine's store (podman wrote them in full); a failure leaves them as pulled."""
+        info = await self.probe()
+        res = await self._run([info.binary, "image", "inspect", "--format",
+                               f'{{{{index .Labels "{sparse.LABEL}"}}}}\n'
+                               "{{.GraphDriver.Data.UpperDir}}:{{.GraphDriver.Data.LowerDir}}", ref],
+                              check=False)
+        label, _, dirs = res.text().strip().partition("\n")
+        paths = sparse.decode(label.strip())
+        layers = [d for d in dirs.split(":") if d.startswith("/")]
+        if not res.ok or not paths or not layers:
+            return
+        dug = await self.runner.run(["sh", "-c", sparse.DIG, "sh", *layers], input=b"\0".join(paths),
+                                    timeout_s=max(self.config.command_timeout_s, 900.0))
+        if not dug.ok:
+            log.warning("the sparse files of %s stay written in full on %s: %s", ref,
+                        self.runner.label, dug.describe())
 
     async def _shift_owners(self, container: str, local: str) -> None:
         """Store the container's own file owners in the committed image ``local`` (podman

@@ -453,7 +453,8 @@ class Sandbox:
         ``RuntimeConfig.snapshot_registry``) and return its reference pinned by digest
         (``HOST/flowmesh/snapshots@sha256:...``), usable as ``SandboxSpec(image=...)`` on
         any instance that can pull from that registry.  Files are in it; processes,
-        sessions and memory are not.  ``tls_verify`` defaults to False for a loopback
+        sessions and memory are not; sparse files stay sparse where the SDK pulls it
+        (``remote/sparse.py``).  ``tls_verify`` defaults to False for a loopback
         registry, else True."""
         await self._ensure_open()
         cfg = self.runtime.config
