@@ -24,7 +24,8 @@ Sandboxes run hostile code, so :meth:`ContainerRuntime.create` hardens every con
   can pass the limit);
 * with an egress allow-list (``network=("host:port", "10.0.0.0/8", ...)``): an nftables
   output chain in the container's network namespace (``nsenter -n nft``, from the host)
-  that accepts loopback, replies and the listed destinations and rejects the rest;
+  that accepts loopback, replies and the listed destinations and refuses the rest at once
+  (TCP with a reset, the rest with an ICMP administratively-prohibited);
 * with any network: routes of type ``unreachable`` for the cloud metadata addresses
   added inside the container's network namespace from the host (``nsenter -n ip route``)
   before the container is handed out; the sandbox has no CAP_NET_ADMIN to remove them.
@@ -455,11 +456,15 @@ class ContainerRuntime:
 
     def egress_ruleset(self, allow: Sequence[str], hosts: Mapping[str, Sequence[str]]) -> str:
         """The nftables ruleset that lets a sandbox reach only ``allow`` (and never the
-        metadata networks): loopback and replies pass, everything else is rejected."""
+        metadata networks): loopback and replies pass, everything else is refused at once,
+        TCP with a reset and the rest with an ICMP administratively-prohibited, IPv4 and
+        IPv6 alike.  (Only ICMP for TCP would leave a connect waiting a second now and then:
+        an ICMP error that arrives while ``connect()`` still holds its socket is only a soft
+        error, and the connection fails at the SYN's retransmission.)"""
         rules = ['oifname "lo" accept', "ct state established,related accept"]
         for net in self.config.metadata_networks:
             fam = "ip6" if ":" in net else "ip"
-            rules.append(f"{fam} daddr {net} reject with icmpx type admin-prohibited")
+            rules += _refuse(f"{fam} daddr {net} ")
         for entry in allow:
             if "/" in entry:
                 fam = "ip6" if ":" in entry else "ip"
@@ -471,7 +476,7 @@ class ContainerRuntime:
                 fam = "ip6" if ":" in addr else "ip"
                 rules += [f"{fam} daddr {addr} tcp dport {int(port)} accept",
                           f"{fam} daddr {addr} udp dport {int(port)} accept"]
-        rules.append("reject with icmpx type admin-prohibited")
+        rules += _refuse("")
         body = "".join(f"    {r}\n" for r in rules)
         return ("table inet flowmesh_egress {\n  chain out {\n"
                 "    type filter hook output priority 0; policy drop;\n" + body + "  }\n}\n")
@@ -564,6 +569,13 @@ def _is_name(entry: str) -> bool:
         return False
     host = entry.rpartition(":")[0]
     return not re.fullmatch(r"[0-9.]+", host)
+
+
+def _refuse(match: str) -> list[str]:
+    """nft rules that refuse what ``match`` selects at once: TCP with a reset, the rest with
+    an ICMP administratively-prohibited (``icmpx``: ICMPv4 or ICMPv6 as the packet is)."""
+    return [f"{match}meta l4proto tcp reject with tcp reset",
+            f"{match}reject with icmpx type admin-prohibited"]
 
 
 def pull_error(ref: str, where: str, res: CommandResult) -> Exception:
