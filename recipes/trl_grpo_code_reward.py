@@ -37,7 +37,6 @@ from rich.table import Table  # noqa: E402
 
 from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec  # noqa: E402
 from flowmesh_sdk.integrations.trl import code_reward  # noqa: E402
-from flowmesh_sdk.testing.tiny_model import OFFLINE_ENV, build_tiny_lm  # noqa: E402
 from _main_job import load_main_job  # noqa: E402
 
 job = load_main_job()
@@ -67,6 +66,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # the tiny model stands in for a code model; imported once the options are read
+    from flowmesh_sdk.testing.tiny_model import OFFLINE_ENV, build_tiny_lm
+
     os.environ.update(OFFLINE_ENV)
     try:
         from datasets import Dataset
