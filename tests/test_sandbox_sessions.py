@@ -70,15 +70,20 @@ async def test_interrupt_sleep_and_busy_loop_then_the_session_goes_on(pool, imag
     async with pool.sandbox(_spec(image)) as sb:
         s = sb.session()
         await s.run("cd /tmp && KEEP=kept")
+        lost = 0
         for cmd in ("sleep 100; echo not-reached", "while :; do :; done; echo not-reached"):
             task = asyncio.ensure_future(s.run(cmd))
             await _until_running(sb, "sleep 100" if "sleep" in cmd else None, s)
             await s.interrupt()
             r = await asyncio.wait_for(task, 30)
             assert r.exit_code != 0 and "not-reached" not in r.stdout and not r.timed_out, r
+            if "do :; done" in cmd and _ash_lost_its_shell(s, r):
+                lost += 1
+                await s.run("cd /tmp && KEEP=kept")
+                continue
             r = await s.run('pwd; echo "$KEEP"')
             assert r.stdout == "/tmp\nkept\n", r
-        assert s.restarts == 0
+        assert s.restarts == lost
         await s.interrupt()                                     # nothing running: a no-op
 
 
@@ -93,10 +98,44 @@ async def test_timeout_kills_the_commands_tree_and_keeps_the_session_and_its_job
         assert r.stdout == "/tmp\n1\nbg-alive\n", r                # the earlier job survives
         ps = await _ps(sb)
         assert "sleep 200" not in ps and "sleep 100" not in ps, ps  # the timed-out tree is gone
-        r = await s.run("while :; do :; done", timeout_s=1)      # builtins only: the shell itself
+        cmd = "while :; do :; done"                               # builtins only: the shell itself
+        r = await s.run(cmd, timeout_s=1)
         assert r.timed_out, r
-        assert (await s.run("echo $V")).stdout == "1\n"
+        lost = _ash_lost_its_shell(s, r)
+        assert (await s.run("echo $V")).stdout == ("\n" if lost else "1\n")
+        assert s.restarts == lost
+
+
+async def test_a_timeout_whose_shell_answers_late_keeps_the_session(pool, swe_image, monkeypatch):
+    # A shell thrown back to its prompt by the timeout's SIGINT may take longer than the
+    # grace to answer: a busy machine (CI saw it: state lost after a builtin loop's
+    # timeout), or a slow prompt (a git prompt in ~/.bashrc; here PROMPT_COMMAND sleeps
+    # 0.3 s, and the grace is 1 ms).  Old code sent the shell a second SIGINT then, which
+    # can land after the shell began to answer (the answer is aborted and the shell waits
+    # at its prompt for good) -- or, on busybox ash, inside libc with a lock held (its
+    # handler longjmps out; the shell hangs in futex_do_wait).  Either way the session
+    # was restarted, its state lost.  The shell gets one SIGINT per command.
+    from flowmesh_sdk.sandbox import session as session_mod
+    monkeypatch.setattr(session_mod, "_INT_GRACE_S", 0.001)
+    async with pool.sandbox(_spec(swe_image)) as sb:
+        s = sb.session()
+        await s.run("cd /tmp && export MODE=kept && PROMPT_COMMAND='sleep 0.3'")
+        sent: list[tuple[int, object]] = []           # (command, the shell's signal)
+        signal_tree = sb._signal_tree
+
+        async def recording(pid, since, tree_sig, shell_sig):
+            sent.append((s._running.ident if s._running else 0, shell_sig))
+            await signal_tree(pid, since, tree_sig, shell_sig)
+        monkeypatch.setattr(sb, "_signal_tree", recording)
+        for cmd in ["while :; do :; done", "sleep 100; echo not-reached"] * 3:
+            r = await s.run(cmd, timeout_s=0.5)
+            assert r.timed_out and "not-reached" not in r.stdout, r
+            r = await s.run('pwd; echo "$MODE"')
+            assert r.stdout == "/tmp\nkept\n", r
         assert s.restarts == 0
+        shell_ints = [ident for ident, shell_sig in sent if shell_sig]
+        assert len(shell_ints) == len(set(shell_ints)) == 6, sent
+        assert len(sent) > 6, sent                    # the later stages did come
 
 
 async def test_background_server_started_with_start_and_reached_from_another_command(pool, image):
@@ -183,7 +222,7 @@ async def test_two_commands_run_at_once_in_one_sandbox(pool, image):
 async def test_closing_the_sandbox_kills_every_session_and_process(pool, image):
     async with pool.sandbox(_spec(image)) as sb:
         cid = sb.container_id
-        procs = [await sb.start("sleep 1000") for _ in range(2)]
+        procs = [await sb.start("sleep 1000") for _ in range(4)]
         s1, s2 = sb.session("a"), sb.session("b")
         await s2.run("sleep 1000 &")
         busy = asyncio.ensure_future(s1.run("sleep 1000"))
@@ -233,6 +272,17 @@ async def test_exit_in_a_session_answers_and_the_next_run_starts_a_fresh_shell(p
         r = await s.run("(exit 4); echo $?; v=$(exit 5); echo $?; pwd")
         assert (r.exit_code, r.stdout) == (0, "4\n5\n" + start), r
         assert s.restarts == 3 and not s.closed
+
+
+def _ash_lost_its_shell(s, r) -> bool:
+    """busybox ash, sent SIGINT while it runs builtins only, can hang for good now and
+    then (its handler longjmps out of libc with a lock held: seen about once in 60-100
+    such SIGINTs on a busy machine); the SDK then restarts it and says so in the result,
+    as docs/api.md says.  Only there is a lost shell allowed; bash never loses one."""
+    if "it was restarted" not in r.stderr:
+        return False
+    assert s.shell != "/bin/bash", r
+    return True
 
 
 async def _until_running(sb, needle: str | None, session) -> None:

@@ -54,8 +54,9 @@ async def main() -> int:
             r = await task
             print(f"interrupted: exit={r.exit_code}, then cwd={(await sh.run('pwd')).stdout.strip()}")
 
-            # A timeout kills the command's tree and keeps the session.
-            r = await sh.run("while :; do :; done", timeout_s=1)
+            # A timeout kills the command's tree, the rest of the command is not run, and
+            # the session keeps its state.
+            r = await sh.run("sleep 100; echo not-reached", timeout_s=1)
             print(f"timeout: timed_out={r.timed_out}, MODE={(await sh.run('echo $MODE')).stdout.strip()}")
 
             # 3. A background server with start(), reached from another command.

@@ -422,8 +422,15 @@ while [ $__i -lt 3 ]; do
     esac
   done
 done
-[ -n "$__sel" ] && kill -"$__ts" $__sel 2>/dev/null
+# bash, waiting for a foreground child when SIGINT reaches it, gives up the rest of the
+# command only if that child dies of SIGINT too: one that dies otherwise is taken for a
+# program that handled the interrupt itself, and the command's next line runs.  So the
+# shell is signalled first, and a SIGKILL for the tree comes after a SIGINT: a process
+# with SIGINT's default action is marked dying of SIGINT the moment it is sent one (the
+# SIGKILL after it changes nothing), one that catches or ignores it dies of the SIGKILL
 [ -n "$__ss" ] && kill -"$__ss" "$__r" 2>/dev/null
+[ -n "$__sel" ] && [ "$__ts" = 9 ] && kill -2 $__sel 2>/dev/null
+[ -n "$__sel" ] && kill -"$__ts" $__sel 2>/dev/null
 echo "signalled:$__sel"
 """
 

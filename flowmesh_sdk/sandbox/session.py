@@ -47,10 +47,11 @@ _START_S = 30.0
 _INT_GRACE_S = 2.0          # after SIGINT, before SIGKILL
 _KILL_GRACE_S = 3.0         # after SIGKILL, before the shell itself is killed
 _BODY_S = 60.0
+_LOST = b"flowmesh: the session's shell did not come back; it was restarted\n"
 
 
 class _Running:
-    __slots__ = ("ident", "since", "started", "done", "timed_out", "interrupted")
+    __slots__ = ("ident", "since", "started", "done", "timed_out", "interrupted", "shell_sent")
 
     def __init__(self, ident: int) -> None:
         self.ident = ident
@@ -59,6 +60,7 @@ class _Running:
         self.done = asyncio.Event()
         self.timed_out = False
         self.interrupted = False
+        self.shell_sent = False     # the shell has had its one SIGINT (see Session._signal)
 
 
 class Session:
@@ -221,8 +223,7 @@ class Session:
                     stage += 1
                     if stage > 2:
                         await self._drop(kill=True)
-                        return _result(137, cur.timed_out, b"", b"flowmesh: the session's shell did not "
-                                       b"come back; it was restarted\n", 0, 0,
+                        return _result(137, cur.timed_out, b"", _LOST, 0, 0,
                                        clock.monotonic() - t0, binary)
                     sig = signal.SIGKILL if (cur.timed_out or stage == 2) else signal.SIGINT
                     await self._signal(cur, sig)
@@ -230,6 +231,9 @@ class Session:
                     continue
                 if not raw:
                     await self._drop(kill=True)
+                    if cur.interrupted and cur.shell_sent:     # interrupt() gave up on it
+                        return _result(130, cur.timed_out, b"", _LOST, 0, 0,
+                                       clock.monotonic() - t0, binary)
                     raise SandboxClosedError(f"{self.sandbox.name}: session {self.name!r}: the shell "
                                              f"ended (state lost; the next command starts a fresh one): "
                                              f"{chan.stderr_tail()}")
@@ -270,7 +274,16 @@ class Session:
             except TimeoutError:
                 return
         if self.pid and not cur.done.is_set():
-            await self.sandbox._signal_tree(self.pid, cur.since, int(sig), int(signal.SIGINT))
+            # The shell gets one SIGINT per command, never a second: one throws it back to
+            # its top level, where it reads the __fm_sloop sent after the command and
+            # answers; a second one landing while it does that (the host's next stage, when
+            # the first took longer than the grace) can catch busybox ash inside libc with a
+            # lock held -- its SIGINT handler longjmps out -- and the shell hangs on that
+            # lock for good (seen: /proc/PID/wchan futex_do_wait, the session lost).  Later
+            # stages SIGKILL what the command started; a shell still not back is dropped.
+            shell_sig = None if cur.shell_sent else int(signal.SIGINT)
+            cur.shell_sent = True
+            await self.sandbox._signal_tree(self.pid, cur.since, int(sig), shell_sig)
 
     async def interrupt(self) -> None:
         """Interrupt the running command as Ctrl-C would: SIGINT to what it started and to
