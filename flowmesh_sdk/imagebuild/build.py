@@ -47,6 +47,7 @@ import ipaddress
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -57,6 +58,7 @@ from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 from ..errors import FlowMeshError
+from ..remote.runtime import runtime_flags, ulimit_flags
 
 BUSYBOX_IMAGE = "localhost/flowmesh/busybox:1"
 SWE_BASE_IMAGE = "localhost/flowmesh/swe-base:bookworm"
@@ -99,7 +101,6 @@ GITCONFIG = """\
 """
 
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
-CAP_SYS_RESOURCE = 24
 
 
 class ImageBuildError(FlowMeshError, RuntimeError):
@@ -172,24 +173,36 @@ def swe_base_cache_tarball() -> Path:
     return cache_dir() / f"swe-base-{SUITE}.tar"
 
 
-def podman_run_ulimit_args() -> list[str]:
-    """Extra ``podman run`` flags needed on hosts without CAP_SYS_RESOURCE.
-
-    Without that capability the runtime cannot raise RLIMIT_NOFILE/NPROC to
-    podman's defaults, so containers fail to start unless the limits are pinned
-    to something the host already allows.
-    """
+def _local_host() -> tuple[int | None, str, bool, bool]:
+    """This host's facts for the runtime's flag rules (remote/runtime.py): the CapEff
+    mask, the hard nofile limit, cgroups v2, runc installed."""
+    cap: int | None = None
     try:
         with open("/proc/self/status", encoding="ascii") as fh:
             for line in fh:
                 if line.startswith("CapEff:"):
-                    caps = int(line.split()[1], 16)
-                    if caps & (1 << CAP_SYS_RESOURCE):
-                        return []
-                    return ["--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
+                    cap = int(line.split()[1], 16)
     except (OSError, ValueError):
-        pass
-    return []
+        cap = None
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return (cap, "" if hard == resource.RLIM_INFINITY else str(hard),
+            os.path.exists("/sys/fs/cgroup/cgroup.controllers"), shutil.which("runc") is not None)
+
+
+def podman_run_ulimit_args() -> list[str]:
+    """The ``--ulimit`` pins ``podman run`` needs on this host: those of the SDK's runtime
+    probe (``remote.runtime.ulimit_flags``; none with CAP_SYS_RESOURCE)."""
+    cap, hard, _, _ = _local_host()
+    return ulimit_flags(cap, hard)
+
+
+def podman_runtime_args() -> list[str]:
+    """The ``--runtime`` the SDK's runtime probe picks on this host
+    (``remote.runtime.runtime_flags``, ``oci_runtime="auto"``): runc on cgroups v1 when it
+    is installed.  Without it a host with crun installed builds with crun, which refuses
+    hybrid cgroups, and every RUN step fails."""
+    _, _, v2, has_runc = _local_host()
+    return runtime_flags("auto", binary=os.path.basename(_podman()), cgroups_v2=v2, has_runc=has_runc)
 
 
 def _debian_mirror() -> str:
@@ -598,14 +611,15 @@ def podman_build_args() -> list[str]:
     """Flags that every ``podman build`` here gets.
 
     ``--pull=never`` (the base is local; never go online) and
-    ``--network=none`` (RUN steps need no network). On hosts without
+    ``--network=none`` (RUN steps need no network); the OCI runtime the SDK's runtime
+    probe picks (:func:`podman_runtime_args`). On hosts without
     CAP_SYS_RESOURCE, the same ``--ulimit`` pins as for ``podman run``
     are added. podman 4.3's RUN steps already start with nofile=1024:1024, a
     lowered limit that is allowed, so today they work without the pins too. The
     pins make RUN steps work even when containers.conf sets default_ulimits
     above the host's hard limit.
     """
-    return ["--pull=never", "--network=none", *podman_run_ulimit_args()]
+    return ["--pull=never", "--network=none", *podman_runtime_args(), *podman_run_ulimit_args()]
 
 
 def build_task_image(name: str, repo_files: Mapping[str, bytes], tag: str | None = None,

@@ -160,6 +160,28 @@ class ContainerInfo:
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
+def runtime_flags(oci_runtime: str, *, binary: str, cgroups_v2: bool, has_runc: bool) -> list[str]:
+    """The ``--runtime`` flag every podman command that starts a container gets (``run``,
+    and ``build`` for its RUN steps: imagebuild uses this too).  ``auto``: runc on
+    cgroups v1 when it is installed, since crun (podman's first choice once installed)
+    refuses hybrid cgroups; ``default``: nothing; anything else is passed as it is."""
+    if oci_runtime == "auto":
+        return ["--runtime", "runc"] if binary == "podman" and not cgroups_v2 and has_runc else []
+    return [] if oci_runtime == "default" else ["--runtime", oci_runtime]
+
+
+def ulimit_flags(cap_eff: int | None, hard_nofile: str) -> list[str]:
+    """``--ulimit`` pins for a host without CAP_SYS_RESOURCE (``cap_eff``: the CapEff mask,
+    None when unknown): the runtime cannot raise RLIMIT_NOFILE/NPROC to podman's
+    defaults there, so nofile is pinned to at most the host's hard limit."""
+    if cap_eff is None or cap_eff >> _CAP_SYS_RESOURCE & 1:
+        return []
+    n = 4096
+    if hard_nofile.strip().isdigit():
+        n = min(n, int(hard_nofile.strip()))
+    return ["--ulimit", f"nofile={n}:{n}", "--ulimit", "nproc=4096:4096"]
+
+
 class ContainerRuntime:
     def __init__(self, runner: Runner, config: RuntimeConfig | None = None) -> None:
         self.runner = runner
@@ -191,26 +213,17 @@ class ContainerRuntime:
             "command -v nft >/dev/null && echo nft || echo")
         lines = facts.text().split("\n")
         cap_hex, hard_nofile, cgroups, runc, uid, max_userns, subuid, netns, nft = (lines + [""] * 9)[:9]
-        has_runc = runc.strip() != ""
-        flags: list[str] = []
-        if cfg.oci_runtime == "auto":
-            if cgroups == "v1" and has_runc and binary == "podman":
-                flags += ["--runtime", "runc"]
-        elif cfg.oci_runtime != "default":
-            flags += ["--runtime", cfg.oci_runtime]
+        flags = runtime_flags(cfg.oci_runtime, binary=binary, cgroups_v2=cgroups == "v2",
+                              has_runc=runc.strip() != "")
         if cfg.ulimits is not None:
             for u in cfg.ulimits:
                 flags += ["--ulimit", u]
         else:
             try:
-                caps = int(cap_hex.strip(), 16)
+                caps: int | None = int(cap_hex.strip(), 16)
             except ValueError:
-                caps = -1
-            if caps >= 0 and not caps >> _CAP_SYS_RESOURCE & 1:
-                n = 4096
-                if hard_nofile.strip().isdigit():
-                    n = min(n, int(hard_nofile.strip()))
-                flags += ["--ulimit", f"nofile={n}:{n}", "--ulimit", "nproc=4096:4096"]
+                caps = None
+            flags += ulimit_flags(caps, hard_nofile)
         flags += list(cfg.extra_run_args)
         sandbox: list[str] = []
         if cfg.capabilities is not None:
