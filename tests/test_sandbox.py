@@ -106,14 +106,41 @@ async def test_limits_hold_and_neighbours_unaffected(make_sandbox):
     limits = await bomb.exec("cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/pids/pids.max"
                              " 2>/dev/null || cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/pids.max")
     assert limits.stdout.split() == [str(64 * 1024 * 1024), "40"]
-    r = await bomb.exec("f(){ f|f & }; f; sleep 30", timeout_s=3)
-    assert r.timed_out or r.exit_code != 0
-    assert "fork" in r.stderr.lower() or r.timed_out
+    # the bomb runs in a subshell and the command's shell in a loop of builtins (a shell
+    # that cannot fork ends: had it been the bomb's, the command would end early and its
+    # bomb, in the background, would hold the limit): it times out, and the timeout kills
+    # its whole tree
+    r = await bomb.exec("(f(){ f|f & }; f) 2>/dev/null & while :; do :; done", timeout_s=3)
+    assert r.timed_out, r
     # allocating 200 MB in a 64 MB sandbox gets the allocator OOM-killed (137)
     r = await bomb.exec("dd if=/dev/zero of=/dev/null bs=200M count=1", timeout_s=30)
     assert r.exit_code == 137, r
     assert (await bomb.exec("echo alive")).stdout == "alive\n"
     assert (await calm.exec("echo calm")).stdout == "calm\n"
+
+
+async def test_a_full_process_limit_leaves_the_agent_its_own_slots(make_sandbox):
+    # An earlier exec's background job fills the process limit and holds it (sleeps).
+    # Old code: busybox ash, the agent, could not fork to answer the next exec and ended
+    # ("can't fork"); new agents could not start either (runc exec failed): the sandbox
+    # was lost (the first exec after it, when the table was exactly full; not every run
+    # here gets it so full).  Now what an exec runs may take pids - 8 processes; the
+    # agent keeps 8.
+    # (Not a session's commands: the session's shell forks to answer, docs/api.md.)
+    sb = await make_sandbox(pids=40)
+    r = await sb.exec("(while :; do sleep 100 & done) >/dev/null 2>&1 & echo started")
+    assert r.stdout == "started\n", r
+    count = 'n=0; for p in /proc/[0-9]*; do n=$((n + 1)); done; echo "$n"'
+    seen: list[int] = []
+    for _ in range(60):                       # until the filler has hit the limit and ended
+        seen.append(int((await sb.exec(count)).stdout))
+        if len(seen) >= 4 and seen[-1] >= 30 and len(set(seen[-4:])) == 1:
+            break
+        await asyncio.sleep(0.25)
+    assert 30 <= seen[-1] <= 40, seen          # (the count's own shell is one of them)
+    for _ in range(3):
+        assert (await sb.exec("echo alive")).stdout == "alive\n"
+    assert (await sb.exec("ulimit -u")).stdout == "32\n"
 
 
 async def test_network_off_by_default(make_sandbox):

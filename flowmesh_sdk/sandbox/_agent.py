@@ -14,6 +14,26 @@ from __future__ import annotations
 _COMMON = r"""
 __fm_ss=; __fm_q=; __fm_b=0; __fm_j=32; __fm_k=0; __fm_f=0; __fm_old=; __fm_prev=
 command -v setsid >/dev/null 2>&1 && __fm_ss=setsid
+# Slots kept for the SDK's own processes.  Under a process limit (pids.max) the commands
+# may fill, the agent -- which must fork to answer, and which ends when it cannot (a
+# non-interactive shell that cannot fork exits) -- keeps 8: what an exec or a started
+# process runs gets RLIMIT_NPROC = pids.max - 8 (soft and hard: it
+# cannot be raised again without CAP_SYS_RESOURCE), a limit on all the processes of its
+# user, checked at each fork.  Only in a user namespace of the sandbox's own: there
+# the count is the sandbox's; with the host's uid 0 it would count the host's processes.
+# Not a session's shell: it forks to answer too, and the limit is per process
+__fm_np=
+if { read -r __x __y __z < /proc/self/uid_map; } 2>/dev/null && [ "$__x $__y $__z" != "0 0 4294967295" ]; then
+  for __f in /sys/fs/cgroup/pids.max /sys/fs/cgroup/pids/pids.max; do
+    { read -r __x < "$__f"; } 2>/dev/null || continue
+    case "$__x" in ''|*[!0-9]*) ;; *) [ "$__x" -gt 16 ] && __fm_np=$((__x - 8));; esac
+    break
+  done
+fi
+__fm_nproc() {
+  [ -n "$__fm_np" ] && { ulimit -u "$__fm_np" || ulimit -p "$__fm_np"; } 2>/dev/null
+  return 0
+}
 __fm_mk() {
   [ -d "$__fm_d" ] && [ -w "$__fm_d" ] && return 0
   for __fm_d in "$__fm_d0" "/tmp/.flowmesh-$__fm_tag$$" "/dev/shm/.flowmesh-$__fm_tag$$" "/.flowmesh-$__fm_tag$$"; do
@@ -139,20 +159,27 @@ __fm_tag=; __fm_d0="${TMPDIR:-/tmp}/.flowmesh-$$"; __fm_d="$__fm_d0"
 command rm -rf -- "$__fm_d0" 2>/dev/null
 """ + _COMMON + r"""
 __fm_kill() {
-  # the command's group first (its shell and what it started die together), then by links
+  # the command's group first (its shell and what it started die together), then by links.
+  # Builtins only: a tree that fills the process limit leaves no fork.  It returns once
+  # none of the tree is left, zombies too (the sandbox's PID 1 reaps them; a zombie holds
+  # its slot under the limit until then, and the next command forks), or after 3000
+  # rounds of the scan
   __t=" $1 "; __r=0; [ -n "$__fm_ss" ] && kill -9 -"$1" 2>/dev/null; kill -9 "$1" 2>/dev/null
-  while [ $__r -lt 30 ]; do
-    __r=$((__r + 1)); __hit=0
+  while [ $__r -lt 3000 ]; do
+    __r=$((__r + 1)); __hit=0; __zz=0
     [ -n "$__fm_ss" ] && kill -9 -"$1" 2>/dev/null
     for __f in /proc/[0-9]*/stat; do
       { read -r __l < "$__f"; } 2>/dev/null || continue
       __p=${__f#/proc/}; __p=${__p%/stat}; __l=${__l##*) }
       set -- "$1" $__l
-      [ "$2" = Z ] && continue
       if { [ -n "$__fm_ss" ] && [ "$5" = "$1" ]; } || case "$__t" in *" $3 "*) true;; *) false;; esac
-      then kill -9 "$__p" 2>/dev/null; __t="$__t$__p "; __hit=1; fi
+      then
+        # the command's own zombie is the agent's to reap
+        [ "$2" = Z ] && { [ "$__p" = "$1" ] || __zz=1; continue; }
+        kill -9 "$__p" 2>/dev/null; __t="$__t$__p "; __hit=1
+      fi
     done
-    [ $__hit = 0 ] && [ $__r -gt 1 ] && break
+    [ $__hit = 0 ] && [ $__zz = 0 ] && [ $__r -gt 1 ] && break
   done
 }
 __fm_fail() {
@@ -190,7 +217,7 @@ __fm_one() {
   if [ -n "$__bad" ]; then
     exec 3>&- 4>&- 5<&- 6<&-; __fm_fail "$__bad"; command rm -f -- "$__fm_d"/* 2>/dev/null; return
   fi
-  $__fm_ss /bin/sh "$__s" <"$__i" >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&- &
+  ( __fm_nproc; exec $__fm_ss /bin/sh "$__s" ) <"$__i" >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&- &
   __c=$!
   exec 3>&- 4>&-
   __fm_watch
@@ -270,7 +297,7 @@ __fm_proc() {
   ( __fm_feed "$__f" ) 0<&9 3>&- 4>&- 5<&- 6<&- 7>&- 9<&- &
   __r=$!
   exec 9<&-
-  $__fm_ss /bin/sh "$__s" <"$__f" >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&- &
+  ( __fm_nproc; exec $__fm_ss /bin/sh "$__s" ) <"$__f" >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&- &
   __c=$!
   exec 3>&- 4>&-
   printf '__FMP__ %s pid %s\n' "$__id" "$__c"
