@@ -25,7 +25,8 @@ which OpenSSH made a session leader (else, and under sudo, under ``setsid -w``):
 command leads its own process group, whose id comes back as the first stdout line; on a
 timeout (or when a channel is closed and its process does not exit) ``kill -KILL -PGID``
 (``sh``'s builtin: dash's and busybox's take no ``--``) goes out over a second session
-channel, so the whole remote tree dies.
+channel, so the whole remote tree dies, and the kill waits (at most 5 s) until the group
+is gone.
 """
 
 from __future__ import annotations
@@ -239,8 +240,13 @@ class _Proc:
     async def kill(self) -> None:
         if self.pgid is not None and self.pgid > 1:
             try:
-                await self.runner._exec_simple(["sh", "-c", f"kill -KILL -{self.pgid} 2>/dev/null; true"],
-                                               15.0, self.conn)
+                # and waited for (at most 5 s): a timed-out run returns once its group is
+                # gone, not while its processes are still dying (seen under load: a
+                # SIGKILLed sleep still listed by the next command)
+                await self.runner._exec_simple(
+                    ["sh", "-c", f"kill -KILL -{self.pgid} 2>/dev/null; i=0; while "
+                                 f"kill -0 -{self.pgid} 2>/dev/null && [ $i -lt 100 ]; do "
+                                 "sleep 0.05; i=$((i + 1)); done; true"], 15.0, self.conn)
             except Exception as exc:  # noqa: BLE001 - best effort; logged
                 log.warning("%s: could not kill remote process group %s: %s",
                             self.runner.label, self.pgid, exc)
