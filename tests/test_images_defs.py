@@ -459,7 +459,7 @@ def test_build_task_image_commits_repo_and_is_cached(images_mod, swe_image, task
     assert info["Config"]["WorkingDir"] == "/work/repo"
     print(f"\n[timing] first build_task_image: {build_s:.2f}s")
 
-    flags = images_mod.podman_run_ulimit_args()
+    flags = [*images_mod.podman_runtime_args(), *images_mod.podman_run_ulimit_args()]
     res = subprocess.run(["podman", "run", "--rm", "--network", "none", *flags, ref, "sh", "-c",
                           "cd /work/repo && git log --oneline | wc -l && ls"],
                          capture_output=True, text=True, timeout=60)
@@ -517,7 +517,7 @@ def test_cli_task_subcommand(images_mod, swe_image, tmp_path, capsys):
         assert images_mod.main(["task", name, str(repo), "--tag", "v1"]) == 0
         assert capsys.readouterr().out.strip() == ref
         assert ref in images_mod.list_task_images()
-        flags = images_mod.podman_run_ulimit_args()
+        flags = [*images_mod.podman_runtime_args(), *images_mod.podman_run_ulimit_args()]
         res = subprocess.run(["podman", "run", "--rm", "--network", "none", *flags, ref, "git", "ls-files"],
                              capture_output=True, text=True, timeout=60)
         assert res.stdout.split() == ["pkg/m.py"], res.stderr

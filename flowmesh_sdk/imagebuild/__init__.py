@@ -20,7 +20,8 @@ from .build import (BUSYBOX_IMAGE, IMAGES, LABEL_BUILT_FROM, LABEL_IMAGE, LABEL_
                     SWE_BASE_IMAGE, SWE_BASE_PACKAGES, SWE_TASK_CONTAINERFILE, SWE_TASK_IMAGE_KIND,
                     SWE_TASK_REPO_DIR, SWE_TASK_REPO_PREFIX, ImageBuildError, build_busybox, build_swe_base,
                     build_task_image, cache_dir, image_exists, is_loopback_registry, list_task_images, main,
-                    parse_registry, podman_build_args, podman_run_ulimit_args, push, resolve_tls_verify,
+                    parse_registry, podman_build_args, podman_run_ulimit_args, podman_runtime_args, push,
+                    resolve_tls_verify,
                     swe_base_cache_tarball, task_files_from_dir, task_image_ref, task_repo_digest)
 
 #: the GPU worker's image definition (Containerfile, entrypoint.py, README.md); built on a GPU host
@@ -33,7 +34,8 @@ __all__ = [
     "LABEL_REPO_DIGEST", "LABEL_TASK", "SWE_BASE_IMAGE", "SWE_BASE_PACKAGES", "SWE_TASK_CONTAINERFILE",
     "SWE_TASK_IMAGE_KIND", "SWE_TASK_REPO_DIR", "SWE_TASK_REPO_PREFIX", "ImageBuildError", "build_busybox",
     "build_swe_base", "build_task_image", "cache_dir", "image_exists", "is_loopback_registry",
-    "list_task_images", "main", "parse_registry", "podman_build_args", "podman_run_ulimit_args", "push",
+    "list_task_images", "main", "parse_registry", "podman_build_args", "podman_run_ulimit_args",
+    "podman_runtime_args", "push",
     "resolve_tls_verify", "swe_base_cache_tarball", "task_files_from_dir", "task_image_ref",
     "task_repo_digest",
 ]
