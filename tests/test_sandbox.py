@@ -126,7 +126,7 @@ async def test_a_full_process_limit_leaves_the_agent_its_own_slots(make_sandbox)
     # was lost (the first exec after it, when the table was exactly full; not every run
     # here gets it so full).  Now what an exec runs may take pids - 8 processes; the
     # agent keeps 8.
-    # (Not a session's commands: the session's shell forks to answer, docs/api.md.)
+    # (Not a session's commands: the session's shell forks to answer, docs/security.md.)
     sb = await make_sandbox(pids=40)
     r = await sb.exec("(while :; do sleep 100 & done) >/dev/null 2>&1 & echo started")
     assert r.stdout == "started\n", r

@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import hashlib
 import ipaddress
 import json
@@ -173,9 +174,10 @@ def swe_base_cache_tarball() -> Path:
     return cache_dir() / f"swe-base-{SUITE}.tar"
 
 
+@functools.cache
 def _local_host() -> tuple[int | None, str, bool, bool]:
     """This host's facts for the runtime's flag rules (remote/runtime.py): the CapEff
-    mask, the hard nofile limit, cgroups v2, runc installed."""
+    mask, the hard nofile limit, cgroups v2, runc installed (read once per process)."""
     cap: int | None = None
     try:
         with open("/proc/self/status", encoding="ascii") as fh:
