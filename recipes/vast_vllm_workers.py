@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import json
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -86,7 +87,8 @@ async def emulator(args: argparse.Namespace) -> int:
     spec = InstanceSpec(cpus=4, memory_gb=16, gpus=1)
     fleet = f"vast-{uuid.uuid4().hex[:6]}"
     rows: list[dict[str, object]] = []
-    with VastEmulator() as emu:
+    # the emulated instances are this machine: their servers' logs go to a directory of the run's
+    with tempfile.TemporaryDirectory(prefix="fm-engine-logs-") as logs, VastEmulator() as emu:
         vast = emu.provider(ssh=True, spot=False)
         try:
             offers = sorted((o for o in await vast.offers(spec)
@@ -108,7 +110,7 @@ async def emulator(args: argparse.Namespace) -> int:
                 port = 18000 + n
                 runner = vast.runner(inst)
                 start = (f"nohup {sys.executable} {fake_vllm.__file__} serve {MODEL} --host {host} --port {port} "
-                         f"> /tmp/flowmesh-vllm-{inst.id}.log 2>&1 &")
+                         f"> {logs}/vllm-{inst.id}.log 2>&1 &")
                 await runner.run(["sh", "-c", start], timeout_s=30)
                 base = f"http://{host}:{port}"
                 async with httpx.AsyncClient() as client:
@@ -147,12 +149,15 @@ async def elastic(args: argparse.Namespace) -> int:
 
     bus = EventBus()
     sub = bus.subscribe()
+    # the emulated instances are this machine: their engines' logs go to a directory of the run's
+    logs = tempfile.TemporaryDirectory(prefix="fm-engine-logs-")
     engine = ServeCommand(("env", "FAKE_VLLM_DELAY_S=0.5", sys.executable, fake_vllm.__file__, "serve", "{model}",
-                           "--host", "{host}", "--port", "{port}"), model=MODEL, port=18100, bind_host=None)
+                           "--host", "{host}", "--port", "{port}"), model=MODEL, port=18100, bind_host=None,
+                          log_path=f"{logs.name}/engine-{{name}}.log")
     scaling = ScalingPolicy(max_workers=args.workers, target_queue_per_worker=3, scale_down_idle_s=0.5,
                             cooldown_s=0, interval_s=0.25, worker_concurrency=4, market="spot")
     lines: list[str] = []
-    with VastEmulator() as emu:
+    with logs, VastEmulator() as emu:
         vast = emu.provider(ssh=True)
         ew = ElasticWorkers(vast, InstanceSpec(cpus=4, memory_gb=16, gpus=1), ModelSpec(params_b=0.5, kv_cache_gb=4),
                             engine, scaling=scaling, bus=bus, fleet=f"vast-{uuid.uuid4().hex[:6]}", role="vllm",

@@ -71,6 +71,8 @@ def test_the_leak_check_fails_a_session_that_leaves_things_behind(tmp_path, busy
         def test_leaks():
             subprocess.Popen(["sleep", "1000"])
             tempfile.mkdtemp(prefix="fm-leaky-")
+            # a file a subprocess writes, as a worker's engine log is
+            subprocess.run(["sh", "-c", "echo log > " + tempfile.gettempdir() + "/flowmesh-leaky.log"], check=True)
             d = LoopbackSshd("127.0.0.232").start()   # never stopped
             start_container(d, {busybox_image!r}, "fm-p-leaky")
             print("HOSTDIR", d._tmp)
@@ -96,10 +98,11 @@ def test_the_leak_check_fails_a_session_that_leaves_things_behind(tmp_path, busy
     assert f"conmon of container fm-p-leaky " in report and "while :; do sleep 1; done" in report, out
     assert f"fm-p-leaky running in {host_dir}/containers" in report, out
     assert f"directory {host_dir}\n" in report and "directory /tmp/fm-leaky-" in report, out
+    assert "file /tmp/flowmesh-leaky.log\n" in report, out
     # the orphan's conmon, found by the session's tag though podman cannot see it any more
     assert f"conmon of container fm-p-orphan " in report, out
     # ... and removed after the report: nothing of it is left
     assert _left_of(host_dir) == [] and _left_of(gone_dir) == []
-    assert not host_dir.exists()
+    assert not host_dir.exists() and not Path("/tmp/flowmesh-leaky.log").exists()
     sleeper = int(report.split("): sleep 1000", 1)[0].rsplit("process pid ", 1)[1].split()[0])
     assert sleeper not in hygiene.processes()

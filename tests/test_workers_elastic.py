@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -36,11 +37,12 @@ MODEL = ModelSpec(params_b=7, kv_cache_gb=6)          # 20 GB: fits a 24 GB RTX 
 SERVED = "Qwen/Qwen2.5-7B-Instruct"
 
 
-def standin(delay_s: float = 0.0) -> ServeCommand:
-    """The vLLM stand-in as the engine, started on the instance's own loopback address."""
+def standin(logs: Path, delay_s: float = 0.0) -> ServeCommand:
+    """The vLLM stand-in as the engine, started on the instance's own loopback address (the
+    emulated instances are this machine: the engine's log goes to the test's ``logs``)."""
     return ServeCommand(("env", f"FAKE_VLLM_DELAY_S={delay_s}", sys.executable, fake_vllm.__file__, "serve",
                          "{model}", "--host", "{host}", "--port", "{port}"),
-                        model=SERVED, port=18431, bind_host=None)
+                        model=SERVED, port=18431, bind_host=None, log_path=f"{logs}/engine-{{name}}.log")
 
 
 async def until(predicate, timeout_s: float = 30.0, what: str = "condition") -> None:
@@ -57,12 +59,12 @@ def details(events, kind):
     return [json.loads(e.detail) for e in events if e.kind is kind]
 
 
-async def test_offers_are_ranked_by_u_with_the_vram_gate_reliability_and_locality():
+async def test_offers_are_ranked_by_u_with_the_vram_gate_reliability_and_locality(tmp_path):
     with VastEmulator(first_host=230) as emu:
         prov = emu.provider(ssh=True)
         try:
             def loop(model, resident=(), market="on-demand"):
-                return ElasticWorkers(prov, SPEC, model, standin(), resident=resident,
+                return ElasticWorkers(prov, SPEC, model, standin(tmp_path), resident=resident,
                                       scaling=ScalingPolicy(market=market))
             plain = await loop(MODEL).candidates()
             ids = [c.offer.offer_id for c in plain]
@@ -82,7 +84,7 @@ async def test_offers_are_ranked_by_u_with_the_vram_gate_reliability_and_localit
             await prov.close()
 
 
-async def test_workers_follow_the_queue_are_replaced_when_outbid_and_drain_before_release():
+async def test_workers_follow_the_queue_are_replaced_when_outbid_and_drain_before_release(tmp_path):
     bus = EventBus()
     events: list = []
     bus.on(events.append)
@@ -91,7 +93,7 @@ async def test_workers_follow_the_queue_are_replaced_when_outbid_and_drain_befor
                             ready_timeout_s=60, market="spot")
     with VastEmulator(first_host=200) as emu:
         prov = emu.provider(ssh=True)
-        ew = ElasticWorkers(prov, SPEC, MODEL, standin(delay_s=1.0), scaling=scaling, resident=("vast/Quebec, CA",),
+        ew = ElasticWorkers(prov, SPEC, MODEL, standin(tmp_path, delay_s=1.0), scaling=scaling, resident=("vast/Quebec, CA",),
                             bus=bus, fleet=f"elastic-{uuid.uuid4().hex[:6]}", role="vllm",
                             limits=ClientLimits(max_batch=1))
         pids: list[int] = []

@@ -9,7 +9,8 @@ so podman started over SSH carries it too.  :func:`leftovers` then lists, at the
   conmon's children and have the container's environment);
 * containers under a storage root a fixture made (:data:`STORES`), and containers with
   ``flowmesh.*`` labels created in the machine's default podman storage during the session;
-* temporary directories with the SDK's prefixes (:data:`TEMP_PREFIXES`) made during it.
+* temporary directories and files with the SDK's prefixes (:data:`TEMP_PREFIXES`) made
+  during it (a worker's engine log, ``/tmp/flowmesh-engine-NAME.log``, is a file).
 
 What another test session still running on this machine may own (a directory made meanwhile
 by a process that is not ours) is listed apart, as ``unsure``.  :func:`clean` removes what
@@ -252,7 +253,8 @@ def _temp_entries() -> set[Path]:
     for root in _temp_roots():
         try:
             out |= {Path(e.path) for e in os.scandir(root)
-                    if e.name.startswith(TEMP_PREFIXES) and e.is_dir(follow_symlinks=False)}
+                    if e.name.startswith(TEMP_PREFIXES)
+                    and (e.is_dir(follow_symlinks=False) or e.is_file(follow_symlinks=False))}
         except OSError:
             pass
     return out
@@ -327,7 +329,7 @@ class Leftovers:
         return ([f"process {p}" for p in self.processes]
                 + [f"container {c} in {store or 'the default storage'}" for store, c in self.containers]
                 + [f"store {u}" for u in self.unlisted]
-                + [f"directory {d}" for d in self.dirs])
+                + [f"{'directory' if d.is_dir() else 'file'} {d}" for d in self.dirs])
 
 
 def _owner_pid(label: str) -> int | None:
@@ -401,6 +403,9 @@ def clean(found: Leftovers) -> None:
     kill(p.pid for p in found.processes)
     wait_gone((p.pid for p in found.processes), 10)
     for d in found.dirs:
+        if not d.is_dir():
+            d.unlink(missing_ok=True)
+            continue
         if (d / "containers" / "containers.conf").is_file():
             podman(d / "containers", "rmi", "-af")
         unmount_under(d)
