@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up FlowMesh SDK on a Debian/Ubuntu machine (as root, or with sudo available):
-#   system packages for the local provider (podman + runc) and the image builds,
+#   system packages for the local provider (podman + runc; runsc for kernel="gvisor") and the image builds,
 #   then a virtual environment in .venv with the SDK installed in editable mode.
 # Usage: bash setup.sh          # runtime only
 #        bash setup.sh --dev    # plus the test dependencies
@@ -16,8 +16,9 @@ extra=""
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 
-# sudo: the SSH tests log in as a non-root user that bootstraps its machine through sudo
-pkgs=(podman runc catatonit debootstrap busybox-static ca-certificates docker-registry apache2-utils openssh-server nftables iproute2 util-linux sudo)
+# sudo: the SSH tests log in as a non-root user that bootstraps its machine through sudo;
+# runsc: gVisor, the sandboxes' kernel="gvisor" tier (docs/security.md)
+pkgs=(podman runc runsc catatonit debootstrap busybox-static ca-certificates docker-registry apache2-utils openssh-server nftables iproute2 util-linux sudo)
 # --dev: the shared-fleet tests start a real redis-server and skew coordinators' clocks (libfaketime);
 # tests/test_top.py reads flowmesh top's screen in tmux
 [ "${1:-}" = "--dev" ] && pkgs+=(redis-server faketime tmux)

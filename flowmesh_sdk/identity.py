@@ -280,7 +280,10 @@ def _container_params(spec: SandboxSpec) -> dict[str, object]:
     # none/all stay the booleans they always were (same digests); an allow-list is its
     # sorted entries, so the same policy is the same warm slot
     network = spec.network if isinstance(spec.network, bool) else tuple(spec.network)
-    return {"op": "sandbox", "network": network, "workdir": spec.workdir}
+    params: dict[str, object] = {"op": "sandbox", "network": network, "workdir": spec.workdir}
+    if spec.kernel != "host":   # named only when not the default: the runc digests stay as they were
+        params["kernel"] = spec.kernel
+    return params
 
 
 def _resource_class(spec: SandboxSpec) -> dict[str, object]:

@@ -155,6 +155,10 @@ class SandboxSpec:
     de-duplicated.  The cloud metadata address is unreachable in every case.
     ``timeout_s`` is the default per-command timeout of :meth:`Sandbox.exec`.
     ``env`` values are kept out of ``repr`` (they may hold secrets).
+    ``kernel``: ``"host"`` (the default: the container runtime the host probe chose, runc,
+    sharing the instance's kernel) or ``"gvisor"`` (gVisor's ``runsc``: the sandbox's
+    system calls are served by gVisor's user-space kernel, not the host's; network must be
+    none).  docs/security.md says what each buys and costs.
     """
 
     image: str
@@ -165,6 +169,7 @@ class SandboxSpec:
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
     workdir: str = "/"
     timeout_s: float = 600.0
+    kernel: str = "host"
 
     def __post_init__(self) -> None:
         try:
@@ -184,6 +189,12 @@ class SandboxSpec:
             raise SpecError("sandbox.workdir", "must be an absolute path (starting with /, no NUL bytes, "
                                                f"at most 4096 chars), got {self.workdir!r}")
         object.__setattr__(self, "env", frozen_env("sandbox.env", self.env))
+        check_choice("sandbox.kernel", self.kernel, KERNELS)
+        if self.kernel == "gvisor" and self.network:
+            raise SpecError("sandbox.network", "must be none (False) for kernel='gvisor': gVisor's own network "
+                                               "stack does not start with Debian's runsc on recent kernels "
+                                               "(google/gvisor#10704), and its host-network mode would run "
+                                               "gVisor as host root; see docs/security.md")
 
     @property
     def memory_mib(self) -> int:
@@ -196,6 +207,8 @@ class PoolMode(str, enum.Enum):
     AUTO = "auto"              # both, chosen per task by its isolation (strict | shared)
 
 
+#: what serves a sandbox's system calls: the instance's kernel (runc), or gVisor's (runsc)
+KERNELS = ("host", "gvisor")
 ISOLATIONS = ("strict", "shared")   # strict: a fresh instance; shared: a fresh container on a warm one
 SPOT_CHOICES = ("never", "prefer", "only")
 
@@ -247,9 +260,11 @@ class PoolSpec:
     sandbox_size: SandboxSize | None = None   # the bidder picks the instance shape and slots
     concurrency: int | None = None       # most sandboxes at once (default: max_instances x slots)
     isolation: str | None = None         # mode auto: the default isolation of a task
+    kernel: str = "host"                 # gvisor: every sandbox of the pool runs under gVisor
 
     def __post_init__(self) -> None:
         check_name("pool.name", self.name)
+        check_choice("pool.kernel", self.kernel, KERNELS)
         check_number("pool.task_attempts", self.task_attempts, lo=1, hi=100, integer=True)
         if self.heartbeat_s is not None:
             check_number("pool.heartbeat_s", self.heartbeat_s, lo=0.1, hi=3600)

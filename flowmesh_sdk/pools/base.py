@@ -19,7 +19,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .. import clock
 from ..control.backend import ControlBackend
@@ -205,11 +205,11 @@ class Pool(abc.ABC):
             yield sb
 
     def default_sandbox(self, image: str) -> SandboxSpec:
-        """A sandbox of at most 1 cpu and 2 GB that fits this pool's slots."""
+        """A sandbox of at most 1 cpu and 2 GB that fits this pool's slots, on its kernel."""
         inst = self.spec.instance
         slots = self.spec.sandboxes_per_instance if self.spec.mode.value == "persistent" else 1
         return SandboxSpec(image=image, cpus=min(1.0, float(inst.cpus)),
-                           memory_gb=min(2.0, inst.memory_gb / slots))
+                           memory_gb=min(2.0, inst.memory_gb / slots), kernel=self.spec.kernel)
 
     async def run_task(self, task: Task) -> TaskResult:
         """Write the task's files, run its command, record and return the result.
@@ -336,6 +336,8 @@ class Pool(abc.ABC):
         if self._closing:
             self._reject(run, PoolClosedError(f"pool {self.name!r} is draining"))
         try:
+            if spec.kernel != self.spec.kernel and self.spec.kernel != "host":
+                spec = replace(spec, kernel=self.spec.kernel)   # the pool's kernel is every sandbox's floor
             self.spec.check_fits(spec)
             info = await self.ctx.images.resolve(spec.image, arch=self.spec.instance.arch)
             await self.ctx.quota.admit_async(tenant)

@@ -30,6 +30,9 @@ Sandboxes run hostile code, so :meth:`ContainerRuntime.create` hardens every con
   added inside the container's network namespace from the host (``nsenter -n ip route``)
   before the container is handed out; the sandbox has no CAP_NET_ADMIN to remove them.
   A host without ``nsenter`` and ``ip`` gets an error, not an open metadata server.
+
+A sandbox with ``kernel="gvisor"`` runs under gVisor's ``runsc`` (``--runtime runsc``,
+``--runtime-flag network=none``) with the same hardening flags; see :func:`gvisor_run_args`.
 """
 
 from __future__ import annotations
@@ -68,6 +71,16 @@ SANDBOX_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SE
 #: cloud metadata services: link-local (AWS, GCE, Azure, most others), Alibaba's, AWS's IPv6
 METADATA_NETWORKS = ("169.254.0.0/16", "100.100.100.200/32", "fd00:ec2::254/128")
 DEFAULT_USERNS_MAP = "0:100000:65536"
+GVISOR_HINT = "install gVisor: `apt-get install -y runsc` (Debian/Ubuntu; setup.sh does)"
+#: host tasks a gVisor sandbox holds (runsc's ptrace platform: a stub process per address
+#: space, with a thread per sentry thread that used it), measured on this project's
+#: machine: sentry and gofer idle at 45-55; about 8 more per process that lives; up to
+#: about 50 per process while processes come and go (a fork bomb held to 32 processes by
+#: RLIMIT_NPROC peaked at 1,636).  The host's pids limit is set above that, as a backstop:
+#: the sandbox's own limit is gVisor's RLIMIT_NPROC (a sentry that cannot make a thread
+#: panics, and the sandbox is lost)
+GVISOR_BASE_TASKS = 64
+GVISOR_TASKS_PER_PROCESS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +151,8 @@ class RuntimeInfo:
     ``userns`` names the mapping in use (``auto``, ``0:100000:65536``, or ``none``);
     ``disk_quota`` says whether the storage enforces ``--storage-opt size``;
     ``netns_tools`` whether ``nsenter`` and ``ip`` are there to block metadata addresses;
-    ``nft`` whether ``nft`` is there to enforce egress allow-lists."""
+    ``nft`` whether ``nft`` is there to enforce egress allow-lists; ``runsc`` whether
+    gVisor's runtime is there (``kernel="gvisor"``)."""
 
     binary: str
     version: str
@@ -149,6 +163,7 @@ class RuntimeInfo:
     disk_quota: bool = False
     netns_tools: bool = False
     nft: bool = False
+    runsc: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +183,29 @@ def runtime_flags(oci_runtime: str, *, binary: str, cgroups_v2: bool, has_runc: 
     if oci_runtime == "auto":
         return ["--runtime", "runc"] if binary == "podman" and not cgroups_v2 and has_runc else []
     return [] if oci_runtime == "default" else ["--runtime", oci_runtime]
+
+
+def gvisor_run_args(run_flags: Sequence[str], pids: int) -> tuple[list[str], int]:
+    """``run_flags`` for a gVisor sandbox, and the host pids limit it gets.
+
+    The probe's ``--runtime`` gives way to runsc with ``network=none``: gVisor serves only
+    its own loopback (SandboxSpec refuses other networks under gVisor; docs/security.md
+    says why).  The sandbox's ``pids`` limit is its processes; on the host, gVisor's
+    sentry, gofer and per-process stubs are counted instead (:data:`GVISOR_TASKS_PER_PROCESS`),
+    so the host limit is set above them and the agent applies ``pids`` inside, as
+    RLIMIT_NPROC, which gVisor's kernel counts over the sandbox alone."""
+    out: list[str] = []
+    flags = list(run_flags)
+    i = 0
+    while i < len(flags):
+        if flags[i] == "--runtime":
+            i += 2
+            continue
+        if not flags[i].startswith("--runtime="):
+            out.append(flags[i])
+        i += 1
+    return ["--runtime", "runsc", "--runtime-flag", "network=none", *out], \
+        GVISOR_BASE_TASKS + GVISOR_TASKS_PER_PROCESS * pids
 
 
 def ulimit_flags(cap_eff: int | None, hard_nofile: str) -> list[str]:
@@ -210,9 +248,10 @@ class ContainerRuntime:
             "command -v runc || echo; id -u; cat /proc/sys/user/max_user_namespaces 2>/dev/null || echo 0; "
             "grep -c '^containers:' /etc/subuid 2>/dev/null || true; "
             "command -v nsenter >/dev/null && command -v ip >/dev/null && echo netns || echo; "
-            "command -v nft >/dev/null && echo nft || echo")
+            "command -v nft >/dev/null && echo nft || echo; "
+            "command -v runsc >/dev/null && echo runsc || echo")
         lines = facts.text().split("\n")
-        cap_hex, hard_nofile, cgroups, runc, uid, max_userns, subuid, netns, nft = (lines + [""] * 9)[:9]
+        cap_hex, hard_nofile, cgroups, runc, uid, max_userns, subuid, netns, nft, runsc = (lines + [""] * 10)[:10]
         flags = runtime_flags(cfg.oci_runtime, binary=binary, cgroups_v2=cgroups == "v2",
                               has_runc=runc.strip() != "")
         if cfg.ulimits is not None:
@@ -261,7 +300,8 @@ class ContainerRuntime:
                 sandbox += ["--storage-opt", f"size={cfg.disk_limit_mb}m"]
             sandbox += ["--ulimit", f"fsize={cfg.disk_limit_mb << 20}"]
         self._info = RuntimeInfo(binary, ver.text().strip(), cgroups, tuple(flags), tuple(sandbox),
-                                 userns, quota, netns.strip() == "netns", nft.strip() == "nft")
+                                 userns, quota, netns.strip() == "netns", nft.strip() == "nft",
+                                 runsc.strip() == "runsc")
         return self._info
 
     # ---- images ----------------------------------------------------------------
@@ -416,12 +456,21 @@ class ContainerRuntime:
             raise ContainerRuntimeError(
                 f"a sandbox with an egress allow-list needs `nsenter` and `nft` on {self.runner.label} "
                 "(and root) to enforce it; install util-linux and nftables (`apt-get install -y nftables`)")
+        run_flags, pids = list(info.run_flags), spec.pids
+        if spec.kernel == "gvisor":
+            if info.binary != "podman":
+                raise RuntimeMissingError(f"kernel='gvisor' needs podman on {self.runner.label}, which runs "
+                                          f"{info.binary}")
+            if not info.runsc:
+                raise RuntimeMissingError(f"kernel='gvisor' needs gVisor's runsc on {self.runner.label}, where "
+                                          f"it is not installed: {GVISOR_HINT}")
+            run_flags, pids = gvisor_run_args(run_flags, spec.pids)
         hosts: dict[str, list[str]] = {}
         if allow is not None:
             hosts = await self._resolve([e.rpartition(":")[0] for e in allow if _is_name(e)])
-        argv = [info.binary, "run", "-d", "--name", name, *info.run_flags, *info.sandbox_flags,
+        argv = [info.binary, "run", "-d", "--name", name, *run_flags, *info.sandbox_flags,
                 "--cpus", f"{spec.cpus:g}", "--memory", f"{spec.memory_mib}m",
-                "--memory-swap", f"{spec.memory_mib}m", "--pids-limit", str(spec.pids),
+                "--memory-swap", f"{spec.memory_mib}m", "--pids-limit", str(pids),
                 "--workdir", spec.workdir]
         if not spec.network:
             argv += ["--network", "none"]

@@ -65,6 +65,7 @@ FILE_CAP = 256 << 20                  # read_file limit, and write_file's
 EXEC_CHANNELS = 4                     # channels exec and the file calls may use at once
 _HOST_GRACE_S = 15.0                  # agent must answer within timeout + grace
 _FILE_TIMEOUT_S = 300.0
+_AGENT_BYTES = AGENT.encode()
 AGENT_FAILED = 125                    # exit code when the agent could not run a command
 
 _HEADER = re.compile(rb"^__FM__ (\d+) (-?\d+) ([01]) (\d+) (\d+)\n$")
@@ -116,6 +117,13 @@ class Sandbox:
     def __repr__(self) -> str:
         return f"Sandbox({self.name}, image={self.spec.image!r}, instance={self.instance_id})"
 
+    @property
+    def _agent_text(self) -> bytes:
+        # under gVisor the agent cannot read the process limit (no cgroup files inside): it is told
+        if self.spec.kernel == "gvisor":
+            return f"__fm_gv={int(self.spec.pids)}\n".encode() + _AGENT_BYTES
+        return _AGENT_BYTES
+
     # ---- lifecycle -------------------------------------------------------------
     async def open(self) -> Sandbox:
         """Open the first command channel (idempotent; ``start()`` with no command and
@@ -139,7 +147,7 @@ class Sandbox:
     async def _open_agent(self) -> _Agent:
         chan = await self._open_shell()
         try:
-            await chan.write(AGENT.encode())
+            await chan.write(self._agent_text)
             deadline = clock.monotonic() + 30.0
             while True:
                 try:

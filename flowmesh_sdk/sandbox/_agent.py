@@ -21,9 +21,14 @@ command -v setsid >/dev/null 2>&1 && __fm_ss=setsid
 # cannot be raised again without CAP_SYS_RESOURCE), a limit on all the processes of its
 # user, checked at each fork.  Only in a user namespace of the sandbox's own: there
 # the count is the sandbox's; with the host's uid 0 it would count the host's processes.
-# Not a session's shell: it forks to answer too, and the limit is per process
+# Not a session's shell: it forks to answer too, and the limit is per process.  Under
+# gVisor the host sets __fm_gv to the sandbox's process limit: gVisor's kernel counts
+# RLIMIT_NPROC over the sandbox only, root's processes too (the host's pids.max counts
+# gVisor's own threads there, not the sandbox's processes)
 __fm_np=
-if { read -r __x __y __z < /proc/self/uid_map; } 2>/dev/null && [ "$__x $__y $__z" != "0 0 4294967295" ]; then
+if [ -n "${__fm_gv:-}" ]; then
+  [ "$__fm_gv" -gt 16 ] && __fm_np=$((__fm_gv - 8))
+elif { read -r __x __y __z < /proc/self/uid_map; } 2>/dev/null && [ "$__x $__y $__z" != "0 0 4294967295" ]; then
   for __f in /sys/fs/cgroup/pids.max /sys/fs/cgroup/pids/pids.max; do
     { read -r __x < "$__f"; } 2>/dev/null || continue
     case "$__x" in ''|*[!0-9]*) ;; *) [ "$__x" -gt 16 ] && __fm_np=$((__x - 8));; esac
@@ -454,9 +459,22 @@ done
 # program that handled the interrupt itself, and the command's next line runs.  So the
 # shell is signalled first, and a SIGKILL for the tree comes after a SIGINT: a process
 # with SIGINT's default action is marked dying of SIGINT the moment it is sent one (the
-# SIGKILL after it changes nothing), one that catches or ignores it dies of the SIGKILL
+# SIGKILL after it changes nothing), one that catches or ignores it dies of the SIGKILL.
+# gVisor's kernel marks a process only when it takes the signal, so a SIGKILL sent at once
+# would be the cause of death there: the SIGKILL waits until the tree is gone or zombies
+# (builtins, at most 300 scans; at once on Linux, where they are)
 [ -n "$__ss" ] && kill -"$__ss" "$__r" 2>/dev/null
-[ -n "$__sel" ] && [ "$__ts" = 9 ] && kill -2 $__sel 2>/dev/null
+if [ -n "$__sel" ] && [ "$__ts" = 9 ]; then
+  kill -2 $__sel 2>/dev/null; __i=0
+  while [ $__i -lt 300 ]; do
+    __i=$((__i + 1)); __left=
+    for __p in $__sel; do
+      { read -r __l < "/proc/$__p/stat"; } 2>/dev/null || continue
+      set -- ${__l##*) }; [ "$1" = Z ] || { __left=1; break; }
+    done
+    [ -z "$__left" ] && break
+  done
+fi
 [ -n "$__sel" ] && kill -"$__ts" $__sel 2>/dev/null
 echo "signalled:$__sel"
 """
