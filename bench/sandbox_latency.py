@@ -23,7 +23,13 @@ p50(e) / p50(d), against the targets ttfc <= 0.1, exec <= 0.05 and session <= 1 
 command no slower than exec).  The last line printed is exactly
 ``ttfc_ratio=<x> exec_ratio=<y> session_ratio=<z>``.
 
-    python bench/sandbox_latency.py [--image IMG] [--n 30]
+``--isolation gvisor`` measures (a)-(e) again with the sandboxes under gVisor
+(``kernel="gvisor"``; raw podman with the same ``--runtime runsc`` flags) and prints them
+beside runc's; the last line then adds ``gvisor_ttfc_ratio`` and ``gvisor_exec_ratio``
+(against gVisor's raw podman) and ``gvisor_vs_runc_ttfc``, ``gvisor_vs_runc_exec``
+(p50 under gVisor over p50 under runc, for the SDK's time to first command and exec).
+
+    python bench/sandbox_latency.py [--image IMG] [--n 30] [--isolation runc|gvisor]
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from _common import console as bench_console, image_builder, pct  # bench/_commo
 
 from flowmesh_sdk import EventKind, Fleet, InstanceSpec, Pool, PoolSpec
 from flowmesh_sdk.remote.local import LocalRunner
-from flowmesh_sdk.remote.runtime import ContainerRuntime, RuntimeInfo
+from flowmesh_sdk.remote.runtime import ContainerRuntime, RuntimeInfo, gvisor_run_args
 
 DEFAULT_IMAGE = "localhost/flowmesh/swe-base:bookworm"
 TTFC_TARGET = 0.1
@@ -94,8 +100,13 @@ def ensure_image(image: str) -> None:
 # the four measurements
 # --------------------------------------------------------------------------- #
 
-async def raw_run(info: RuntimeInfo, image: str, n: int) -> list[float]:
-    argv = [info.binary, "run", "--rm", *info.run_flags, "--network", "none", image, "true"]
+def run_flags(info: RuntimeInfo, kernel: str) -> list[str]:
+    """The probe's run flags, or (gVisor) the ones the SDK gives a gVisor sandbox."""
+    return gvisor_run_args(info.run_flags, 1024)[0] if kernel == "gvisor" else list(info.run_flags)
+
+
+async def raw_run(info: RuntimeInfo, image: str, n: int, kernel: str = "host") -> list[float]:
+    argv = [info.binary, "run", "--rm", *run_flags(info, kernel), "--network", "none", image, "true"]
     console.print(f"[dim](a) {' '.join(argv)}[/]")
 
     async def one() -> float:
@@ -103,12 +114,12 @@ async def raw_run(info: RuntimeInfo, image: str, n: int) -> list[float]:
         await sh(*argv)
         return time.perf_counter() - t0
 
-    return await sample(n, one, "(a) podman run --rm")
+    return await sample(n, one, f"(a) podman run --rm [{kernel}]")
 
 
-async def raw_exec(info: RuntimeInfo, image: str, n: int) -> list[float]:
+async def raw_exec(info: RuntimeInfo, image: str, n: int, kernel: str = "host") -> list[float]:
     name = f"fm-bench-exec-{os.getpid()}"
-    await sh(info.binary, "run", "-d", "--name", name, *info.run_flags, "--network", "none",
+    await sh(info.binary, "run", "-d", "--name", name, *run_flags(info, kernel), "--network", "none",
              "--entrypoint", "/bin/sh", image, "-c", IDLE_PID1)
     console.print(f"[dim](b) {info.binary} exec {name} true[/]")
     try:
@@ -117,7 +128,7 @@ async def raw_exec(info: RuntimeInfo, image: str, n: int) -> list[float]:
             await sh(info.binary, "exec", name, "true")
             return time.perf_counter() - t0
 
-        return await sample(n, one, "(b) podman exec")
+        return await sample(n, one, f"(b) podman exec [{kernel}]")
     finally:
         await sh(info.binary, "rm", "-f", "-t", "0", name, check=False)
 
@@ -137,10 +148,12 @@ async def wait_warm(fleet: Fleet, pool: Pool) -> None:
         sub.close()
 
 
-async def sdk(image: str, n: int) -> tuple[list[float], list[float], dict[str, Any]]:
+async def sdk(image: str, n: int, kernel: str = "host", *,
+              full: bool = True) -> tuple[list[float], list[float], dict[str, Any]]:
+    """(c) and (d), and with ``full`` (e)-(g), on a warm persistent pool of ``kernel``."""
     spec = PoolSpec(name="bench-warm", mode="persistent", instance=InstanceSpec(cpus=1, memory_gb=2),
                     min_instances=1, max_instances=1, sandboxes_per_instance=1, warm_per_image=1,
-                    warm_images=(image,))
+                    warm_images=(image,), kernel=kernel)
     facts: dict[str, Any] = {}
     async with Fleet(name="bench") as fleet:
         pool = await fleet.pool(spec)
@@ -159,7 +172,7 @@ async def sdk(image: str, n: int) -> tuple[list[float], list[float], dict[str, A
                     raise RuntimeError(f"exec true exited {res.exit_code}: {res.stderr}")
             return dt
 
-        ttfcs = await sample(n, ttfc, "(c) SDK acquire + first exec")
+        ttfcs = await sample(n, ttfc, f"(c) SDK acquire + first exec [{kernel}]")
         facts["warm_hits"] = f"{sum(hits[1:])}/{len(hits) - 1}"  # not counting the warm-up
 
         await wait_warm(fleet, pool)  # let the refill finish: (d) measures a quiet sandbox
@@ -174,7 +187,9 @@ async def sdk(image: str, n: int) -> tuple[list[float], list[float], dict[str, A
                     raise RuntimeError(f"exec true exited {res.exit_code}: {res.stderr}")
                 return dt
 
-            rtts = await sample(n, rtt, "(d) SDK exec round trip")
+            rtts = await sample(n, rtt, f"(d) SDK exec round trip [{kernel}]")
+            if not full:
+                return ttfcs, rtts, facts
 
             session = sb.session("bench")
 
@@ -243,6 +258,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="sandbox_latency.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--image", default=DEFAULT_IMAGE, help=f"image (default {DEFAULT_IMAGE})")
     p.add_argument("--n", type=int, default=30, help="samples per measurement (default 30)")
+    p.add_argument("--isolation", choices=("runc", "gvisor"), default="runc",
+                   help="gvisor: also measure (a)-(d) with the sandboxes under gVisor, beside runc's")
     args = p.parse_args(argv)
     if args.n < 1:
         p.error("--n must be at least 1")
@@ -257,10 +274,18 @@ async def main(argv: list[str] | None = None) -> int:
                   f"{' '.join(info.run_flags) or '(none)'}; {os.cpu_count()} cpus; image {args.image}; "
                   f"n={args.n} per measurement after 1 warm-up")
 
+    if args.isolation == "gvisor" and not info.runsc:
+        console.print("[red]--isolation gvisor: runsc is not installed (apt-get install -y runsc)[/]")
+        return 2
     runs = await raw_run(info, args.image, args.n)
     execs = await raw_exec(info, args.image, args.n)
     ttfcs, rtts, facts = await sdk(args.image, args.n)
     shells = await held_shell(info, args.image, args.n)
+    gv: dict[str, list[float]] = {}
+    if args.isolation == "gvisor":
+        gv["run"] = await raw_run(info, args.image, args.n, "gvisor")
+        gv["exec"] = await raw_exec(info, args.image, args.n, "gvisor")
+        gv["ttfc"], gv["rtt"], _ = await sdk(args.image, args.n, "gvisor", full=False)
 
     rows = [("(a) raw podman run --rm … true", runs),
             ("(b) raw podman exec CTR true", execs),
@@ -270,6 +295,11 @@ async def main(argv: list[str] | None = None) -> int:
             ("(f) SDK start(cmd) + wait()", facts["start"]),
             ("(g) SDK exec(on_stdout=)", facts["stream"]),
             ("(h) raw held-open shell round trip", shells)]
+    if gv:
+        rows += [("(a) raw podman run --rm … true [gVisor]", gv["run"]),
+                 ("(b) raw podman exec CTR true [gVisor]", gv["exec"]),
+                 ("(c) SDK warm acquire + first exec [gVisor]", gv["ttfc"]),
+                 ("(d) SDK exec round trip [gVisor]", gv["rtt"])]
     table = Table(title="sandbox latency (ms)", title_justify="left")
     for col in ("measurement", "n", "p50", "p95", "min", "max"):
         table.add_column(col, justify="left" if col == "measurement" else "right")
@@ -296,8 +326,15 @@ async def main(argv: list[str] | None = None) -> int:
         met = val <= target
         verdict = "[bold green]MET[/]" if met else "[bold red]NOT MET[/]"
         console.print(f"{name} = {what} = {val:.3f}  target <= {target:g}: {verdict}")
-    print(f"ttfc_ratio={ttfc_ratio:.3f} exec_ratio={exec_ratio:.3f} session_ratio={session_ratio:.3f}",
-          flush=True)
+    last = f"ttfc_ratio={ttfc_ratio:.3f} exec_ratio={exec_ratio:.3f} session_ratio={session_ratio:.3f}"
+    if gv:
+        ratios = {"gvisor_ttfc_ratio": pct(gv["ttfc"], 50) / pct(gv["run"], 50),
+                  "gvisor_exec_ratio": pct(gv["rtt"], 50) / pct(gv["exec"], 50),
+                  "gvisor_vs_runc_ttfc": pct(gv["ttfc"], 50) / pct(ttfcs, 50),
+                  "gvisor_vs_runc_exec": pct(gv["rtt"], 50) / pct(rtts, 50)}
+        console.print("gVisor: " + ", ".join(f"{k} = {v:.3f}" for k, v in ratios.items()))
+        last += "".join(f" {k}={v:.3f}" for k, v in ratios.items())
+    print(last, flush=True)
     return 0
 
 

@@ -230,3 +230,26 @@ async def test_a_host_without_runsc_says_what_to_install(tmp_path, monkeypatch, 
     left = subprocess.run(["podman", "ps", "-a", "--filter", "name=fm-gv-missing", "--format", "{{.Names}}"],
                           capture_output=True, text=True, check=True).stdout
     assert not left.strip()
+
+
+async def test_a_terminal_under_gvisor_runs_a_repl_and_takes_ctrl_c(gv, swe_image, busybox_image):
+    # runsc cannot give `exec` a terminal, and gVisor's takes Ctrl-C as a byte: the
+    # terminal is made inside (util-linux's script) and an interrupt signals the shell's job
+    async with gv.sandbox(_spec(swe_image)) as sb:
+        t = await sb.terminal(cwd="/etc", env={"X": "it's"})
+        await t.sendline('echo "$X" "$(pwd)" "$(tty)"')
+        got = await t.expect([t.prompt], 10)
+        assert got.before.strip() == "it's /etc /dev/pts/0", got
+        await t.sendline("python3 -q")
+        assert (await t.expect([">>> "], 10)).index == 0
+        await t.sendline("import time; time.sleep(60)")
+        assert (await t.expect([">>> "], 1)).timed_out
+        await t.interrupt()
+        got = await t.expect([">>> "], 10)
+        assert "KeyboardInterrupt" in got.before, got
+        await t.sendline("exit()")
+        assert (await t.expect([t.prompt], 10)).index == 0
+        await t.close()
+    async with gv.sandbox(_spec(busybox_image)) as sb:   # no `script` in the image: said so
+        with pytest.raises(SandboxClosedError, match="needs util-linux's script in the image"):
+            await sb.terminal()

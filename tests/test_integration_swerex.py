@@ -110,8 +110,6 @@ async def test_bash_session_as_swe_agent_drives_it(deployment):
     obs = await asyncio.wait_for(running, 20)
     assert obs.exit_code == 130
 
-    with pytest.raises(SwerexException, match="interactive"):
-        await rt.run_in_session(BashAction(command="python3", is_interactive_command=True))
     # a command that ends the shell: the session restarts; the sandbox is not "lost"
     with pytest.raises(SwerexException) as ei:
         await rt.run_in_session(BashAction(command="kill -9 $$", timeout=30))
@@ -127,6 +125,53 @@ async def test_bash_session_as_swe_agent_drives_it(deployment):
         await rt.run_in_session(BashAction(session="other", command="true"))
     with pytest.raises(SessionDoesNotExistError):
         await rt.close_session(CloseBashSessionRequest(session="other"))
+
+
+async def test_interactive_programs_run_as_swerex_runs_them(deployment, rex_local):
+    # issue 24: a REPL on the session's pseudo-terminal, held against SWE-ReX's LocalRuntime
+    rt = deployment.runtime
+    await rt.create_session(CreateBashSessionRequest())
+    both = (rt, rex_local)
+
+    async def run(**kw):
+        return [await r.run_in_session(BashAction(**kw)) for r in both]
+
+    await run(command="cd /tmp && export MY_VAR=from-session && UNEXPORTED=1", timeout=30)
+    obs = await run(command="python3 -q", is_interactive_command=True, expect=[">>> "], timeout=30)
+    assert [o.expect_string for o in obs] == [">>> ", ">>> "], obs
+    # the session's cwd and environment carry into the program; its answers come back
+    obs = await run(command="import os; print(os.getcwd(), os.environ.get('MY_VAR'), "
+                            "os.environ.get('UNEXPORTED'))", is_interactive_command=True, expect=[">>> "], timeout=30)
+    assert [o.output for o in obs] == ["/tmp from-session None"] * 2, obs
+    obs = await run(command="x = 6 * 7", is_interactive_command=True, expect=[">>> "], timeout=30)
+    obs = await run(command="print(x)", is_interactive_command=True, expect=[">>> "], timeout=30)
+    assert [(o.output, o.exit_code) for o in obs] == [("42", 0)] * 2, obs
+    # past its timeout the program keeps running; an interrupt is Ctrl-C, and the REPL goes on
+    for r in both:
+        with pytest.raises(CommandTimeoutError):
+            await r.run_in_session(BashAction(command="import time; time.sleep(60)", is_interactive_command=True,
+                                              expect=[">>> "], timeout=1))
+    obs = [await r.run_in_session(BashInterruptAction(expect=[">>> "], timeout=10)) for r in both]
+    assert all("KeyboardInterrupt" in o.output and o.expect_string == ">>> " for o in obs), obs
+    obs = await run(command="print(x + 1)", is_interactive_command=True, expect=[">>> "], timeout=30)
+    assert [o.output for o in obs] == ["43"] * 2, obs
+    obs = await run(command="exit()", is_interactive_quit=True, timeout=30)
+    assert [o.exit_code for o in obs] == [0, 0], obs
+    assert not rt._terminals                                      # the terminal went with the program
+    # the session's shell was not touched: its state is as it was
+    obs = await rt.run_in_session(BashAction(command='pwd; echo "$MY_VAR $UNEXPORTED"', timeout=30))
+    assert obs.output == "/tmp\nfrom-session 1\n", obs
+    # a program that ends by itself: the prompt is what matched
+    obs = await run(command="python3 -c 'print(7)'", is_interactive_command=True, expect=[">>> "], timeout=30)
+    assert [(o.output.strip(), o.expect_string) for o in obs] == [("7", "SHELLPS1PREFIX")] * 2, obs
+    # a pager pages (the terminal has rows) and quits on q
+    obs = await rt.run_in_session(BashAction(command="seq 1 500 | more", is_interactive_command=True,
+                                             expect=["--More--"], timeout=30))
+    lines = obs.output.split()
+    assert obs.expect_string == "--More--" and lines[:3] == ["1", "2", "3"] and "500" not in lines, obs
+    obs = await rt.run_in_session(BashAction(command="q", is_interactive_quit=True, timeout=30))
+    assert obs.expect_string == "SHELLPS1PREFIX", obs
+    await rt.close_session(CloseBashSessionRequest())
 
 
 @pytest.fixture(params=["busybox", "debian"])

@@ -4,6 +4,7 @@ for real on the SWE image built from Debian packages (built once, then cached)."
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -69,8 +70,14 @@ def test_readme_example_runs(fm_home, swe_image, tmp_path):
 
 
 def test_benchmark_prints_ratios(fm_home, busybox_image):
+    gvisor = shutil.which("runsc") is not None      # setup.sh installs it: gVisor's beside runc's
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "sandbox_latency.py"),
-                           "--image", busybox_image, "--n", "3"], cwd=ROOT, capture_output=True,
+                           "--image", busybox_image, "--n", "3", *(["--isolation", "gvisor"] if gvisor else [])],
+                          cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, FLOWMESH_HOME=str(fm_home)))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.fullmatch(r"ttfc_ratio=\d+\.\d{3} exec_ratio=\d+\.\d{3} session_ratio=\d+\.\d{3}", proc.stdout.strip().splitlines()[-1])
+    line = r"ttfc_ratio=\d+\.\d{3} exec_ratio=\d+\.\d{3} session_ratio=\d+\.\d{3}"
+    if gvisor:
+        line += "".join(rf" {k}=\d+\.\d{{3}}" for k in ("gvisor_ttfc_ratio", "gvisor_exec_ratio",
+                                                        "gvisor_vs_runc_ttfc", "gvisor_vs_runc_exec"))
+    assert re.fullmatch(line, proc.stdout.strip().splitlines()[-1]), proc.stdout[-2000:]

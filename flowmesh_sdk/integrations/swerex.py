@@ -25,9 +25,16 @@ models and exception classes:
   past ``timeout`` the command's processes are killed and ``CommandTimeoutError`` is
   raised (the session goes on); ``check="raise"`` raises ``NonZeroExitCodeError``,
   ``"silent"`` returns the exit code, ``"ignore"`` returns ``exit_code=None``.
-  ``BashInterruptAction`` interrupts the running command as Ctrl-C.  Interactive
-  programs (``is_interactive_command`` / ``is_interactive_quit``) are not supported:
-  each command runs to its end with stdin from /dev/null.
+  ``BashInterruptAction`` interrupts the running command as Ctrl-C.
+* Interactive programs (``is_interactive_command`` / ``is_interactive_quit``, a REPL,
+  gdb, a pager) run on a pseudo-terminal of the session (:meth:`Sandbox.terminal`),
+  opened at the session's first such command in the session's cwd and with its
+  environment: the command is typed there and its output read until one of ``expect``
+  or the prompt (SWE-ReX's ``SHELLPS1PREFIX``) shows; ``expect_string`` names which.
+  Past ``timeout`` it is ``CommandTimeoutError`` and the program keeps running (a
+  ``BashInterruptAction`` sends it Ctrl-C).  ``is_interactive_quit`` and a program that
+  ends (the prompt shows) close the terminal; the session's other commands run in its
+  shell as before.
 * ``execute(Command)`` runs an argv list or (``shell=True``) a string like
   ``subprocess.run``: ``env`` replaces the environment, ``cwd``, ``merge_output_streams``,
   ``check`` and ``timeout`` as there.  The first runs with ``sandbox.exec`` (a fresh
@@ -71,7 +78,7 @@ from swerex.runtime.abstract import (AbstractRuntime, BashAction, BashInterruptA
 
 from ..errors import (ContainerRuntimeError, FlowMeshError, InstanceLost, SandboxClosedError,  # noqa: E402
                       SandboxFileError, SandboxTimeout, SpecError)
-from ..sandbox import Sandbox, Session  # noqa: E402
+from ..sandbox import Sandbox, Session, Terminal  # noqa: E402
 from ..specs import SandboxSpec  # noqa: E402
 
 __all__ = ["FlowMeshDeployment", "FlowMeshRuntime", "SandboxLostError"]
@@ -85,6 +92,8 @@ PS1 = "SHELLPS1PREFIX"
 _SYNTAX_MARK = "__FM_SYNTAX__"   # + a nonce and the check's status: stdout of a command that did not parse
 _EXEC_SHELLS = 4                 # idle /bin/sh sessions kept for execute()
 _ALIVE_TIMEOUT_S = 10.0
+#: the shell's own variables, not carried from a session into its terminal
+_SHELL_OWN = frozenset({"PS1", "PS2", "PS0", "PROMPT_COMMAND", "PWD", "OLDPWD", "SHLVL", "_"})
 # the errors that mean the sandbox (or the channel to it) is gone
 _LOST = (SandboxClosedError, InstanceLost, SandboxTimeout, ContainerRuntimeError)
 
@@ -101,6 +110,7 @@ class FlowMeshRuntime(AbstractRuntime):
         self.sandbox = sandbox
         self.logger = logger or log
         self._sessions: dict[str, Session] = {}
+        self._terminals: dict[str, Terminal] = {}    # a session's interactive program, while it runs
         self._lost: str = ""
         self._exec_idle: list[Session] = []          # held /bin/sh sessions for execute()
         self._exec_ids = itertools.count(1)
@@ -191,13 +201,13 @@ class FlowMeshRuntime(AbstractRuntime):
     async def run_in_session(self, action: BashAction | BashInterruptAction) -> BashObservation:
         session = self._session(action.session)
         if isinstance(action, BashInterruptAction):
+            if action.session in self._terminals:
+                return await self._interrupt_terminal(action)
             async with self._guard(f"interrupt of session {action.session!r}"):
                 await session.interrupt()
             return BashObservation(output="", exit_code=0, expect_string=PS1)
         if action.is_interactive_command or action.is_interactive_quit:
-            raise SwerexException("FlowMeshRuntime does not support interactive programs "
-                                  "(is_interactive_command / is_interactive_quit): every command runs "
-                                  "to its end with stdin from /dev/null")
+            return await self._interactive(action, session)
         timeout = NO_TIMEOUT_S if action.timeout is None else action.timeout
         nonce = secrets.token_hex(8)
         async with self._guard(f"run_in_session({action.session!r})"):
@@ -231,8 +241,67 @@ class FlowMeshRuntime(AbstractRuntime):
         session = self._session(request.session)
         del self._sessions[request.session]
         async with self._guard(f"close_session({request.session!r})"):
+            await self._close_terminal(request.session)
             await session.close()
         return CloseBashSessionResponse()
+
+    # ---- interactive programs (a terminal per session) ---------------------------------
+    async def _interactive(self, action: BashAction, session: Session) -> BashObservation:
+        timeout = NO_TIMEOUT_S if action.timeout is None else action.timeout
+        async with self._guard(f"interactive command in session {action.session!r}"):
+            term = self._terminals.get(action.session)
+            if term is None or term.closed:
+                term = await self._open_terminal(action.session, session)
+            await term.sendline(action.command)
+            got = await term.expect([*action.expect, re.escape(PS1)], max(timeout, 0.001))
+            if got.timed_out:
+                raise CommandTimeoutError(f"timeout after {action.timeout} seconds while running command "
+                                          f"{action.command!r}")
+            if action.is_interactive_quit or got.index == len(action.expect):   # back at the shell
+                await self._close_terminal(action.session)
+        output = got.before
+        if not action.is_interactive_quit:   # a program that echoes what it reads (readline)
+            output = output.lstrip().removeprefix(action.command).strip()
+        assert got.index is not None
+        return BashObservation(output=output, exit_code=0,
+                               expect_string=[*action.expect, PS1][got.index])
+
+    async def _open_terminal(self, name: str, session: Session) -> Terminal:
+        """A terminal with the session's cwd and exported environment."""
+        r = await session.run("pwd; env -0", timeout_s=30, binary=True)
+        cwd, _, env_raw = r.stdout_raw.partition(b"\n")  # type: ignore[attr-defined]
+        env = {}
+        for item in env_raw.split(b"\0") if r.ok else ():
+            k, sep, v = item.decode(errors="surrogateescape").partition("=")
+            if sep and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) and k not in _SHELL_OWN:
+                env[k] = v
+        path = cwd.decode(errors="surrogateescape")
+        term = await self.sandbox.terminal(shell=session.shell, cwd=path if path.startswith("/") else None,
+                                           env=env, prompt=PS1)
+        self._terminals[name] = term
+        return term
+
+    async def _close_terminal(self, name: str) -> None:
+        term = self._terminals.pop(name, None)
+        if term is not None:
+            await term.close()
+
+    async def _interrupt_terminal(self, action: BashInterruptAction) -> BashObservation:
+        term = self._terminals[action.session]
+        output = ""
+        async with self._guard(f"interrupt of session {action.session!r}"):
+            for _ in range(max(1, action.n_retry)):
+                await term.interrupt()
+                got = await term.expect([*action.expect, re.escape(PS1)], max(action.timeout, 0.001))
+                if not got.timed_out:
+                    assert got.index is not None
+                    if got.index == len(action.expect):
+                        await self._close_terminal(action.session)
+                    return BashObservation(output=(output + got.before).strip(), exit_code=0,
+                                           expect_string=[*action.expect, PS1][got.index])
+            await self._close_terminal(action.session)   # what would not stop ends with its terminal
+        raise CommandTimeoutError(f"failed to interrupt the interactive program of session {action.session!r}: "
+                                  "its terminal was closed")
 
     # ---- commands and files -------------------------------------------------------------
     async def execute(self, command: Command) -> CommandResponse:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import collections
+import contextlib
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,10 @@ class Channel(abc.ABC):
     @abc.abstractmethod
     async def readexactly(self, n: int) -> bytes: ...
 
+    @abc.abstractmethod
+    async def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes, as soon as there are any; b"" at end of stream."""
+
     @property
     @abc.abstractmethod
     def alive(self) -> bool: ...
@@ -64,6 +69,11 @@ class Channel(abc.ABC):
     @abc.abstractmethod
     def stderr_tail(self) -> str:
         """The last lines the process wrote to stderr (for diagnostics)."""
+
+    async def last_words(self, wait_s: float = 1.0) -> str:
+        """:meth:`stderr_tail` once the process's stderr has ended (at most ``wait_s``):
+        what a process that just exited said, read to its end."""
+        return self.stderr_tail()
 
     @abc.abstractmethod
     async def close(self) -> None: ...
@@ -90,6 +100,9 @@ class StreamChannel(Channel):
     async def readline(self) -> bytes:
         return await self._stdout.readline()
 
+    async def read(self, n: int) -> bytes:
+        return await self._stdout.read(n)
+
     async def readexactly(self, n: int) -> bytes:
         try:
             return await self._stdout.readexactly(n)
@@ -98,6 +111,11 @@ class StreamChannel(Channel):
 
     def stderr_tail(self) -> str:
         return " | ".join(self._err) or "(no stderr)"
+
+    async def last_words(self, wait_s: float = 1.0) -> str:
+        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(self._drain), wait_s)
+        return self.stderr_tail()
 
     def abort(self, exc: Exception) -> None:
         self._stdout.set_exception(exc)

@@ -575,9 +575,16 @@ class ContainerRuntime:
             raise ContainerRuntimeError(f"could not block the metadata addresses in {container} on "
                                         f"{self.runner.label}: {res.describe()}")
 
-    async def open_shell(self, container: str) -> Channel:
+    async def open_shell(self, container: str, argv: Sequence[str] = ("/bin/sh",)) -> Channel:
+        """``argv`` (a shell) in the container, spoken to over its stdin and stdout."""
         info = await self.probe()
-        return await self.runner.open_channel([info.binary, "exec", "-i", container, "/bin/sh"])
+        return await self.runner.open_channel([info.binary, "exec", "-i", container, *argv])
+
+    async def open_tty(self, container: str, argv: Sequence[str]) -> Channel:
+        """``argv`` in the container on a pseudo-terminal of its own (``exec -i -t``): what
+        it writes to the terminal, stdout and stderr alike, is the channel's stdout."""
+        info = await self.probe()
+        return await self.runner.open_channel([info.binary, "exec", "-i", "-t", container, *argv])
 
     async def exec_once(self, container: str, argv: Sequence[str], *, input: bytes | None = None,
                         timeout_s: float | None = None) -> CommandResult:

@@ -60,19 +60,26 @@ from ._common import (COMMAND_CAP, DEFAULT_OUTPUT_CAP, BinaryExecResult, _check_
                       sh_quote, sh_quote_bytes)
 from .process import Process, ProcessStream, _pump
 from .session import Session
+from .terminal import Expected, Terminal, open_terminal
 
 FILE_CAP = 256 << 20                  # read_file limit, and write_file's
 EXEC_CHANNELS = 4                     # channels exec and the file calls may use at once
 _HOST_GRACE_S = 15.0                  # agent must answer within timeout + grace
 _FILE_TIMEOUT_S = 300.0
 _AGENT_BYTES = AGENT.encode()
+# a terminal under gVisor: util-linux's script makes the pseudo-terminal inside the sandbox
+# (a missing one is said on stdout: what a runsc exec writes to stderr just before it
+# exits can come after podman has)
+_GVISOR_TTY = ("command -v script >/dev/null 2>&1 || { echo \"a terminal under gVisor needs util-linux's "
+               "script in the image (runsc cannot give exec a terminal)\"; exit 127; }; "
+               'exec script -qfc "$1" /dev/null')
 AGENT_FAILED = 125                    # exit code when the agent could not run a command
 
 _HEADER = re.compile(rb"^__FM__ (\d+) (-?\d+) ([01]) (\d+) (\d+)\n$")
 
 __all__ = ["AGENT_FAILED", "COMMAND_CAP", "DEFAULT_OUTPUT_CAP", "EXEC_CHANNELS", "FILE_CAP",
-           "BinaryExecResult", "ExecResult", "Process", "ProcessStream", "Sandbox", "Session",
-           "sh_quote", "sh_quote_bytes"]
+           "BinaryExecResult", "ExecResult", "Expected", "Process", "ProcessStream", "Sandbox", "Session",
+           "Terminal", "sh_quote", "sh_quote_bytes"]
 
 
 class _Agent:
@@ -228,7 +235,7 @@ class Sandbox:
         for agent in idle:
             await agent.chan.close()
         try:
-            await self.runtime.remove([self.container_id])
+            await self.runtime.remove([self.container_id])   # terminals' channels end with it
         finally:
             for s in list(self._sessions.values()):
                 await s._drop()
@@ -386,6 +393,31 @@ class Sandbox:
     @property
     def sessions(self) -> Mapping[str, Session]:
         return dict(self._sessions)
+
+    async def terminal(self, *, shell: str | None = None, cwd: str | None = None,
+                       env: Mapping[str, str] | None = None, prompt: str | None = None) -> Terminal:
+        """A shell on a pseudo-terminal of its own, for interactive programs (a REPL, gdb,
+        a pager): ``sendline`` what to type, ``expect`` what to wait for (see
+        :class:`~flowmesh_sdk.sandbox.terminal.Terminal`).  ``shell``: a path; None takes
+        bash where the image has it, else ``/bin/sh``.  ``prompt``: the shell's PS1 (None:
+        a unique one).  The caller closes it (the sandbox's close does too)."""
+        await self._ensure_open()
+        if shell is not None:
+            _check_path("terminal.shell", shell, absolute=True)
+        if cwd is not None:
+            _check_path("terminal.cwd", cwd, absolute=True)
+        if prompt is not None and (not isinstance(prompt, str) or not prompt or not prompt.isprintable()):
+            raise SpecError("terminal.prompt", f"must be a non-empty printable string, got {prompt!r}")
+        frozen = frozen_env("terminal.env", env)
+        run = f"exec {sh_quote(shell)}" if shell else 'b=$(command -v bash) && exec "$b" || exec /bin/sh'
+        if self.spec.kernel == "gvisor":   # runsc 20221219 cannot give exec a terminal (no --tty)
+            chan = await self.runtime.open_shell(self.container_id, ["/bin/sh", "-c", _GVISOR_TTY, "sh", run])
+        else:
+            chan = await self.runtime.open_tty(self.container_id, ["/bin/sh", "-c", run])
+        self._chans.add(chan)
+        if self._aborted is not None:
+            chan.abort(self._aborted)
+        return await open_terminal(self, chan, cwd=cwd, env=frozen, prompt=prompt)
 
     async def _ensure_open(self) -> None:
         if self._closed:
