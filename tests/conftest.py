@@ -56,6 +56,22 @@ def podman_names(label: str) -> list[str]:
     return [n for n in out.split() if n]
 
 
+@pytest.fixture(scope="module")
+async def snapshot_registry():
+    """A LocalRegistry for ``Sandbox.snapshot()`` (a module's tests share it); the images the
+    forks pulled from it go with it."""
+    from flowmesh_sdk.registry.local import LocalRegistry
+
+    async with LocalRegistry() as reg:
+        host = reg.host
+        yield reg
+    listed = subprocess.run(["podman", "images", "--format", "{{.ID}} {{.Repository}}"],
+                            capture_output=True, text=True, check=True).stdout.split("\n")
+    ids = {line.split()[0] for line in listed if f" {host}/" in line}
+    if ids:
+        subprocess.run(["podman", "rmi", "-f", *ids], capture_output=True, check=False)
+
+
 @contextlib.asynccontextmanager
 async def local_pool(home: Path, name: str, *, sandboxes_per_instance: int = 2, runtime_config=None,
                      **pool_fields):

@@ -1,7 +1,7 @@
 """Snapshots through the public API: sb.snapshot() commits the sandbox's filesystem,
-pushes it to the registry (a LocalRegistry on 127.0.0.1) and returns a digest-pinned
-reference; a sandbox started from it in another pool (a fresh instance) has the files
-and none of the processes.  Issue 13."""
+pushes it to the registry (conftest's snapshot_registry, a LocalRegistry on 127.0.0.1)
+and returns a digest-pinned reference; a sandbox started from it in another pool (a
+fresh instance) has the files and none of the processes.  Issue 13."""
 
 from __future__ import annotations
 
@@ -13,20 +13,6 @@ import pytest
 
 from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec, SandboxSpec, SpecError
 from flowmesh_sdk.remote.runtime import RuntimeConfig
-from flowmesh_sdk.registry.local import LocalRegistry
-
-
-@pytest.fixture(scope="module")
-async def registry():
-    async with LocalRegistry() as reg:
-        host = reg.host
-        yield reg
-    # the snapshots the forks pulled go with the registry
-    listed = subprocess.run(["podman", "images", "--format", "{{.ID}} {{.Repository}}"],
-                            capture_output=True, text=True, check=True).stdout.split("\n")
-    ids = {line.split()[0] for line in listed if f" {host}/" in line}
-    if ids:
-        subprocess.run(["podman", "rmi", "-f", *ids], capture_output=True, check=False)
 
 
 @pytest.fixture(params=["busybox", "bash"])
@@ -34,10 +20,10 @@ def image(request, busybox_image, swe_image) -> str:
     return busybox_image if request.param == "busybox" else swe_image
 
 
-async def test_snapshot_starts_elsewhere_with_the_files_not_the_processes(tmp_path, image, registry):
+async def test_snapshot_starts_elsewhere_with_the_files_not_the_processes(tmp_path, image, snapshot_registry):
     from flowmesh_providers.local import LocalProvider
 
-    config = RuntimeConfig(snapshot_registry=registry.host)
+    config = RuntimeConfig(snapshot_registry=snapshot_registry.host)
     provider = LocalProvider(cpus=2, memory_gb=8, state_dir=tmp_path / "local" / "instances",
                              runtime_config=config)
     async with Fleet("snap", home=tmp_path, providers={"local": provider}, runtime_config=config) as fleet:
@@ -50,7 +36,7 @@ async def test_snapshot_starts_elsewhere_with_the_files_not_the_processes(tmp_pa
             await sh.run("cd /work/state && echo step2 >> model.txt && export SECRET_STATE=1")
             server = await sb.start("exec sleep 1000")
             ref = await sb.snapshot()
-            assert re.fullmatch(re.escape(registry.host) + r"/flowmesh/snapshots@sha256:[0-9a-f]{64}", ref), ref
+            assert re.fullmatch(re.escape(snapshot_registry.host) + r"/flowmesh/snapshots@sha256:[0-9a-f]{64}", ref), ref
             assert server.returncode is None                 # the sandbox kept running
             assert (await sb.exec("cat /work/state/model.txt")).stdout == "prepared\nstep2\n"
             first_instance = sb.instance_id
@@ -86,13 +72,13 @@ async def test_snapshot_starts_elsewhere_with_the_files_not_the_processes(tmp_pa
                     await sb.snapshot()
 
 
-async def test_snapshot_keeps_sparse_files_sparse(tmp_path, busybox_image, registry):
+async def test_snapshot_keeps_sparse_files_sparse(tmp_path, busybox_image, snapshot_registry):
     """A 1 GiB sparse file (a few data blocks) stays sparse through snapshot and fork: the
     fork's copy has the same size, bytes and mtime, and holds kilobytes, not a gigabyte
     (podman writes every layer it commits or pulls in full; issue 24)."""
     from flowmesh_providers.local import LocalProvider
 
-    config = RuntimeConfig(snapshot_registry=registry.host)
+    config = RuntimeConfig(snapshot_registry=snapshot_registry.host)
     provider = LocalProvider(cpus=2, memory_gb=8, state_dir=tmp_path / "local" / "instances",
                              runtime_config=config)
     gib = 1 << 30

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from flowmesh_sdk.imagebuild import podman_runtime_args
 from flowmesh_sdk.testing import hygiene
 from flowmesh_sdk.testing.sshd import LoopbackSshd
 
@@ -25,8 +26,11 @@ def ssh_argv(d: LoopbackSshd, command: str) -> list[str]:
 
 
 def podman_run(image: str, name: str, command: str) -> str:
-    # no CAP_SYS_RESOURCE in a container-in-a-container CI: the limits the SDK sets then
-    return f"podman run -d --name {name} --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 {image} {command}"
+    # the OCI runtime the SDK's probe picks on this host (the hosts are this machine), and the
+    # limits it sets where there is no CAP_SYS_RESOURCE (a container-in-a-container CI)
+    runtime = " ".join(podman_runtime_args())
+    return (f"podman run -d --name {name} {runtime} --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 "
+            f"{image} {command}")
 
 
 def start_container(d: LoopbackSshd, image: str, name: str) -> None:

@@ -33,6 +33,10 @@ with ``dd``:
 Only POSIX sh, ``setsid`` (optional: without it a timeout kills the command's process
 tree by parent links), ``dd``, ``sleep``, ``wc``, ``head``, ``mkdir`` and ``rm`` are
 needed in the image, so busybox and Debian images both work.
+
+Sessions (``session.py``) hold a shell whose state persists; processes (``process.py``)
+stream; a terminal (``terminal.py``) is a shell on a pseudo-terminal, for programs that
+want one.
 """
 
 from __future__ import annotations
@@ -67,12 +71,6 @@ EXEC_CHANNELS = 4                     # channels exec and the file calls may use
 _HOST_GRACE_S = 15.0                  # agent must answer within timeout + grace
 _FILE_TIMEOUT_S = 300.0
 _AGENT_BYTES = AGENT.encode()
-# a terminal under gVisor: util-linux's script makes the pseudo-terminal inside the sandbox
-# (a missing one is said on stdout: what a runsc exec writes to stderr just before it
-# exits can come after podman has)
-_GVISOR_TTY = ("command -v script >/dev/null 2>&1 || { echo \"a terminal under gVisor needs util-linux's "
-               "script in the image (runsc cannot give exec a terminal)\"; exit 127; }; "
-               'exec script -qfc "$1" /dev/null')
 AGENT_FAILED = 125                    # exit code when the agent could not run a command
 
 _HEADER = re.compile(rb"^__FM__ (\d+) (-?\d+) ([01]) (\d+) (\d+)\n$")
@@ -411,7 +409,12 @@ class Sandbox:
         frozen = frozen_env("terminal.env", env)
         run = f"exec {sh_quote(shell)}" if shell else 'b=$(command -v bash) && exec "$b" || exec /bin/sh'
         if self.spec.kernel == "gvisor":   # runsc 20221219 cannot give exec a terminal (no --tty)
-            chan = await self.runtime.open_shell(self.container_id, ["/bin/sh", "-c", _GVISOR_TTY, "sh", run])
+            # asked first over the agent: what a runsc exec prints just before it exits can be
+            # lost (podman attaches its streams late), so the terminal's own exit cannot say it
+            if not (await self.exec("command -v script", timeout_s=30)).ok:
+                raise SpecError("sandbox.image", f"{self.spec.image} has no util-linux `script`: a terminal "
+                                                 "under gVisor is made with it (runsc cannot give exec one)")
+            chan = await self.runtime.open_shell(self.container_id, ["script", "-qfc", run, "/dev/null"])
         else:
             chan = await self.runtime.open_tty(self.container_id, ["/bin/sh", "-c", run])
         self._chans.add(chan)
