@@ -207,7 +207,7 @@ class _Proc:
         try:
             self.pgid = int(line.strip())
         except ValueError as exc:
-            err = await _read_some(self.stderr, 1.0)
+            err = await _read_rest(self.stderr, 2.0)
             raise ProviderUnavailableError(
                 f"{self.runner.label}: the remote command did not start "
                 f"({line[:200]!r} {err.decode('utf-8', 'replace')[:400]})", provider="ssh") from exc
@@ -258,11 +258,21 @@ class _Proc:
             pass
 
 
-async def _read_some(reader: asyncio.StreamReader, timeout_s: float) -> bytes:
-    try:
-        return await asyncio.wait_for(reader.read(4096), timeout_s)
-    except asyncio.TimeoutError:
-        return b""
+async def _read_rest(reader: asyncio.StreamReader, timeout_s: float, cap: int = 4096) -> bytes:
+    """What ``reader`` gives until its end (at most ``cap`` bytes, at most ``timeout_s``):
+    one read took only what had come, and sudo's refusal arrives in more than one piece
+    (under load the error said only "sudo")."""
+    out = bytearray()
+    deadline = time.monotonic() + timeout_s
+    while len(out) < cap:
+        try:
+            chunk = await asyncio.wait_for(reader.read(cap - len(out)), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    return bytes(out)
 
 
 class SshChannel(StreamChannel):
@@ -581,6 +591,10 @@ class SshRunner(Runner):
                         # what the tree wrote before it died; the streams end with it
                         await asyncio.wait([d for d in drains if not d.done()] or [feeder],
                                            timeout=_KILL_GRACE_S)
+                        # and the wrappers above the group (setsid -w, sudo) have exited: sudo
+                        # closes the streams before its own cleanup, and a run that returned
+                        # then left a `sudo ... sleep 301` to be seen by the next command
+                        await proc.wait_exit(_KILL_GRACE_S)
                 finally:
                     for task in (*drains, feeder):
                         task.cancel()
