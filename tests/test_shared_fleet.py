@@ -117,6 +117,34 @@ class PermitWatch:
         self._thread.join(10)
 
 
+def coordinator_id(d: Path, name: str) -> str:
+    return next(x.split()[1] for x in log_lines(d, name) if x.startswith("coordinator "))
+
+
+async def claims_held(url: str, coordinator: str, queue: str) -> int:
+    """How many tasks of ``queue`` the coordinator's lease holds now (its leases hash)."""
+    be = RedisBackend(url, lease_s=1.0)
+    try:
+        fields = await be.client.command("hkeys", be.keys.key("coord", coordinator, "leases"))
+        return sum(f.decode().split("\t")[0] == be.keys.key("q", queue, "claimed") for f in fields)
+    finally:
+        await be.client.close()
+
+
+def kill_holding_claims(p: subprocess.Popen[bytes], url: str, coordinator: str, queue: str) -> None:
+    """SIGKILL ``p`` at a moment it holds claims: stopped (SIGSTOP) it cannot ack, so what
+    Redis says it holds is what it dies holding; if it holds none, it runs on a little."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        p.send_signal(signal.SIGSTOP)
+        if asyncio.run(claims_held(url, coordinator, queue)) > 0:
+            p.send_signal(signal.SIGKILL)
+            return
+        p.send_signal(signal.SIGCONT)
+        time.sleep(0.005)
+    pytest.fail(f"coordinator {coordinator} never held a claim of queue {queue!r}")
+
+
 def refs(d: Path, queue: str) -> set[str]:
     root = d / "cas" / "refs" / "tasks" / queue
     return {p.name for p in root.iterdir()} if root.exists() else set()
@@ -141,8 +169,8 @@ def test_sigkilled_coordinator_is_adopted_exactly_once_with_skewed_clocks(redis_
     with PermitWatch(url, q) as watch:
         procs = {name: start_worker(url, tmp_path, name, queue=q, submit=n, lease_s=1.0, faketime=skew)
                  for name, skew in skews.items()}
-        wait_until(lambda: len(published(tmp_path, "c1")) >= 10, 60, "c1 to publish")
-        procs["c1"].send_signal(signal.SIGKILL)
+        wait_until(lambda: len(published(tmp_path, "c1")) >= 1, 60, "c1 to publish")
+        kill_holding_claims(procs["c1"], url, coordinator_id(tmp_path, "c1"), q)
         assert procs["c1"].wait() == -signal.SIGKILL
         finish(procs, tmp_path)
     assert 0 < watch.peak <= CAPACITY and watch.samples > 10   # 24 asked for, never more than 10 granted

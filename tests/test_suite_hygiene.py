@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from flowmesh_sdk.imagebuild import podman_runtime_args
+from flowmesh_sdk.remote.runtime import SHM_ARGS
 from flowmesh_sdk.testing import hygiene
 from flowmesh_sdk.testing.sshd import LoopbackSshd
 
@@ -28,7 +29,8 @@ def ssh_argv(d: LoopbackSshd, command: str) -> list[str]:
 def podman_run(image: str, name: str, command: str) -> str:
     # the OCI runtime the SDK's probe picks on this host (the hosts are this machine), and the
     # limits it sets where there is no CAP_SYS_RESOURCE (a container-in-a-container CI)
-    runtime = " ".join(podman_runtime_args())
+    # and /dev/shm as the SDK's containers have it (SHM_ARGS: no mount on the host to race)
+    runtime = " ".join([*podman_runtime_args(), *SHM_ARGS])
     return (f"podman run -d --name {name} {runtime} --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 "
             f"{image} {command}")
 

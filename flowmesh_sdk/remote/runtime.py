@@ -71,6 +71,11 @@ SANDBOX_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SE
 #: cloud metadata services: link-local (AWS, GCE, Azure, most others), Alibaba's, AWS's IPv6
 METADATA_NETWORKS = ("169.254.0.0/16", "100.100.100.200/32", "fd00:ec2::254/128")
 DEFAULT_USERNS_MAP = "0:100000:65536"
+# A container's /dev/shm as a tmpfs that runc mounts inside it (podman's size and flags).
+# podman 4.3's own /dev/shm is a mount on the host (userdata/shm); a container that is being
+# created meanwhile, or started later in a user namespace, keeps a copy of that mount in its
+# mount namespace, and `rm` of the first fails with EBUSY.  This one has no host side.
+SHM_ARGS = ("--ipc", "none", "--tmpfs", "/dev/shm:rw,nosuid,nodev,noexec,size=65536k")
 GVISOR_HINT = "install gVisor: `apt-get install -y runsc` (Debian/Ubuntu; setup.sh does)"
 #: host tasks a gVisor sandbox holds (runsc's ptrace platform: a stub process per address
 #: space, with a thread per sentry thread that used it), measured on this project's
@@ -283,12 +288,7 @@ class ContainerRuntime:
             userns = cfg.userns
         if userns not in ("none", "auto"):
             sandbox += ["--uidmap", userns, "--gidmap", userns]
-        if userns != "none":
-            # podman 4.3 bind-mounts a user-namespaced container's /dev/shm from the host
-            # (userdata/shm); a container started later keeps a copy of that mount in its
-            # mount namespace and `rm` of the first fails with EBUSY.  A tmpfs that runc
-            # mounts inside the container (same size and flags as podman's) has no host side.
-            sandbox += ["--ipc", "none", "--tmpfs", "/dev/shm:rw,nosuid,nodev,noexec,size=65536k"]
+        sandbox += SHM_ARGS
         quota = False
         if cfg.disk_limit_mb is not None:
             if binary == "podman":
