@@ -37,7 +37,8 @@ is ``None`` and the fleet prices each offer from the catalog (one source of pric
 an offer the catalog has no price for is excluded and said, never guessed.  Retries, rate limits and failover wrap this contract from
 outside; a driver does not retry on its own.
 
-Providers register under the entry-point group ``flowmesh_sdk.providers``; the core
+Providers register a :class:`~flowmesh_sdk.descriptor.ProviderDescriptor` under the
+entry-point group ``flowmesh_sdk.providers`` (:mod:`flowmesh_sdk.backends`); the core
 loads them by name and never imports a cloud SDK itself.
 """
 
@@ -47,16 +48,17 @@ import abc
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+from . import backends
+from .descriptor import ApiRate, ProviderDescriptor, load_ref
 from .errors import SpecError
 from .remote.runner import Runner
 from .specs import InstanceSpec, Offer
 from .tags import PlainTags, TagCodec
 
-ENTRY_POINT_GROUP = "flowmesh_sdk.providers"
+ENTRY_POINT_GROUP = backends.GROUP
 TAG_FLEET = "flowmesh:fleet"
 TAG_POOL = "flowmesh:pool"
 TAG_OWNER = "flowmesh:owner"
@@ -68,18 +70,6 @@ LABEL_POOL = "flowmesh.pool"
 LABEL_INSTANCE = "flowmesh.instance"
 LABEL_OWNER = "flowmesh.owner"
 LABEL_TASK = "flowmesh.task"
-
-
-@dataclass(frozen=True, slots=True)
-class ApiRate:
-    """A published API limit, enforced client-side by a token bucket per provider, region
-    and API: ``burst`` tokens, refilled at ``rate_per_s``.  ``per_instance``: one token per
-    instance asked for (a resource bucket) rather than one per call."""
-
-    api: str                      # "launch", "describe", "terminate", "list"
-    rate_per_s: float
-    burst: float
-    per_instance: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,17 +198,20 @@ class Provider(abc.ABC):
         return None
 
 
-def available_providers() -> dict[str, metadata.EntryPoint]:
-    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+def available_providers() -> dict[str, ProviderDescriptor]:
+    """``{name: descriptor}`` of every installed provider."""
+    return dict(backends.descriptors())
+
+
+def provider_class(name: str, field_name: str = "pool.provider") -> type[Provider]:
+    """The :class:`Provider` class of provider ``name`` (or an alias)."""
+    d = backends.descriptor(name, field_name)
+    cls = load_ref(d.provider, field_name)
+    if not (isinstance(cls, type) and issubclass(cls, Provider)):
+        raise SpecError(field_name, f"provider {d.name!r}: {d.provider!r} does not name a Provider class")
+    return cls
 
 
 def load_provider(name: str, **options: Any) -> Provider:
     """Instantiate the provider registered as ``name`` with its options."""
-    eps = available_providers()
-    if name not in eps:
-        known = ", ".join(sorted(eps)) or "none (is flowmesh-sdk installed with `pip install -e .`?)"
-        raise SpecError("pool.provider", f"unknown provider {name!r}; installed providers: {known}")
-    cls = eps[name].load()
-    if not (isinstance(cls, type) and issubclass(cls, Provider)):
-        raise SpecError("pool.provider", f"entry point {name!r} does not name a Provider class")
-    return cls(**options)
+    return provider_class(name)(**options)

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import backends
+from .descriptor import Setting
 from .errors import SpecError
 from .redaction import REDACTED, redact_url
 
@@ -53,16 +55,7 @@ def _default_cache() -> str:
     return str(Path(base) / "flowmesh")
 
 
-@dataclass(frozen=True, slots=True)
-class Setting:
-    key: str                              # dotted name, as in the config file
-    env: tuple[str, ...]                  # environment variables, the first one set wins
-    kind: type = str                      # str, float, int or bool
-    default: Callable[[], Any] | None = None
-    secret: bool = False                  # the whole value (a URL's password is always hidden: see Resolved.safe)
-    help: str = ""
-
-
+#: the SDK's own settings; each provider's (``providers.<name>.*``) are in its descriptor
 SETTINGS: tuple[Setting, ...] = (
     Setting("home", ("FLOWMESH_HOME",), default=_default_home,
             help="state directory: the metadata store, local instances, the CAS"),
@@ -75,21 +68,16 @@ SETTINGS: tuple[Setting, ...] = (
             help="a price catalog older than this is stale"),
     Setting("log.level", ("FLOWMESH_LOG_LEVEL",), help="the CLI's log level (debug, info, warning, ...)"),
     Setting("log.json", ("FLOWMESH_LOG_JSON",), bool, lambda: False, help="the CLI logs JSON lines"),
-    Setting("providers.ec2.endpoint_url", ("FLOWMESH_EC2_ENDPOINT_URL",), help="EC2 API endpoint (moto, a proxy)"),
-    Setting("providers.ec2.image_id", ("FLOWMESH_EC2_AMI",), help="the AMI instances boot"),
-    Setting("providers.gce.project", ("FLOWMESH_GCE_PROJECT", "GOOGLE_CLOUD_PROJECT"), help="GCP project"),
-    Setting("providers.gce.endpoint", ("FLOWMESH_GCE_ENDPOINT",), help="Compute Engine API endpoint"),
-    Setting("providers.gce.api_key", ("FLOWMESH_GCE_API_KEY", "GOOGLE_API_KEY"), secret=True,
-            help="Cloud Billing Catalog API key (live prices)"),
-    Setting("providers.azure.subscription_id", ("AZURE_SUBSCRIPTION_ID",), help="Azure subscription"),
-    Setting("providers.azure.base_url", ("FLOWMESH_AZURE_ENDPOINT",), help="Azure Resource Manager endpoint"),
-    Setting("providers.alibaba.endpoint", ("FLOWMESH_ALIBABA_ENDPOINT",), help="ECS API endpoint"),
-    Setting("providers.alibaba.access_key_id", ("ALIBABA_CLOUD_ACCESS_KEY_ID",), secret=True),
-    Setting("providers.alibaba.access_key_secret", ("ALIBABA_CLOUD_ACCESS_KEY_SECRET",), secret=True),
-    Setting("providers.vast.api_key", ("VAST_API_KEY",), secret=True, help="Vast.ai API key"),
-    Setting("providers.ssh.inventory", ("FLOWMESH_SSH_INVENTORY",), help="the ssh provider's inventory (JSON)"),
 )
-BY_KEY: Mapping[str, Setting] = {s.key: s for s in SETTINGS}
+
+
+def all_settings() -> tuple[Setting, ...]:
+    """The SDK's settings, then every installed provider's."""
+    return (*SETTINGS, *backends.provider_settings())
+
+
+def by_key() -> Mapping[str, Setting]:
+    return {s.key: s for s in all_settings()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,9 +173,10 @@ def resolve(key: str, argument: Any = None) -> Resolved:
     """The effective value of ``key``: ``argument`` if not None, else the first of its
     environment variables that is set (and not empty), else the config file, else the
     default (None when it has none)."""
-    s = BY_KEY.get(key)
+    known = by_key()
+    s = known.get(key)
     if s is None:
-        raise SpecError("setting", f"unknown setting {key!r}; known: {', '.join(BY_KEY)}")
+        raise SpecError("setting", f"unknown setting {key!r}; known: {', '.join(known)}")
     if argument is not None:
         return Resolved(key, _convert(s, argument, "argument"), "argument", s.secret)
     for var in s.env:
@@ -209,9 +198,10 @@ def value(key: str, argument: Any = None) -> Any:
 
 def effective() -> list[Resolved]:
     """Every known setting, then the file's unknown keys (source ``file ... (unknown key)``)."""
-    rows = [resolve(s.key) for s in SETTINGS]
+    known = by_key()
+    rows = [resolve(key) for key in known]
     for key, raw in sorted(file_values().items()):
-        if key not in BY_KEY:
+        if key not in known:
             secret = any(w in key.lower() for w in ("key", "secret", "password", "token"))
             rows.append(Resolved(key, raw, f"file {config_path()} (unknown key, ignored)", secret))
     return rows

@@ -544,7 +544,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     market.add_argument("--on-demand", dest="market", action="store_const", const="on-demand")
     p.set_defaults(market="spot")
     p.add_argument("--prices", metavar="CSV", help="a price catalog CSV (the columns of "
-                                                   "flowmesh_sdk/catalog/data/ec2.csv) instead of the catalog")
+                                                   "providers/ec2/catalog.csv) instead of the catalog")
     p.add_argument("--registry", metavar="HOST:PORT",
                    help="push to and pull from this running registry instead of a throw-away one")
     p.add_argument("--inject-capacity-error", action="store_true",

@@ -50,9 +50,10 @@ def test_shipped_snapshot_covers_five_providers_with_sources() -> None:
 
 
 def test_ec2_snapshot_is_the_only_ec2_price_table() -> None:
-    """One EC2 snapshot, not two that drift: the provider ships no price copy of its own."""
+    """One snapshot per provider, in its own folder (its descriptor's), not two that drift."""
     assert shipped_text("ec2").startswith("provider,region,")
-    assert not list((ROOT / "providers" / "ec2").glob("*.csv"))
+    assert [p.name for p in (ROOT / "providers" / "ec2").glob("*.csv")] == ["catalog.csv"]
+    assert not list((ROOT / "flowmesh_sdk" / "catalog" / "data").glob("*.csv"))
     shared = ROOT.parent / "shared" / "data" / "prices"
     if shared.is_dir():   # the project's shared price data, when this checkout has it beside
         for mine, theirs in (("ec2", "aws"), ("gce", "gcp"), ("azure", "azure"), ("vast", "vast")):
@@ -210,14 +211,22 @@ def test_gpu_names_arch_rules_and_specs() -> None:
     assert gpu_spec("B200") is None               # not in the table: no guess
 
 
-def test_ec2_profile_matches_the_ec2_clients_published_limits() -> None:
+def test_each_profile_is_its_providers_own_limits() -> None:
+    """One copy of each provider's API rates and launch batch: the estimate plays launches
+    through the very buckets the provider's client keeps to."""
+    from flowmesh_sdk import backends
+    from flowmesh_sdk.provider import provider_class
+    profiled = {n: d for n, d in backends.descriptors().items() if d.profile is not None}
+    assert {"ec2", "gce", "azure", "alibaba", "vast"} <= set(profiled)
+    for name, d in profiled.items():
+        caps = provider_class(name).capabilities
+        assert caps.rates == d.profile.rates and caps.max_batch == d.profile.max_batch, name
+        assert profile(name) is d.profile
     from flowmesh_providers.ec2 import client
-    p = profile("ec2")
-    request, per_instance = p.buckets
+    request, per_instance = profile("ec2").buckets
     assert (request.capacity, request.refill_per_s) == client.RUN_INSTANCES_REQUEST
     assert (per_instance.capacity, per_instance.refill_per_s) == client.RUN_INSTANCES_RESOURCE
-    assert per_instance.per_instance and p.max_batch == client.MAX_LAUNCH_BATCH
-    assert client.DOC_THROTTLING.removeprefix("https://") in p.rates_source
+    assert client.DOC_THROTTLING.removeprefix("https://") in profile("ec2").rates_source
     assert profile("nowhere").rates_source.startswith("no profile")
 
 

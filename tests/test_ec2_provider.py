@@ -104,10 +104,11 @@ def test_import_flowmesh_sdk_imports_no_cloud_sdk():
 
 
 def test_entry_point_and_capabilities():
-    from flowmesh_sdk.provider import ENTRY_POINT_GROUP
+    from flowmesh_sdk.provider import ENTRY_POINT_GROUP, provider_class
     from importlib import metadata
     eps = {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
-    assert eps["ec2"].load() is Ec2Provider
+    assert eps["ec2"].load().provider == "flowmesh_providers.ec2.provider:Ec2Provider"
+    assert provider_class("ec2") is provider_class("aws") is Ec2Provider
     caps = Ec2Provider.capabilities
     assert (caps.spot, caps.gpus, caps.remote, caps.max_batch) == (True, True, True, 1000)
     assert caps.tags == PlainTags(max_key=128, max_value=256) and not caps.free and caps.nested_containers
@@ -118,10 +119,13 @@ def test_entry_point_and_capabilities():
     assert caps.rates == RATES and DOC_THROTTLING.startswith("https://docs.aws.amazon.com/")
 
 
-def test_the_provider_ships_no_prices_the_catalog_does():
+def test_the_providers_one_price_table_is_the_catalogs_snapshot():
     import flowmesh_providers.ec2 as pkg
     from importlib import resources
-    assert not [f.name for f in resources.files(pkg).iterdir() if f.name.endswith(".csv")]
+
+    from flowmesh_providers.ec2.descriptor import DESCRIPTOR
+    assert [f.name for f in resources.files(pkg).iterdir() if f.name.endswith(".csv")] == ["catalog.csv"]
+    assert DESCRIPTOR.snapshot == "flowmesh_providers.ec2:catalog.csv"
     assert not hasattr(pkg, "PriceTable")
     row = next(r for r in CATALOG.rows if (r.region, r.instance_type) == (REGION, "c5.2xlarge"))
     assert row.on_demand_per_hour == 0.34 and row.spot_per_hour is None

@@ -40,8 +40,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     names = set(zipfile.ZipFile(whl).namelist())
     for shipped in ("flowmesh_sdk/py.typed", "flowmesh_sdk/__main__.py", "flowmesh_recipes/local_swe_eval.py",
                     "flowmesh_recipes/_main_job.py", "flowmesh_sdk/imagebuild/swe-task.Containerfile",
-                    "flowmesh_sdk/imagebuild/gpu-worker/entrypoint.py", "flowmesh_sdk/catalog/data/ec2.csv",
-                    "flowmesh_providers/local/__init__.py"):
+                    "flowmesh_sdk/imagebuild/gpu-worker/entrypoint.py", "flowmesh_sdk/catalog/data/README.md",
+                    *(f"flowmesh_providers/{p}/catalog.csv" for p in ("ec2", "gce", "azure", "alibaba", "vast")),
+                    "flowmesh_providers/ec2/descriptor.py", "flowmesh_providers/local/__init__.py"):
         assert shipped in names, f"{shipped} missing from {whl.name}"
     assert not any(n.startswith(("recipes/", "images/", "tests/")) for n in names)
     venv = tmp / "venv"

@@ -1,5 +1,5 @@
 """C(j): the expected $/h of an offer once interruptions are paid for, and the bid price
-of a Vast.ai interruptible offer.
+of an offer on a bid market (Vast.ai's interruptible one).
 
 Model (restart from scratch; the SDK re-runs an interrupted task, it does not
 checkpoint it): interruptions arrive at a constant hazard ``lam`` per hour.  A task of
@@ -9,17 +9,20 @@ effective price is ``price * E / D``.  For lam*D << 1 the factor is ~1 + lam*D/2
 
 Where the hazard comes from:
 
-* cloud spot markets (ec2, gce, azure, alibaba): the provider profile's monthly
-  interruption share (default 10 %, see :mod:`flowmesh_sdk.catalog.profiles`);
-* Vast.ai, both markets: the host's ``reliability`` r, read as the probability that the
-  machine runs a day without an outage: ``lam = -ln(r) / 24``.  Vast.ai does not define
-  reliability this precisely; this reading is an assumption (docs/cost-model.md);
-* Vast.ai interruptible (bid) market, on top: being outbid.  Vast.ai publishes no outbid
+* a cloud's spot market (profile ``spot_market="reclaim"``: EC2, GCE, Azure, Alibaba):
+  the provider profile's monthly interruption share (default 10 %, see
+  :mod:`flowmesh_sdk.descriptor`);
+* a provider whose spot market is bid-priced on hosts of their own reliability (profile
+  ``spot_market="bid"``: Vast.ai), both markets: the host's ``reliability`` r, read as the
+  probability that the machine runs a day without an outage: ``lam = -ln(r) / 24``.
+  Vast.ai does not define reliability this precisely; this reading is an assumption
+  (docs/cost-model.md);
+* its interruptible (bid) market, on top: being outbid.  Vast.ai publishes no outbid
   rate; assumed ``OUTBID_PER_HOUR`` = 0.05/h at a bid of ``1 + BID_MARGIN`` times the
   current minimum bid.
 * on-demand on the clouds: no interruption (factor 1).
 
-Bid price for a Vast.ai interruptible offer: ``min(on-demand price, min_bid * (1 +
+Bid price for an offer on a bid market: ``min(on-demand price, min_bid * (1 +
 BID_MARGIN))`` -- a margin over the market's current minimum so a small price move
 does not outbid the worker at once, never more than the on-demand price (then one would
 rent on-demand instead).
@@ -37,9 +40,14 @@ BID_MARGIN = 0.10
 OUTBID_PER_HOUR = 0.05
 
 
+def bid_market(provider: str) -> bool:
+    """Whether ``provider``'s spot market is bid-priced on hosts of their own reliability."""
+    return profile(provider).spot_market == "bid"
+
+
 def hazard_per_hour(row: CatalogRow, market: str) -> float:
     """Interruptions per hour expected for ``row`` bought on ``market``."""
-    if row.provider == "vast":
+    if bid_market(row.provider):
         lam = -math.log(row.reliability) / 24.0 if row.reliability else 0.0
         if market == "spot":
             lam += OUTBID_PER_HOUR
@@ -60,8 +68,8 @@ def interruption_factor(lam: float, task_hours: float) -> float:
 
 
 def bid_price(row: CatalogRow) -> float | None:
-    """The bid for a Vast.ai interruptible offer; ``None`` for anything else."""
-    if row.provider != "vast" or row.spot_per_hour is None:
+    """The bid for an interruptible offer on a bid market; ``None`` for anything else."""
+    if not bid_market(row.provider) or row.spot_per_hour is None:
         return None
     bid = row.spot_per_hour * (1.0 + BID_MARGIN)
     if row.on_demand_per_hour is not None:
@@ -72,7 +80,7 @@ def bid_price(row: CatalogRow) -> float | None:
 def effective_price(row: CatalogRow, market: str, task_hours: float) -> tuple[float, float, float | None]:
     """``(listed $/h, C(j) $/h, bid)`` of ``row`` on ``market``; the listed price must exist.
 
-    For a Vast.ai bid the price paid is the bid, not the minimum bid."""
+    On a bid market the price paid is the bid, not the minimum bid."""
     listed = row.price(market)
     if listed is None:
         raise SpecError("market", f"{row.key} has no {market!r} price (it is sold "
@@ -82,5 +90,5 @@ def effective_price(row: CatalogRow, market: str, task_hours: float) -> tuple[fl
     return listed, paid * interruption_factor(hazard_per_hour(row, market), task_hours), bid
 
 
-__all__ = ["BID_MARGIN", "OUTBID_PER_HOUR", "bid_price", "effective_price", "hazard_per_hour",
+__all__ = ["BID_MARGIN", "OUTBID_PER_HOUR", "bid_market", "bid_price", "effective_price", "hazard_per_hour",
            "interruption_factor"]

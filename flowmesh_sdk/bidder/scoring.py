@@ -31,7 +31,7 @@ from ..catalog.records import CatalogRow
 from ..errors import SpecError
 from ..specs import Offer, check_number
 from ..catalog.profiles import profile
-from .cost import BID_MARGIN, OUTBID_PER_HOUR
+from .cost import BID_MARGIN, OUTBID_PER_HOUR, bid_market
 from .demand import Demand, TenantAffinity, check_caps
 from .gates import Feasible, GateResult, NoFeasibleOffer, RowTable, check, describe
 from .policy import Policy
@@ -194,12 +194,12 @@ def _terms(table: RowTable, index: np.ndarray, spot: np.ndarray, slots: np.ndarr
     listed = np.where(spot, sp, od)
     names = table.provider.names
     provider = table.provider.codes[index]
-    vast = provider == _code(names, "vast")
+    on_bids = np.array([bid_market(p) for p in names], dtype=bool)[provider]   # bid markets (Vast.ai)
     rel = table.reliability[index]
     cloud_lam = np.array([profile(p).spot_hazard_per_hour for p in names], dtype=float)[provider]
-    lam = np.where(vast, -np.log(rel) / 24.0 + spot * OUTBID_PER_HOUR, np.where(spot, cloud_lam, 0.0))
+    lam = np.where(on_bids, -np.log(rel) / 24.0 + spot * OUTBID_PER_HOUR, np.where(spot, cloud_lam, 0.0))
     raw_bid = np.round(sp * (1.0 + BID_MARGIN), 6)
-    bid_arr = np.where(vast & spot, np.where(np.isnan(od), raw_bid, np.minimum(raw_bid, od)), np.nan)
+    bid_arr = np.where(on_bids & spot, np.where(np.isnan(od), raw_bid, np.minimum(raw_bid, od)), np.nan)
     has_bid = ~np.isnan(bid_arr)
     paid = np.where(has_bid, bid_arr, listed)
     x = lam * hours
@@ -224,10 +224,6 @@ def _terms(table: RowTable, index: np.ndarray, spot: np.ndarray, slots: np.ndarr
             startup = startup + np.array([profile(p).boot_s for p in names], dtype=float)[provider]
         t = 3600.0 / (startup + demand.minutes * 60.0)
     return t, listed, cost, bids, g
-
-
-def _code(names: list[str], name: str) -> int:
-    return names.index(name) if name in names else -1
 
 
 __all__ = ["Score", "Scored", "score"]

@@ -67,7 +67,7 @@ GPU_SPECS: dict[str, GpuSpec] = {s.model: s for s in (
     GpuSpec("l4", 24, 300, 121, "NVIDIA L4 datasheet, nvidia.com/en-us/data-center/l4"),
     GpuSpec("l40s", 48, 864, 362.05, "NVIDIA L40S datasheet, nvidia.com/en-us/data-center/l40s"),
     GpuSpec("a10", 24, 600, 125, "NVIDIA A10 datasheet, nvidia.com/en-us/data-center/products/a10-gpu"),
-    GpuSpec("a10g", 24, 600, 125, "approximated by the NVIDIA A10 datasheet (AWS publishes no A10G FLOPS)"),
+    GpuSpec("a10g", 24, 600, 125, "approximated by the NVIDIA A10 datasheet (no FLOPS are published for the A10G)"),
     GpuSpec("t4", 16, 320, 65, "NVIDIA T4 datasheet, nvidia.com/en-us/data-center/tesla-t4 (FP16 mixed)"),
     GpuSpec("v100", 32, 900, 125, "NVIDIA V100 datasheet, nvidia.com/en-us/data-center/v100 (SXM2)"),
     GpuSpec("rtx4090", 24, 1008, 165.2, "NVIDIA Ada Lovelace architecture whitepaper v1.0"),

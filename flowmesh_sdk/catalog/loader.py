@@ -35,9 +35,9 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
-from .. import settings
+from .. import backends, settings
 from ..errors import SpecError
-from .records import PROVIDERS, CatalogRow, as_date, canonical_provider, infer_arch
+from .records import CatalogRow, as_date, canonical_provider, infer_arch
 
 COLUMNS = ("provider", "region", "zone", "instance_type", "vcpus", "memory_gib", "gpu_name", "gpu_count",
            "gpu_memory_gib", "price_hour_usd", "spot_price_hour_usd", "source", "snapshot_date")
@@ -160,9 +160,20 @@ def write_csv(path: str | Path, rows: Iterable[CatalogRow]) -> Path:
     return path
 
 
+def shipped_resource(provider: str) -> tuple[str, str]:
+    """(package, file) of ``provider``'s shipped snapshot, from its descriptor."""
+    d = backends.descriptor(provider, "providers")
+    if d.snapshot is None:
+        raise SpecError("providers", f"provider {d.name!r} ships no price catalog; the catalog covers "
+                                     f"{', '.join(backends.catalog_providers())}")
+    package, _, name = d.snapshot.partition(":")
+    return package, name
+
+
 def shipped_text(provider: str) -> str:
-    """The shipped snapshot of ``provider`` (package data ``flowmesh_sdk/catalog/data``)."""
-    return resources.files(__package__).joinpath("data", f"{provider}.csv").read_text(encoding="utf-8")
+    """The shipped snapshot of ``provider`` (package data of its provider package)."""
+    package, name = shipped_resource(provider)
+    return resources.files(package).joinpath(name).read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,20 +206,24 @@ class Catalog:
     def load(cls, providers: Sequence[str] | None = None, *, cache: str | Path | None = None,
              use_cache: bool = True, today: dt.date | None = None,
              max_age: float | None = None, warn: bool = True) -> Catalog:
-        """The catalog of ``providers`` (default: all five), newest source per provider."""
-        names = [canonical_provider(p) for p in (providers or PROVIDERS)]
-        unknown = [p for p in names if p not in PROVIDERS]
+        """The catalog of ``providers`` (default: every provider that ships a snapshot),
+        newest source per provider."""
+        covered = backends.catalog_providers()
+        names = [canonical_provider(p) for p in (providers or covered)]
+        unknown = [p for p in names if p not in covered]
         if unknown:
             raise SpecError("providers", f"unknown provider(s) {', '.join(unknown)}; "
-                                         f"the catalog covers {', '.join(PROVIDERS)}")
+                                         f"the catalog covers {', '.join(covered)}")
         today = today or dt.date.today()
         limit = max_age if max_age is not None else max_age_days()
         folder = Path(cache) if cache is not None else cache_dir()
         rows: list[CatalogRow] = []
         sources: list[CatalogSource] = []
         for name in names:
-            shipped = parse_csv(shipped_text(name), f"flowmesh_sdk/catalog/data/{name}.csv")
-            chosen, origin, where = shipped, "shipped", f"flowmesh_sdk/catalog/data/{name}.csv"
+            package, file = shipped_resource(name)
+            resource = f"{package.replace('.', '/')}/{file}"
+            shipped = parse_csv(shipped_text(name), resource)
+            chosen, origin, where = shipped, "shipped", resource
             cached_path = folder / f"{name}.csv"
             if use_cache and cached_path.is_file():
                 cached = read_csv(cached_path)
@@ -266,5 +281,5 @@ class Catalog:
 
 
 __all__ = ["COLUMNS", "Catalog", "CatalogSource", "DEFAULT_MAX_AGE_DAYS", "OPTIONAL_COLUMNS",
-           "StaleCatalogWarning", "cache_dir", "max_age_days", "parse_csv", "read_csv", "shipped_text",
+           "StaleCatalogWarning", "cache_dir", "max_age_days", "parse_csv", "read_csv", "shipped_resource", "shipped_text",
            "write_csv"]

@@ -9,9 +9,9 @@ a market without a price turns into none -- prices are never guessed.  The field
 two records share are validated here, once, and :class:`Offer` carries the row's
 ``gpu_memory_gb``, ``source`` and ``fetched_at`` so nothing is lost in the conversion.
 
-Provider names are the SDK's (``ec2``, ``gce``, ``azure``, ``alibaba``, ``vast``); the
-shared price data spells two of them differently, so ``aws`` and ``gcp`` (and ``ecs``
-for Alibaba ECS) are accepted as aliases when a file is read.
+Provider names are the SDK's; each provider's descriptor (:mod:`flowmesh_sdk.backends`)
+names the other spellings the shared price data uses (``aws`` for ``ec2``, ``gcp`` for
+``gce``), accepted when a file is read, and its instance types' Arm naming convention.
 """
 
 from __future__ import annotations
@@ -21,38 +21,28 @@ import math
 import re
 from dataclasses import dataclass
 
+from .. import backends
 from ..errors import SpecError
 from ..specs import ARCHES, Offer
 
-PROVIDERS = ("ec2", "gce", "azure", "alibaba", "vast")
-ALIASES = {"aws": "ec2", "gcp": "gce", "ecs": "alibaba", "aliyun": "alibaba", "vastai": "vast"}
 MARKETS = ("on-demand", "spot")
-
-# Arm (aarch64) families, by provider naming convention.  The shared snapshots carry no
-# architecture column, so it is derived from the type name when a file has none:
-#  * EC2: a "g" among the letters after the generation digit marks Graviton
-#    (c7g, m6gd, g5g, r7gn); "Instance type naming conventions", Amazon EC2 docs.
-#  * Azure: a "p" among the size's feature letters marks Ampere Altra (D4ps_v5, E8pds_v5);
-#    "Azure virtual machine sizes naming conventions", Microsoft Learn.
-#  * GCE: the Tau T2A, C4A and N4A series are Arm; "Arm VMs on Compute", Google Cloud docs.
-#  * Alibaba ECS: the "y" families (g8y, c8y, r8y) are Yitian 710 Arm.
-_ARM_RULES = {
-    "ec2": re.compile(r"^[a-z]+\d+[a-z]*g[a-z]*\.", re.I),
-    "azure": re.compile(r"^Standard_[A-Z]+\d+[a-z]*p[a-z]*_", re.I),
-    "gce": re.compile(r"^(t2a|c4a|n4a)-", re.I),
-    "alibaba": re.compile(r"^ecs\.[a-z]+\d+y\.", re.I),
-}
 
 
 def canonical_provider(name: str) -> str:
-    key = (name or "").strip().lower()
-    return ALIASES.get(key, key)
+    return backends.canonical(name)
 
 
 def infer_arch(provider: str, instance_type: str) -> str:
-    """``arm64`` when the provider's naming convention marks the type as Arm, else x86_64."""
-    rule = _ARM_RULES.get(provider)
-    return "arm64" if rule is not None and rule.match(instance_type) else "x86_64"
+    """``arm64`` when the provider's naming convention marks the type as Arm, else x86_64
+    (the shared snapshots carry no architecture column; a descriptor's ``arm_types``)."""
+    d = backends.find(provider)
+    return "arm64" if d is not None and d.is_arm(instance_type) else "x86_64"
+
+
+def __getattr__(name: str) -> object:
+    if name == "PROVIDERS":   # kept for one release: flowmesh_sdk.backends.catalog_providers()
+        return backends.catalog_providers()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 _GPU_JUNK = re.compile(r"[^a-z0-9]+")
@@ -139,7 +129,7 @@ class CatalogRow:
     def __post_init__(self) -> None:
         provider = canonical_provider(self.provider)
         if not provider or not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", provider):
-            raise SpecError("provider", f"must be a provider name such as {', '.join(PROVIDERS)}; "
+            raise SpecError("provider", f"must be a provider name such as {', '.join(backends.catalog_providers())}; "
                                         f"got {self.provider!r}")
         object.__setattr__(self, "provider", provider)
         for name in ("region", "instance_type"):
@@ -222,5 +212,5 @@ class CatalogRow:
                    reliability=offer.reliability, available=offer.available)
 
 
-__all__ = ["ALIASES", "CatalogRow", "MARKETS", "PROVIDERS", "as_date", "canonical_provider",
+__all__ = ["CatalogRow", "MARKETS", "as_date", "canonical_provider",
            "gpu_key", "infer_arch", "parse_date"]

@@ -2,8 +2,8 @@
 catalog in the user's cache directory.
 
 The adapters live with their providers (``providers/<name>/prices.py``) and each talks
-only to its own provider's price API; the core finds them through the entry-point group
-``flowmesh_sdk.price_sources`` and never imports a cloud SDK itself.  An adapter is an
+only to its own provider's price API; the core finds each through its provider's
+descriptor (``prices``, :mod:`flowmesh_sdk.backends`) and never imports a cloud SDK itself.  An adapter is an
 async callable::
 
     async def fetch_prices(*, endpoint: str | None, regions: Sequence[str],
@@ -26,17 +26,17 @@ import asyncio
 import datetime as dt
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from .. import backends
 from ..backoff import retry_async
+from ..descriptor import load_ref
 from ..errors import FlowMeshError, ProviderUnavailableError, SpecError, ThrottledError
 from ..redaction import redact_url
 from .loader import Catalog, cache_dir, write_csv
-from .records import PROVIDERS, CatalogRow, canonical_provider
+from .records import CatalogRow, canonical_provider
 
-GROUP = "flowmesh_sdk.price_sources"
 Adapter = Callable[..., Awaitable[list[CatalogRow]]]
 
 
@@ -50,9 +50,9 @@ class RefreshResult:
     fetched_at: str
 
 
-def price_sources() -> dict[str, Any]:
-    """``{provider: EntryPoint}`` of the installed price adapters."""
-    return {ep.name: ep for ep in entry_points(group=GROUP)}
+def price_sources() -> dict[str, str]:
+    """``{provider: "module:function"}`` of the installed price adapters."""
+    return {n: d.prices for n, d in backends.descriptors().items() if d.prices is not None}
 
 
 def load_adapter(provider: str) -> Adapter:
@@ -61,8 +61,9 @@ def load_adapter(provider: str) -> Adapter:
     if name not in found:
         raise SpecError("provider", f"no price adapter for {provider!r}; installed: "
                                     f"{', '.join(sorted(found)) or 'none'} (catalog providers: "
-                                    f"{', '.join(PROVIDERS)})")
-    return found[name].load()
+                                    f"{', '.join(backends.catalog_providers())})")
+    adapter: Adapter = load_ref(found[name], "provider")
+    return adapter
 
 
 async def refresh(provider: str, *, endpoint: str | None = None, regions: Sequence[str] = (),
@@ -75,7 +76,7 @@ async def refresh(provider: str, *, endpoint: str | None = None, regions: Sequen
     name = canonical_provider(provider)
     fetch = adapter or load_adapter(name)
     shapes = (list((await asyncio.to_thread(Catalog.load, [name], cache=cache, warn=False)).rows)
-              if name in PROVIDERS else [])
+              if name in backends.catalog_providers() else [])
     rows = await retry_async(lambda: fetch(endpoint=endpoint, regions=tuple(regions), shapes=tuple(shapes)),
                              attempts=max(1, attempts), base_s=backoff_s, cap_s=backoff_max_s,
                              retry_on=(ThrottledError, ProviderUnavailableError))
@@ -95,4 +96,4 @@ async def refresh(provider: str, *, endpoint: str | None = None, regions: Sequen
                          regions=tuple(sorted({r.region for r in rows})), fetched_at=stamp)
 
 
-__all__ = ["Adapter", "GROUP", "RefreshResult", "load_adapter", "price_sources", "refresh"]
+__all__ = ["Adapter", "RefreshResult", "load_adapter", "price_sources", "refresh"]

@@ -20,7 +20,8 @@ from rich.table import Table
 
 from ..bidder import Demand, Estimate, ModelSpec, Policy, centralized, estimate
 from ..bidder.scoring import Score, score
-from ..catalog import PROVIDERS, Catalog, StaleCatalogWarning, refresh
+from .. import backends
+from ..catalog import Catalog, StaleCatalogWarning, refresh
 from ..catalog.records import canonical_provider
 from ..errors import FlowMeshError, SpecError
 from .output import JSON_HELP, emit, plain
@@ -69,7 +70,7 @@ def _prices(values: Optional[list[str]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for text in values or []:
         if "=" not in text:
-            raise SpecError("--price", f"must be TYPE=USD (e.g. ecs.c8a.2xlarge=0.30), got {text!r}")
+            raise SpecError("--price", f"must be TYPE=USD (e.g. c7i.2xlarge=0.30), got {text!r}")
         itype, usd = text.split("=", 1)
         try:
             value = float(usd)
@@ -177,7 +178,7 @@ def offers(cpus: float = typer.Option(8.0, "--cpus", help="vCPUs per sandbox (or
 # --------------------------------------------------------------------------- #
 
 @catalog_app.command("refresh")
-def catalog_refresh(provider: str = typer.Option(..., "--provider", "-p", help=f"one of {', '.join(PROVIDERS)}"),
+def catalog_refresh(provider: str = typer.Option(..., "--provider", "-p", help=f"one of {', '.join(backends.catalog_providers())}"),
                     endpoint: Optional[str] = typer.Option(None, "--endpoint",
                                                            help="the price API's base URL (default: the real one)"),
                     region: Optional[list[str]] = typer.Option(None, "--region",

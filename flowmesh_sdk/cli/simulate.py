@@ -24,7 +24,8 @@ def cost_simulate(
         tasks: str = typer.Option("1,10,100,1000,10000", "--tasks",
                                   help="concurrency levels to sweep (comma-separated)"),
         minutes: float = typer.Option(100.0, "--minutes", help="minutes each task executes"),
-        provider: str = typer.Option("ec2", "--provider", help="catalog provider to simulate"),
+        provider: Optional[str] = typer.Option(None, "--provider",
+                                               help="catalog provider to simulate (default: the simulator's)"),
         region: Optional[str] = typer.Option(None, "--region", help="region (default: the first in the catalog)"),
         instance: Optional[str] = typer.Option(None, "--instance",
                                                help="distributed instance type (default: cheapest 8 vCPU / 16 GiB)"),
@@ -42,8 +43,8 @@ def cost_simulate(
         json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """MegaFlow's scaling experiment on the simulator, with a per-phase breakdown."""
-    from flowmesh_providers.sim.sweep import (SweepConfig, SweepRow, cloud_for, phases_minutes, pick_rows,
-                                              plot as draw, run_sweep, sim_type)
+    from flowmesh_providers.sim.sweep import (DEFAULT_PROVIDER, SweepConfig, SweepRow, cloud_for, phases_minutes,
+                                              pick_rows, plot as draw, run_sweep, sim_type)
 
     from .cost import _fail, _prices, err
     from .cost import console as tables
@@ -62,7 +63,7 @@ def cost_simulate(
     if bad or not wanted:
         raise _fail(SpecError("--modes", f"choose from {', '.join(MODES)}; got {modes!r}"))
     try:
-        prov = canonical_provider(provider)
+        prov = canonical_provider(provider or DEFAULT_PROVIDER)
         catalog = Catalog.load([prov], warn=False).with_prices(_prices(price))
         where, small, big = pick_rows(catalog, prov, region, instance, centralized)
         cloud = cloud_for(prov, where, [sim_type(small), sim_type(big, capacity=centralized_capacity)])

@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from .. import backends
 from ..errors import SpecError
 
 _PART = re.compile(r"[A-Za-z0-9*?][A-Za-z0-9_.*?-]{0,62}", re.ASCII)
@@ -42,8 +43,8 @@ class InfraEntry:
             raise SpecError(field_name, "must be 'provider', 'provider/region' or 'provider/region/zone'; "
                                         f"got {text!r}")
         if not _PROVIDER.fullmatch(parts[0]):
-            raise SpecError(field_name, "the provider part must be a provider name in lowercase (e.g. ec2, gce, "
-                                        f"local) or a wildcard; got {parts[0]!r}")
+            raise SpecError(field_name, "the provider part must be a provider name in lowercase (one of "
+                                        f"{', '.join(backends.descriptors())}) or a wildcard; got {parts[0]!r}")
         for part in parts[1:]:
             if not _PART.fullmatch(part):
                 raise SpecError(field_name, f"region and zone must be letters, digits, '-', '_', '.' or "

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
+
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from .. import backends
 from ..bidder.demand import Demand
 from ..bidder.gates import NoFeasibleOffer
 from ..bidder.policy import Policy
@@ -105,20 +106,16 @@ class Placement:
 
 
 # ---- registry locality -----------------------------------------------------------------
-_ECR = re.compile(r"^\d+\.dkr\.ecr(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com$")
-_GAR = re.compile(r"^([a-z0-9-]+)-docker\.pkg\.dev$")
-_ACR_ALI = re.compile(r"^registry(?:-vpc)?\.([a-z0-9-]+)\.aliyuncs\.com$")
-
-
 def registry_locality(image: str) -> tuple[str, ...]:
-    """The ``provider/region`` (or ``provider``) entries where an image's registry lives."""
+    """The ``provider/region`` (or ``provider``) entries where an image's registry lives
+    (each provider's descriptor names its registry hosts)."""
     host = image.split("/", 1)[0] if "/" in image else "docker.io"
     if host in ("localhost", "127.0.0.1") or host.startswith(("localhost:", "127.")):
         return ("local",) if host == "localhost" else ("local", "ssh")
-    for rx, provider in ((_ECR, "ec2"), (_GAR, "gce"), (_ACR_ALI, "alibaba")):
-        m = rx.match(host)
-        if m:
-            return (f"{provider}/{m.group(1)}",)
+    for name, d in backends.descriptors().items():
+        region = d.registry_region(host)
+        if region is not None:
+            return (f"{name}/{region}",)
     return ()
 
 

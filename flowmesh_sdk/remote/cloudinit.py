@@ -69,7 +69,7 @@ class CloudConfig:
         if not isinstance(self.user, str) or not self.user or not self.user.replace("-", "").replace(
                 "_", "").isalnum():
             raise SpecError("cloudinit.user",
-                            f"must be a login name like 'root' or 'ec2-user', got {self.user!r}")
+                            f"must be a login name like 'root' or 'ubuntu', got {self.user!r}")
 
     def __repr__(self) -> str:
         return (f"CloudConfig(host_key={self.host_key.public}, authorized_keys="
@@ -95,8 +95,8 @@ class CloudConfig:
         text = f"{HEADER}\n# written by {MARKER}: host key and fleet key (docs/ssh.md)\n" + \
             json.dumps(self.document(), indent=1, sort_keys=True) + "\n"
         if len(text.encode()) > MAX_USER_DATA_BYTES:
-            raise SpecError("cloudinit.user_data", f"{len(text.encode())} bytes; EC2 allows "
-                                                   f"{MAX_USER_DATA_BYTES} before base64")
+            raise SpecError("cloudinit.user_data", f"{len(text.encode())} bytes; at most {MAX_USER_DATA_BYTES} "
+                                                   f"before base64 (the smallest user-data limit of the clouds)")
         return text
 
 

@@ -79,7 +79,7 @@ class SshMode:
     def __post_init__(self) -> None:
         p = self.field_prefix
         if not isinstance(self.user, str) or not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", self.user):
-            raise SpecError(f"{p}.user", f"must be a login name like 'root' or 'ec2-user', got {self.user!r}")
+            raise SpecError(f"{p}.user", f"must be a login name like 'root' or 'ubuntu', got {self.user!r}")
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 1 <= self.port <= 65535:
             raise SpecError(f"{p}.port", f"must be an integer in [1, 65535], got {self.port!r}")
         if self.address not in ("private", "public"):

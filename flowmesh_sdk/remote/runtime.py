@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from .. import backends
 from ..errors import (AuthError, ContainerRuntimeError, ImageNotFoundError, RegistryUnavailableError,
                       RuntimeMissingError, SpecError, ThrottledError)
 from ..specs import SandboxSpec, check_number
@@ -68,8 +69,15 @@ _LAYERSHIFT = (Path(__file__).parent / "layershift.py").read_text(encoding="utf-
 #: and switch uid/gid (su, apt's _apt sandbox).  Everything else (raw sockets, mknod,
 #: chroot, setcap/setpcap, binding ports < 1024, audit, ...) is dropped.
 SANDBOX_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
-#: cloud metadata services: link-local (AWS, GCE, Azure, most others), Alibaba's, AWS's IPv6
-METADATA_NETWORKS = ("169.254.0.0/16", "100.100.100.200/32", "fd00:ec2::254/128")
+#: cloud metadata services: link-local (most clouds'), and those each installed provider's
+#: descriptor names beyond it (an IPv6 one, one outside link-local)
+LINK_LOCAL = "169.254.0.0/16"
+
+
+def metadata_networks() -> tuple[str, ...]:
+    return (LINK_LOCAL, *(n for n in backends.metadata_networks() if n != LINK_LOCAL))
+
+
 DEFAULT_USERNS_MAP = "0:100000:65536"
 # A container's /dev/shm as a tmpfs that runc mounts inside it (podman's size and flags).
 # podman 4.3's own /dev/shm is a mount on the host (userdata/shm); a container that is being
@@ -122,7 +130,7 @@ class RuntimeConfig:
     userns: str = "auto"
     disk_limit_mb: int | None = 10240
     block_metadata: bool = True
-    metadata_networks: tuple[str, ...] = METADATA_NETWORKS
+    metadata_networks: tuple[str, ...] = field(default_factory=metadata_networks)
     snapshot_registry: str | None = None
     snapshot_repository: str = "flowmesh/snapshots"
 

@@ -1,6 +1,6 @@
 """EC2 prices for the catalog: the live refresh from the AWS Price List Query API
 (:func:`fetch_prices`).  The provider itself holds no prices (it reports shapes); the
-shipped EC2 snapshot is the catalog's, ``flowmesh_sdk/catalog/data/ec2.csv``.
+shipped EC2 snapshot is the catalog's, ``providers/ec2/catalog.csv``.
 
 Live refresh (``flowmesh catalog refresh --provider ec2``): :func:`fetch_prices` asks the
 AWS Price List Query API (``pricing`` client, ``GetProducts``, boto3) for the EC2

@@ -66,16 +66,16 @@ def sim_type(row: CatalogRow, *, spot: bool = False, capacity: int | None = None
                            capacity=capacity if capacity is not None else 1_000_000)
 
 
+#: the cloud ``flowmesh cost simulate`` plays when none is named (MegaFlow's experiment ran on
+#: a public cloud; EC2's published API table is the fullest)
+DEFAULT_PROVIDER = "ec2"
+
+
 def cloud_for(provider: str, region: str, types: Sequence[SimInstanceType], **kw: object) -> SimCloud:
-    """A simulated ``provider``/``region`` with the catalog profile's launch limits (EC2:
-    the provider's whole published API table) and its assumed boot time."""
+    """A simulated ``provider``/``region`` with its profile's API limits (the provider
+    client's whole table) and its assumed boot time."""
     prof = profile(provider)
-    if provider == "ec2":
-        from flowmesh_providers.ec2.client import RATES
-        rates: tuple[ApiRate, ...] = RATES
-    else:
-        rates = tuple(ApiRate("launch", b.refill_per_s, b.capacity, per_instance=b.per_instance)
-                      for b in prof.buckets)
+    rates: tuple[ApiRate, ...] = prof.rates
     notes = (f"API limits: {prof.rates_source}", f"boot: {prof.boot_source}")
     return SimCloud(name=provider, region=region, types=tuple(types), rates=rates, max_batch=prof.max_batch,
                     boot_median_s=prof.boot_s, boot_p90_s=prof.boot_s * 1.75, notes=notes,

@@ -1,0 +1,76 @@
+"""The house's rules that a tool can check: the core (``flowmesh_sdk`` outside ``testing/``)
+names no cloud -- everything it knows of one is in that provider's descriptor.  Code is
+checked (identifiers, imports, string literals); docstrings and comments may use a
+cloud as an example."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from flowmesh_sdk import backends
+
+ROOT = Path(__file__).resolve().parents[1]
+VENDORS = ("amazonaws", "googleapis", "aliyuncs", "azure", "vast.ai", "boto3", "botocore")
+
+
+def _clouds() -> re.Pattern[str]:
+    words = {w for d in backends.descriptors().values() if d.snapshot is not None for w in (d.name, *d.aliases)}
+    assert {"ec2", "gce", "azure", "alibaba", "vast", "aws", "gcp"} <= words
+    return re.compile(r"(?<![a-z0-9])(" + "|".join(sorted(map(re.escape, words | set(VENDORS)))) + r")(?![a-z0-9])",
+                      re.I)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                ids.add(id(body[0].value))
+    return ids
+
+
+def _named(path: Path, rx: re.Pattern[str]) -> list[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    skip = _docstrings(tree)
+    hits = []
+    for node in ast.walk(tree):
+        texts: list[str] = []
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            texts = [node.value]
+        elif isinstance(node, ast.Name):
+            texts = [node.id]
+        elif isinstance(node, ast.Attribute):
+            texts = [node.attr]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            texts = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.arg)):
+            texts = [getattr(node, "name", None) or getattr(node, "arg", "")]
+        for t in texts:
+            m = rx.search(t)
+            if m:
+                hits.append(f"{path.name}:{getattr(node, 'lineno', '?')}: {m.group(0)!r} in {t[:80]!r}")
+    return hits
+
+
+#: the S3 result store speaks the S3 API (AWS's, and MinIO's, R2's, ...) with boto3: a storage
+#: protocol, not a provider the core places work on
+ALLOWED = {"flowmesh_sdk/cas/s3.py"}
+
+
+def test_the_core_names_no_cloud() -> None:
+    rx = _clouds()
+    core = [p for p in sorted((ROOT / "flowmesh_sdk").rglob("*.py"))
+            if "testing" not in p.relative_to(ROOT).parts and str(p.relative_to(ROOT)) not in ALLOWED]
+    assert len(core) > 100
+    hits = [h for p in core for h in _named(p, rx)]
+    assert hits == []
+
+
+def test_the_check_sees_a_cloud_in_code_but_not_in_a_docstring(tmp_path: Path) -> None:
+    f = tmp_path / "probe.py"
+    f.write_text('"""ec2 as an example."""\n# gce in a comment\nX = {"aws": 1}\ndef f(vast_id):\n    return 0\n')
+    hits = _named(f, _clouds())
+    assert [h.split(": ", 1)[1] for h in hits] == ["'aws' in 'aws'", "'vast' in 'vast_id'"]
