@@ -32,4 +32,5 @@ DESCRIPTOR = ProviderDescriptor(
     ),
     metadata_networks=("100.100.100.200/32",),
     emulator="flowmesh_sdk.testing.ecs:EcsEmulator",
+    conformance="flowmesh_providers.alibaba.conformance:environment",
 )

@@ -29,4 +29,5 @@ DESCRIPTOR = ProviderDescriptor(
         Setting("providers.azure.base_url", ("FLOWMESH_AZURE_ENDPOINT",), help="Azure Resource Manager endpoint"),
     ),
     emulator="flowmesh_sdk.testing.azure:AzureEmulator",
+    conformance="flowmesh_providers.azure.conformance:environment",
 )

@@ -32,4 +32,5 @@ DESCRIPTOR = ProviderDescriptor(
     ),
     metadata_networks=("fd00:ec2::254/128",),
     emulator="flowmesh_sdk.testing.moto:MotoEc2",
+    conformance="flowmesh_providers.ec2.conformance:environment",
 )

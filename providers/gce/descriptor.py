@@ -31,4 +31,5 @@ DESCRIPTOR = ProviderDescriptor(
                 help="Cloud Billing Catalog API key (live prices)"),
     ),
     emulator="flowmesh_sdk.testing.gce:GceEmulator",
+    conformance="flowmesh_providers.gce.conformance:environment",
 )

@@ -9,4 +9,5 @@ DESCRIPTOR = ProviderDescriptor(
     settings=(Setting("providers.ssh.inventory", ("FLOWMESH_SSH_INVENTORY",),
                       help="the ssh provider's inventory (JSON)"),),
     emulator="flowmesh_sdk.testing.sshd:LoopbackSshd",
+    conformance="flowmesh_providers.ssh.conformance:environment",
 )

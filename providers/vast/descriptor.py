@@ -21,4 +21,5 @@ DESCRIPTOR = ProviderDescriptor(
     snapshot="flowmesh_providers.vast:catalog.csv",
     settings=(Setting("providers.vast.api_key", ("VAST_API_KEY",), secret=True, help="Vast.ai API key"),),
     emulator="flowmesh_sdk.testing.vast:VastEmulator",
+    conformance="flowmesh_providers.vast.conformance:environment",
 )

@@ -1,8 +1,9 @@
-"""The provider conformance suite: every provider must pass it (today `local`, `ssh` on a
-loopback sshd, `ec2` against moto in server mode with the real boto3, `gce` against
-the Compute Engine emulator with the real google-cloud-compute, and `azure` against the ARM
-emulator with the real azure-mgmt clients).  A later
-provider adds itself to ``ENVIRONMENTS`` in conftest.py.
+"""The provider conformance suite: every provider must pass it -- each installed provider
+whose descriptor names a conformance environment (``local``, ``ssh`` on a loopback sshd,
+``ec2`` against moto in server mode with the real boto3, ``gce``, ``azure``, ``alibaba``
+and ``vast`` against their emulators with their real clients) and ``acme``, the provider
+package defined only in tests/plugins.  A new provider is in it by having a
+``conformance.py`` in its folder (see conftest.py).
 
 The contract it checks (flowmesh_sdk/provider.py): capabilities declared as
 :class:`Capabilities`, with a :class:`~flowmesh_sdk.tags.TagCodec`; offers are shapes
@@ -13,6 +14,7 @@ codec (launch -> describe / list_tagged); ids are never reused; ``Instance.zone`
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -242,7 +244,7 @@ async def test_bad_offer_is_a_spec_error_before_launch(env):
 
 async def test_gc_finds_and_terminates_an_orphan_after_a_coordinator_crash(env):
     fleet = f"crash-{uuid.uuid4().hex[:6]}"
-    proc = subprocess.Popen([sys.executable, str(HERE / "_coordinator.py"), env.recipe, fleet],
+    proc = subprocess.Popen([sys.executable, str(HERE / "_coordinator.py"), json.dumps(list(env.rebuild)), fleet],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ))
     try:
@@ -265,10 +267,9 @@ async def test_gc_finds_and_terminates_an_orphan_after_a_coordinator_crash(env):
 
 async def test_cli_gc_sweeps_ec2_orphans(moto_ec2, tmp_path):
     """`flowmesh gc --provider ec2` finds a crashed coordinator's instances by their tags."""
-    import json
+    from flowmesh_providers.ec2.conformance import rebuild_options
     fleet = f"cli-{uuid.uuid4().hex[:6]}"
-    recipe = json.dumps({"provider": "ec2", "endpoint_url": moto_ec2.endpoint_url,
-                         "image_id": moto_ec2.a_valid_ami("us-east-1"), "session": moto_ec2.session_kwargs})
+    recipe = json.dumps(["flowmesh_providers.ec2.conformance:rebuild", rebuild_options(moto_ec2)])
     proc = subprocess.Popen([sys.executable, str(HERE / "_coordinator.py"), recipe, fleet],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
