@@ -54,6 +54,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from . import clock
 from .cas.base import CasCorruptError, CasError, CasNotFoundError, ContentStore
 from .control.events import Event, EventBus, EventKind
 from .errors import FlowMeshError, SpecError
@@ -331,10 +332,10 @@ class ResultReuse:
         inputs = {k: bytes(v) for k, v in (inputs or {}).items()}
         ident = call_identity(kind, image_or_model, params, inputs, resource_class, seed)
         request_id = request_id or uuid.uuid4().hex[:16]
-        t0 = time.monotonic()
+        t0 = clock.monotonic()
 
         async def run_fn() -> CallResult:
-            start = time.monotonic()
+            start = clock.monotonic()
             try:
                 if inspect.iscoroutinefunction(fn):
                     out: Any = await fn(inputs)
@@ -345,10 +346,10 @@ class ResultReuse:
                 if not isinstance(out, (bytes, bytearray)):
                     raise TypeError(f"{name}: fn must return bytes, got {type(out).__name__}")
                 return CallResult(request_id, name, bytes(out), None, ReuseKind.EXECUTED, None,
-                                  time.monotonic() - start)
+                                  clock.monotonic() - start)
             except Exception as exc:  # noqa: BLE001 - reported in the result, like run_task
                 return CallResult(request_id, name, None, f"{type(exc).__name__}: {exc}",
-                                  ReuseKind.EXECUTED, None, time.monotonic() - start)
+                                  ReuseKind.EXECUTED, None, clock.monotonic() - start)
 
         if not (deterministic or seed is not None):
             res = await run_fn()
@@ -372,7 +373,7 @@ class ResultReuse:
         out = answer.record.get("output")
         return CallResult(request_id, name, bytes(out) if isinstance(out, (bytes, bytearray)) else None,
                           None, outcome, answer.provenance,
-                          fresh.native.duration_s if fresh is not None else time.monotonic() - t0)
+                          fresh.native.duration_s if fresh is not None else clock.monotonic() - t0)
 
     # ---- the core: lookup, single-flight, execute, publish --------------------------------
     async def _resolve(self, req: _Request, execute: Callable[[], Awaitable[_Fresh]]

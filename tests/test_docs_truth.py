@@ -51,11 +51,17 @@ def test_the_error_tree_in_errors_py_is_the_real_one_and_all_exported() -> None:
 
 
 def test_the_conformance_suite_runs_every_registered_provider() -> None:
+    """Every provider pyproject.toml registers has a conformance environment in its folder,
+    which the suite's parameters (tests/providers/conftest.py: ENVIRONMENTS) are made of."""
+    from flowmesh_sdk import backends
     eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["flowmesh_sdk.providers"]
+    assert set(eps) <= set(backends.descriptors())
+    for name in eps:
+        ref = backends.descriptor(name).conformance
+        assert ref == f"flowmesh_providers.{name}.conformance:environment", name
+        assert (ROOT / "providers" / name / "conformance.py").is_file(), name
     text = (ROOT / "tests" / "providers" / "conftest.py").read_text()
-    envs = re.search(r"ENVIRONMENTS = \[([^\]]*)\]", text)
-    assert envs is not None
-    assert sorted(eval("[" + envs.group(1) + "]")) == sorted(eps)   # noqa: S307 - a literal list
+    assert "ENVIRONMENTS = sorted({n for n, d in backends.descriptors().items() if d.conformance}" in text
 
 
 async def test_a_drained_pools_name_may_be_used_again(fleet) -> None:

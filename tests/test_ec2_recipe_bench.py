@@ -45,7 +45,7 @@ def _run(args: list[str], env: dict[str, str], timeout: float = 600) -> subproce
 
 def _snapshot_rows() -> list[dict[str, str]]:
     """The catalog's shipped EC2 snapshot (the one source of prices), as CSV records."""
-    text = (ROOT / "flowmesh_sdk" / "catalog" / "data" / "ec2.csv").read_text()
+    text = (ROOT / "providers" / "ec2" / "catalog.csv").read_text()
     return [r for r in csv.DictReader(io.StringIO(text)) if r["region"] == REGION]
 
 

@@ -107,7 +107,8 @@ def test_offers_cost_estimate_and_config_list_acme(acme, tmp_path):
     assert est.returncode == 0, est.stderr
     assert "acme" in est.stdout and "acme.small" in est.stdout
     shown = _cli("config", "show", home=tmp_path, FLOWMESH_ACME_STATE=str(tmp_path / "state"))
-    assert shown.returncode == 0 and "providers.acme.state_dir" in shown.stdout and "FLOWMESH_ACME_STATE" in shown.stdout
+    assert shown.returncode == 0, shown.stderr
+    assert "providers.acme.state_dir" in shown.stdout and "FLOWMESH_ACME_STATE" in shown.stdout
 
 
 async def test_gc_sweeps_what_a_crashed_coordinator_left_on_acme(acme, tmp_path):

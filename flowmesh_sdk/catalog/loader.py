@@ -281,5 +281,6 @@ class Catalog:
 
 
 __all__ = ["COLUMNS", "Catalog", "CatalogSource", "DEFAULT_MAX_AGE_DAYS", "OPTIONAL_COLUMNS",
-           "StaleCatalogWarning", "cache_dir", "max_age_days", "parse_csv", "read_csv", "shipped_resource", "shipped_text",
+           "StaleCatalogWarning", "cache_dir", "max_age_days", "parse_csv", "read_csv",
+           "shipped_resource", "shipped_text",
            "write_csv"]

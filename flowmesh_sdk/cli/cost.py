@@ -8,27 +8,25 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
-import sys
 import warnings
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .. import backends
 from ..bidder import Demand, Estimate, ModelSpec, Policy, centralized, estimate
 from ..bidder.scoring import Score, score
-from .. import backends
 from ..catalog import Catalog, StaleCatalogWarning, refresh
 from ..catalog.records import canonical_provider
 from ..errors import FlowMeshError, SpecError
+from .console import console, err
+from .console import fail as _fail
+from .console import prices as _prices
+from .console import split as _split
 from .output import JSON_HELP, emit, plain
 
-# Tables are wide; when piped (not a terminal) rich would squeeze them into 80 columns.
-console = Console(width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 cost_app = typer.Typer(add_completion=False, no_args_is_help=True,
                        help="What a workload will cost, per provider/region and phase, before you launch it.")
@@ -39,18 +37,6 @@ catalog_app = typer.Typer(add_completion=False, no_args_is_help=True,
 # --------------------------------------------------------------------------- #
 # shared helpers
 # --------------------------------------------------------------------------- #
-
-def _fail(exc: Exception) -> typer.Exit:
-    err.print(f"[red]error:[/red] {escape(str(exc))}")
-    return typer.Exit(1)
-
-
-def _split(values: Optional[list[str]]) -> tuple[str, ...]:
-    out: list[str] = []
-    for v in values or []:
-        out.extend(p.strip() for p in v.split(",") if p.strip())
-    return tuple(out)
-
 
 def _load(providers: tuple[str, ...]) -> Catalog:
     """The catalog, with each stale-snapshot warning printed as a note on stderr."""
@@ -64,22 +50,6 @@ def _load(providers: tuple[str, ...]) -> Catalog:
         err.print(f"[yellow]note:[/yellow] stale price catalogs ({ages}); prices move -- "
                   "`flowmesh catalog refresh --provider NAME`, `flowmesh catalog show`")
     return catalog
-
-
-def _prices(values: Optional[list[str]]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for text in values or []:
-        if "=" not in text:
-            raise SpecError("--price", f"must be TYPE=USD (e.g. c7i.2xlarge=0.30), got {text!r}")
-        itype, usd = text.split("=", 1)
-        try:
-            value = float(usd)
-        except ValueError:
-            raise SpecError("--price", f"{itype}: {usd!r} is not a number of USD per hour") from None
-        if not math.isfinite(value) or value < 0:
-            raise SpecError("--price", f"{itype}: must be >= 0 USD per hour, got {usd}")
-        out[itype.strip()] = value
-    return out
 
 
 def _policy(preset: str, weights: Optional[str]) -> Policy:
@@ -178,7 +148,8 @@ def offers(cpus: float = typer.Option(8.0, "--cpus", help="vCPUs per sandbox (or
 # --------------------------------------------------------------------------- #
 
 @catalog_app.command("refresh")
-def catalog_refresh(provider: str = typer.Option(..., "--provider", "-p", help=f"one of {', '.join(backends.catalog_providers())}"),
+def catalog_refresh(provider: str = typer.Option(..., "--provider", "-p",
+                                                 help=f"one of {', '.join(backends.catalog_providers())}"),
                     endpoint: Optional[str] = typer.Option(None, "--endpoint",
                                                            help="the price API's base URL (default: the real one)"),
                     region: Optional[list[str]] = typer.Option(None, "--region",

@@ -15,6 +15,8 @@ from rich.table import Table
 from ..catalog import Catalog
 from ..catalog.records import canonical_provider
 from ..errors import FlowMeshError, SpecError
+from .console import console as tables
+from .console import err, fail, prices
 from .output import JSON_HELP, emit
 
 MODES = ("ephemeral", "persistent", "centralized")
@@ -46,29 +48,27 @@ def cost_simulate(
     from flowmesh_providers.sim.sweep import (DEFAULT_PROVIDER, SweepConfig, SweepRow, cloud_for, phases_minutes,
                                               pick_rows, plot as draw, run_sweep, sim_type)
 
-    from .cost import _fail, _prices, err
-    from .cost import console as tables
     console = err if json_out else tables   # with --json, stdout carries only the document
     try:
         levels = [int(x) for x in tasks.split(",") if x.strip()]
     except ValueError:
-        raise _fail(SpecError("--tasks", f"must be comma-separated integers, got {tasks!r}")) from None
+        raise fail(SpecError("--tasks", f"must be comma-separated integers, got {tasks!r}")) from None
     if not levels or any(n < 1 or n > 100_000 for n in levels):
-        raise _fail(SpecError("--tasks", "each level must be in [1, 100000]"))
+        raise fail(SpecError("--tasks", "each level must be in [1, 100000]"))
     if plot and importlib.util.find_spec("matplotlib") is None:
-        raise _fail(SpecError("--plot", "drawing the PNG needs matplotlib: pip install 'flowmesh-sdk[plot]' "
+        raise fail(SpecError("--plot", "drawing the PNG needs matplotlib: pip install 'flowmesh-sdk[plot]' "
                                         "(or --plot '' for tables only)"))
     wanted = [m.strip() for m in modes.split(",") if m.strip()]
     bad = [m for m in wanted if m not in MODES]
     if bad or not wanted:
-        raise _fail(SpecError("--modes", f"choose from {', '.join(MODES)}; got {modes!r}"))
+        raise fail(SpecError("--modes", f"choose from {', '.join(MODES)}; got {modes!r}"))
     try:
         prov = canonical_provider(provider or DEFAULT_PROVIDER)
-        catalog = Catalog.load([prov], warn=False).with_prices(_prices(price))
+        catalog = Catalog.load([prov], warn=False).with_prices(prices(price))
         where, small, big = pick_rows(catalog, prov, region, instance, centralized)
         cloud = cloud_for(prov, where, [sim_type(small), sim_type(big, capacity=centralized_capacity)])
     except FlowMeshError as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
     configs = {"ephemeral": SweepConfig("distributed ephemeral", small.instance_type, "ephemeral", 1, False),
                "persistent": SweepConfig("distributed persistent", small.instance_type, "persistent", 1, True),
                "centralized": SweepConfig(f"centralized ({tasks_per_instance}/machine)", big.instance_type,
@@ -90,7 +90,7 @@ def cost_simulate(
     try:
         rows = run_sweep(cloud, chosen, levels, minutes=minutes, image_gb=image_gb, seed=seed, progress=progress)
     except FlowMeshError as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
     if json_out:
         if plot:
             draw(rows, plot, f"{prov}/{where}: {small.instance_type} per task vs {big.instance_type} x "

@@ -25,7 +25,7 @@ from ..specs import ExecResult
 from ._common import _frame_head, _read_exactly, _result, truncation_marker
 
 if TYPE_CHECKING:
-    from . import Sandbox, _Agent
+    from .sandbox import Sandbox, _Agent
 
 _FRAME = re.compile(rb"^__FMP__ (\d+) (1|2|pid|end|idle)((?: -?\d+)*)\n$")
 _STDIN_CHUNK = 1 << 20

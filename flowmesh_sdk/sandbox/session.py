@@ -38,7 +38,7 @@ from ._common import (DEFAULT_OUTPUT_CAP, _check_command, _env_prefix, _frame_he
 
 if TYPE_CHECKING:
     from ..remote.runner import Channel
-    from . import Sandbox
+    from .sandbox import Sandbox
 
 _HEADER = re.compile(rb"^__FM__ (\d+) (-?\d+) ([012]) (\d+) (\d+)\n$")
 _EXITING = b"2"                # the header's flag: the shell is ending (`exit` in the command)

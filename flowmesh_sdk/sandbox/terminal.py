@@ -25,7 +25,7 @@ from ..remote.runner import Channel
 from ._common import sh_quote
 
 if TYPE_CHECKING:
-    from . import Sandbox
+    from .sandbox import Sandbox
 
 # SIGINT to the process groups of the terminal shell's children that are not its own group
 _INTERRUPT_JOBS = r"""

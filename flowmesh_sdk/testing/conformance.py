@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from ..provider import LaunchRequest, Provider
 from ..specs import InstanceSpec, Offer
 
 Fixture = Callable[[str], Any]
+Exhaustion = Callable[[], contextlib.AbstractContextManager[None]]   # a capacity error provoked while entered
 
 
 @dataclass
@@ -38,8 +39,7 @@ class ConformanceEnv:
     provider: Provider
     spec: InstanceSpec
     offer: Offer
-    # provokes the provider's own capacity error on the next launch of `offer`
-    exhaust_capacity: Callable[[], contextlib.AbstractContextManager[None]]
+    exhaust_capacity: Exhaustion   # the provider's own capacity error on the next launch of `offer`
     # how a separate process rebuilds the same provider
     rebuild: tuple[str, dict[str, Any]]
 
@@ -70,7 +70,29 @@ def run_aside(coro: Awaitable[Any]) -> Any:
     return box[0]
 
 
-def filled_by(make_filler: Callable[[], Any], cpus: int = 16) -> Callable[[], contextlib.AbstractContextManager[None]]:
+def exhausting(start: Callable[[], Any], stop: Callable[[], Any]) -> Exhaustion:
+    """A capacity exhaustion an emulator provokes: ``start()`` on entry, ``stop()`` on exit."""
+    @contextlib.contextmanager
+    def exhaust() -> Iterator[None]:
+        start()
+        try:
+            yield
+        finally:
+            stop()
+    return exhaust
+
+
+@contextlib.asynccontextmanager
+async def cleaned_up(provider: Provider) -> AsyncIterator[Provider]:
+    """``provider``, and on exit everything it still lists terminated and the provider closed."""
+    try:
+        yield provider
+    finally:
+        await provider.terminate([i.id for i in await provider.list_tagged({})])
+        await provider.close()
+
+
+def filled_by(make_filler: Callable[[], Any], cpus: int = 16) -> Exhaustion:
     """A capacity exhaustion for providers that carve machines (``local``, ``ssh``): another
     coordinator (a second provider object on the same state, made by ``make_filler``)
     holds all ``cpus`` of the machine, so the next launch finds no room."""
@@ -89,4 +111,4 @@ def filled_by(make_filler: Callable[[], Any], cpus: int = 16) -> Callable[[], co
     return exhaust
 
 
-__all__ = ["ConformanceEnv", "Fixture", "filled_by", "rebuild", "run_aside"]
+__all__ = ["ConformanceEnv", "Exhaustion", "Fixture", "cleaned_up", "exhausting", "filled_by", "rebuild", "run_aside"]

@@ -23,13 +23,13 @@ batches at once, wait for the calls in flight until a deadline, then fail the re
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
 
+from .. import clock
 from ..control.limits import TokenBucket
 from ..errors import (AuthError, NotFoundError, PoolClosedError, ProviderUnavailableError, SpecError,
                       ThrottledError)
@@ -170,9 +170,9 @@ class InferenceEndpoint:
                                   "(drain deadline passed)") from None
 
     async def _limited(self, start: Callable[[], Awaitable[V]], deadline_s: float) -> V:
-        t0 = time.monotonic()
+        t0 = clock.monotonic()
         await self._bucket.acquire(1.0, timeout_s=deadline_s)
-        left = deadline_s - (time.monotonic() - t0)
+        left = deadline_s - (clock.monotonic() - t0)
         try:
             return await asyncio.wait_for(start(), max(left, 0.001))
         except asyncio.TimeoutError:
@@ -187,7 +187,7 @@ class InferenceEndpoint:
     async def drain(self, timeout_s: float) -> DrainReport:
         """Stop admitting, send waiting batches now, wait for calls in flight up to
         ``timeout_s``; the calls still running then fail with PoolClosedError."""
-        t0 = time.monotonic()
+        t0 = clock.monotonic()
         self._admitting = False
         before = self.answered
         flush = asyncio.ensure_future(self._batcher.flush())
@@ -201,7 +201,7 @@ class InferenceEndpoint:
                 fut.cancel()
         await asyncio.gather(flush, *left, return_exceptions=True)
         return DrainReport(completed=self.answered - before, abandoned=len(left),
-                           waited_s=time.monotonic() - t0)
+                           waited_s=clock.monotonic() - t0)
 
     async def aclose(self) -> None:
         """Refuse new calls, cancel what is left and close the HTTP client."""

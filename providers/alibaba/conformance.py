@@ -1,11 +1,11 @@
 """``alibaba``'s environment for the provider conformance suite
-(:mod:`flowmesh_sdk.testing.conformance`): the ECS emulator (the suite's ``ecs_emulator``)
-with the real ECS SDK; a sold-out type in a zone is its capacity error."""
+(:mod:`flowmesh_sdk.testing.conformance`): the ECS emulator with the real ECS SDK (the
+suite's ``ecs_emulator``), whose zone's instance type can sell out."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from flowmesh_sdk.specs import InstanceSpec
@@ -14,10 +14,10 @@ from flowmesh_sdk.testing.conformance import ConformanceEnv, Fixture
 from .provider import AlibabaProvider
 
 
-def rebuild(endpoint: str, vswitch_ids: Mapping[str, str], security_group_id: str, key: str,
-            secret: str) -> AlibabaProvider:
+def rebuild(endpoint: str, vswitch_ids: dict[str, str], security_group_id: str, access_key_id: str,
+            access_key_secret: str) -> AlibabaProvider:
     return AlibabaProvider(endpoint=endpoint, vswitch_ids=vswitch_ids, security_group_id=security_group_id,
-                           access_key_id=key, access_key_secret=secret)
+                           access_key_id=access_key_id, access_key_secret=access_key_secret)
 
 
 @contextlib.asynccontextmanager
@@ -35,12 +35,11 @@ async def environment(tmp: Path, fixture: Fixture) -> AsyncIterator[ConformanceE
         finally:
             emu.restock()
 
+    options = {"endpoint": emu.url, "vswitch_ids": dict(emu.vswitch_ids), "security_group_id": emu.security_group_id,
+               "access_key_id": emu.access_key_id, "access_key_secret": emu.access_key_secret}
     try:
         yield ConformanceEnv("alibaba", prov, spec, offer, exhaust,
-                             ("flowmesh_providers.alibaba.conformance:rebuild",
-                              {"endpoint": emu.url, "vswitch_ids": emu.vswitch_ids,
-                               "security_group_id": emu.security_group_id, "key": emu.access_key_id,
-                               "secret": emu.access_key_secret}))
+                             ("flowmesh_providers.alibaba.conformance:rebuild", options))
     finally:
         await prov.terminate([i.id for i in await prov.list_tagged({})])
         await prov.close()

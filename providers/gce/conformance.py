@@ -1,11 +1,11 @@
 """``gce``'s environment for the provider conformance suite
-(:mod:`flowmesh_sdk.testing.conformance`): the Compute Engine emulator (the suite's
-``gce_emulator``) with the real google-cloud-compute; an exhausted zone is its capacity error."""
+(:mod:`flowmesh_sdk.testing.conformance`): the Compute Engine emulator with the real
+google-cloud-compute (the suite's ``gce_emulator``), whose zone can run out of capacity."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from flowmesh_sdk.specs import InstanceSpec
@@ -14,9 +14,9 @@ from flowmesh_sdk.testing.conformance import ConformanceEnv, Fixture
 from .provider import GceProvider
 
 
-def rebuild(endpoint: str, project: str, zones: Sequence[str]) -> GceProvider:
-    from google.auth.credentials import AnonymousCredentials
-    return GceProvider(project=project, zones=list(zones), endpoint=endpoint, credentials=AnonymousCredentials())
+def rebuild(endpoint: str, project: str, zones: list[str]) -> GceProvider:
+    from google.auth.credentials import AnonymousCredentials   # the emulator takes no credentials
+    return GceProvider(project=project, zones=zones, endpoint=endpoint, credentials=AnonymousCredentials())
 
 
 @contextlib.asynccontextmanager
@@ -34,10 +34,9 @@ async def environment(tmp: Path, fixture: Fixture) -> AsyncIterator[ConformanceE
         finally:
             emu.restore()
 
+    options = {"endpoint": emu.url, "project": emu.project, "zones": list(emu.zones)}
     try:
-        yield ConformanceEnv("gce", prov, spec, offer, exhaust,
-                             ("flowmesh_providers.gce.conformance:rebuild",
-                              {"endpoint": emu.url, "project": emu.project, "zones": list(emu.zones)}))
+        yield ConformanceEnv("gce", prov, spec, offer, exhaust, ("flowmesh_providers.gce.conformance:rebuild", options))
     finally:
         await prov.terminate([i.id for i in await prov.list_tagged({})])
         await prov.close()

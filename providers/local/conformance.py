@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from flowmesh_sdk.specs import InstanceSpec
-from flowmesh_sdk.testing.conformance import ConformanceEnv, Fixture, filled_by
+from flowmesh_sdk.testing.conformance import ConformanceEnv, Fixture, cleaned_up, filled_by
 
 from .provider import LocalProvider
 
@@ -25,9 +25,6 @@ async def environment(tmp: Path, fixture: Fixture) -> AsyncIterator[ConformanceE
     prov = rebuild(**options)
     spec = InstanceSpec(cpus=2, memory_gb=4)
     (offer,) = await prov.offers(spec)
-    try:
+    async with cleaned_up(prov):
         yield ConformanceEnv("local", prov, spec, offer, filled_by(lambda: rebuild(**options)),
                              ("flowmesh_providers.local.conformance:rebuild", options))
-    finally:
-        await prov.terminate([i.id for i in await prov.list_tagged({})])
-        await prov.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from flowmesh_sdk.specs import InstanceSpec
-from flowmesh_sdk.testing.conformance import ConformanceEnv, Fixture, filled_by
+from flowmesh_sdk.testing.conformance import ConformanceEnv, Fixture, cleaned_up, filled_by
 
 from .inventory import SshHost
 from .provider import SshProvider
@@ -25,8 +25,9 @@ def rebuild(inventory: str, state_dir: str) -> SshProvider:
 @contextlib.asynccontextmanager
 async def environment(tmp: Path, fixture: Fixture) -> AsyncIterator[ConformanceEnv]:
     d = fixture("byo_sshd")
-    box: dict[str, Any] = {"name": "box1", "host": d.host, "port": d.port, "user": d.user, "key_path": str(d.client_key_path),
-                           "host_key": d.host_public_key, "cpus": 16, "memory_gb": 64}
+    box: dict[str, Any] = {"name": "box1", "host": d.host, "port": d.port, "user": d.user,
+                           "key_path": str(d.client_key_path), "host_key": d.host_public_key,
+                           "cpus": 16, "memory_gb": 64}   # accounting only: one real sshd on loopback
     host = SshHost(**box)
     state = str(tmp / "ssh")
     prov = SshProvider([host], state_dir=state)
@@ -34,10 +35,7 @@ async def environment(tmp: Path, fixture: Fixture) -> AsyncIterator[ConformanceE
     (offer,) = await prov.offers(spec)
     inventory = tmp / "inventory.json"
     inventory.write_text(json.dumps({"hosts": [box]}))
-    try:
+    async with cleaned_up(prov):
         yield ConformanceEnv("ssh", prov, spec, offer, filled_by(lambda: SshProvider([host], state_dir=state)),
                              ("flowmesh_providers.ssh.conformance:rebuild",
                               {"inventory": str(inventory), "state_dir": state}))
-    finally:
-        await prov.terminate([i.id for i in await prov.list_tagged({})])
-        await prov.close()

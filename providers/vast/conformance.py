@@ -1,7 +1,7 @@
 """``vast``'s environment for the provider conformance suite
-(:mod:`flowmesh_sdk.testing.conformance`): the Vast.ai emulator (the suite's
-``vast_emulator``) with the real vastai client; an offer taken between search and create
-is its capacity error."""
+(:mod:`flowmesh_sdk.testing.conformance`): the Vast.ai emulator with the real ``vastai``
+SDK (the suite's ``vast_emulator``), on-demand; capacity runs out when the cheapest
+offer is taken between search and create."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ async def environment(tmp: Path, fixture: Fixture) -> AsyncIterator[ConformanceE
 
     try:
         yield ConformanceEnv("vast", prov, spec, offer, exhaust,
-                             ("flowmesh_providers.vast.conformance:rebuild",
-                              {"server_url": emu.url, "api_key": emu.api_key}))
+                             ("flowmesh_providers.vast.conformance:rebuild", {"server_url": emu.url,
+                                                                              "api_key": emu.api_key}))
     finally:
         await prov.terminate([i.id for i in await prov.list_tagged({})])
         await prov.close()

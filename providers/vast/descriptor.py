@@ -16,7 +16,8 @@ DESCRIPTOR = ProviderDescriptor(
     provider="flowmesh_providers.vast.provider:VastProvider",
     aliases=("vastai",),
     profile=ProviderProfile("vast", RATES, max_batch=1, spot_market="bid",
-                            rates_source="assumption: Vast.ai publishes no API rate limit (1 create/s, burst 5 assumed)"),
+                            rates_source="assumption: Vast.ai publishes no API rate limit "
+                                         "(1 create/s, burst 5 assumed)"),
     prices="flowmesh_providers.vast.prices:fetch_prices",
     snapshot="flowmesh_providers.vast:catalog.csv",
     settings=(Setting("providers.vast.api_key", ("VAST_API_KEY",), secret=True, help="Vast.ai API key"),),

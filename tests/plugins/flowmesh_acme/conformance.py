@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from flowmesh_sdk.specs import InstanceSpec
-from flowmesh_sdk.testing.conformance import ConformanceEnv, Fixture, filled_by
+from flowmesh_sdk.testing.conformance import ConformanceEnv, Fixture, cleaned_up, filled_by
 
 from .provider import AcmeProvider
 
@@ -22,8 +22,6 @@ async def environment(tmp: Path, fixture: Fixture) -> AsyncIterator[ConformanceE
     prov = rebuild(state)
     spec = InstanceSpec(cpus=2, memory_gb=4)
     (offer, *_) = await prov.offers(spec)
-    try:
+    async with cleaned_up(prov):
         yield ConformanceEnv("acme", prov, spec, offer, filled_by(lambda: rebuild(state)),
                              ("flowmesh_acme.conformance:rebuild", {"state_dir": state}))
-    finally:
-        await prov.terminate([i.id for i in await prov.list_tagged({})])

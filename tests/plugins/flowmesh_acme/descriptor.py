@@ -13,7 +13,8 @@ DESCRIPTOR = ProviderDescriptor(
     profile=ProviderProfile("acme", RATES, max_batch=8, boot_s=5.0, billing_min_s=300.0,
                             rates_source="made up for the tests"),
     snapshot="flowmesh_acme:catalog.csv",
-    settings=(Setting("providers.acme.state_dir", ("FLOWMESH_ACME_STATE",), help="where the acme cloud keeps its machines"),),
+    settings=(Setting("providers.acme.state_dir", ("FLOWMESH_ACME_STATE",),
+                      help="where the acme cloud keeps its machines"),),
     metadata_networks=("192.0.2.254/32",),
     conformance="flowmesh_acme.conformance:environment",
 )
