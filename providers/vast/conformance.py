@@ -1,16 +1,16 @@
 """``vast``'s environment for the provider conformance suite
-(:mod:`flowmesh_sdk.testing.conformance`): the Vast.ai emulator with the real ``vastai``
-SDK (the suite's ``vast_emulator``), on-demand; capacity runs out when the cheapest
-offer is taken between search and create."""
+(:mod:`flowmesh_sdk.testing.conformance`): the Vast.ai emulator (the suite's
+``vast_emulator``) with the real vastai client; an offer taken between search and create
+is its capacity error."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from flowmesh_sdk.specs import InstanceSpec
-from flowmesh_sdk.testing.conformance import ConformanceEnv, Fixture
+from flowmesh_sdk.testing.conformance import ConformanceEnv, Fixture, cleaned_up, exhausting
 
 from .provider import VastProvider
 
@@ -25,21 +25,14 @@ async def environment(tmp: Path, fixture: Fixture) -> AsyncIterator[ConformanceE
     prov = emu.provider(spot=False)
     spec = InstanceSpec(cpus=2, memory_gb=4)
     offer = min(await prov.offers(spec), key=lambda o: (o.price_per_hour or 0, o.offer_id))   # cheapest ask
+    taken = int(offer.offer_id)
 
-    @contextlib.contextmanager
-    def exhaust() -> Iterator[None]:
-        emu.gone(int(offer.offer_id))            # taken between search and create
-        try:
-            yield
-        finally:
-            for o in emu.offers:
-                if o["id"] == int(offer.offer_id):
-                    o.update(rented=False, _taken=False)
+    def back() -> None:
+        for o in emu.offers:
+            if o["id"] == taken:
+                o.update(rented=False, _taken=False)
 
-    try:
-        yield ConformanceEnv("vast", prov, spec, offer, exhaust,
-                             ("flowmesh_providers.vast.conformance:rebuild", {"server_url": emu.url,
-                                                                              "api_key": emu.api_key}))
-    finally:
-        await prov.terminate([i.id for i in await prov.list_tagged({})])
-        await prov.close()
+    async with cleaned_up(prov):            # the offer taken between search and create
+        yield ConformanceEnv("vast", prov, spec, offer, exhausting(lambda: emu.gone(taken), back),
+                             ("flowmesh_providers.vast.conformance:rebuild",
+                              {"server_url": emu.url, "api_key": emu.api_key}))
