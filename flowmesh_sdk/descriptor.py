@@ -115,6 +115,12 @@ class Setting:
     help: str = ""
 
 
+def unlimited_profile(provider: str) -> ProviderProfile:
+    """The profile of a provider that declares none: no launch rate limit, and it says so."""
+    return ProviderProfile(provider, max_batch=1000,
+                           rates_source=f"no profile for {provider!r}: launch rate not limited in this estimate")
+
+
 _REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")        # module:attribute
 _FILE_REF = re.compile(r"^[A-Za-z_][\w.]*:[\w.-]+$")         # package:file
 _NAME = re.compile(r"^[a-z][a-z0-9]*$")
@@ -193,10 +199,7 @@ class ProviderDescriptor:
     @property
     def launch_profile(self) -> ProviderProfile:
         """The profile, or one with no rate limit that says so."""
-        if self.profile is not None:
-            return self.profile
-        return ProviderProfile(self.name, max_batch=1000,
-                               rates_source=f"no profile for {self.name!r}: launch rate not limited in this estimate")
+        return self.profile if self.profile is not None else unlimited_profile(self.name)
 
 
 def load_ref(ref: str, field_name: str) -> Any:
@@ -209,4 +212,5 @@ def load_ref(ref: str, field_name: str) -> Any:
 
 
 __all__ = ["ApiRate", "BOOT_ASSUMPTION", "Bucket", "DEFAULT_SPOT_MONTHLY_INTERRUPTION", "HOURS_PER_MONTH",
-           "ProviderDescriptor", "ProviderProfile", "SPOT_MARKETS", "Setting", "load_ref"]
+           "ProviderDescriptor", "ProviderProfile", "SPOT_MARKETS", "Setting", "load_ref",
+           "unlimited_profile"]

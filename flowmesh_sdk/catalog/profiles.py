@@ -15,17 +15,14 @@ from __future__ import annotations
 
 from .. import backends
 from ..descriptor import (BOOT_ASSUMPTION, DEFAULT_SPOT_MONTHLY_INTERRUPTION, HOURS_PER_MONTH, Bucket,
-                          ProviderProfile)
+                          ProviderProfile, unlimited_profile)
 
 
 def profile(provider: str) -> ProviderProfile:
     """The profile of a provider; a provider without one gets defaults with no rate
     limit, and its ``rates_source`` says so."""
     found = backends.find(provider)
-    if found is not None:
-        return found.launch_profile
-    return ProviderProfile(provider, max_batch=1000,
-                           rates_source=f"no profile for {provider!r}: launch rate not limited in this estimate")
+    return found.launch_profile if found is not None else unlimited_profile(provider)
 
 
 __all__ = ["BOOT_ASSUMPTION", "Bucket", "DEFAULT_SPOT_MONTHLY_INTERRUPTION", "HOURS_PER_MONTH", "ProviderProfile",

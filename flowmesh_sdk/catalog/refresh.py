@@ -27,7 +27,6 @@ import datetime as dt
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from .. import backends
 from ..backoff import retry_async
