@@ -15,6 +15,14 @@ A provider only talks to its cloud.  Six calls, all async and batched:
                         restarted coordinator find what a crash left behind.
 ``runner(instance)``    a :class:`~flowmesh_sdk.remote.runner.Runner` that runs commands on it.
 
+Instances that are containers (``nested_containers=False``: a Vast.ai instance, a
+Kubernetes pod) are the sandbox itself: an ephemeral pool's launch carries the task's
+image and sandbox spec (:attr:`LaunchRequest.container`), the instance runs that image,
+its runner's commands run inside it, and no container runtime is nested in it
+(:mod:`flowmesh_sdk.remote.direct`).  Such a provider says why an instance ended before it
+ran in :attr:`Instance.fault` (an image its machine could not pull, no room to schedule
+it, a machine lost), so the pool raises the right error at once instead of waiting.
+
 Optional: ``leftovers()`` / ``remove_leftovers(scan)`` for a provider whose machines
 outlive its instances (``ssh``): containers ``terminate`` could not remove because the
 machine did not answer, which ``flowmesh gc`` sweeps once it answers again.
@@ -55,7 +63,7 @@ from . import backends
 from .descriptor import ApiRate, ProviderDescriptor, load_ref
 from .errors import SpecError
 from .remote.runner import Runner
-from .specs import InstanceSpec, Offer
+from .specs import InstanceSpec, Offer, SandboxSpec
 from .tags import PlainTags, TagCodec
 
 ENTRY_POINT_GROUP = backends.GROUP
@@ -81,7 +89,7 @@ class Capabilities:
     remote: bool = True           # False when instances are slices of this host
     rates: tuple[ApiRate, ...] = ()
     tags: TagCodec = field(default_factory=PlainTags)   # how the SDK's tags travel on the cloud
-    nested_containers: bool = True   # False: instances are containers (Vast.ai) -- no sandboxes inside
+    nested_containers: bool = True   # False: instances are containers (Vast.ai, pods) -- the sandbox itself
     free: bool = False            # the machines cost the SDK nothing (this host, the user's own)
 
 
@@ -96,12 +104,44 @@ class ProviderState(str, enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class ContainerRequest:
+    """What an instance that is a container runs (``nested_containers=False``): the task's
+    image, pinned by digest (``ImageInfo.run_ref``), and its sandbox spec (limits, network,
+    kernel, workdir, env)."""
+
+    image: str
+    sandbox: SandboxSpec
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """Equal for requests any one instance could serve (the spec's env is unhashable)."""
+        sb = self.sandbox
+        return (self.image, sb.cpus, sb.memory_gb, sb.pids, sb.network, sb.workdir, sb.kernel,
+                tuple(sorted(sb.env.items())))
+
+
+class FaultKind(str, enum.Enum):
+    IMAGE = "image"             # its machine could not pull the image (the kubelet's ErrImagePull)
+    CAPACITY = "capacity"       # no room to run it (unschedulable past the provider's bound)
+    LOST = "lost"               # evicted, preempted, its machine lost
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceFault:
+    """Why the provider ended (or will never run) an instance, in the provider's words."""
+
+    kind: FaultKind
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class LaunchRequest:
     offer: Offer
     spec: InstanceSpec
     count: int
     request_id: str
     tags: Mapping[str, str] = field(default_factory=dict)
+    container: ContainerRequest | None = None   # set for providers whose instances are containers
 
     def __post_init__(self) -> None:
         if not isinstance(self.count, int) or self.count < 1:
@@ -125,6 +165,7 @@ class Instance:
     address: str | None = None
     port: int | None = None       # where the instance's sshd listens (None: 22, or not over SSH)
     zone: str | None = None
+    fault: InstanceFault | None = None   # why it ended or cannot run (see FaultKind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +199,9 @@ class LeftoverScan:
 
 class Provider(abc.ABC):
     name: ClassVar[str]
-    capabilities: ClassVar[Capabilities]
+    # set on the class; a provider whose capabilities follow its options (``sim``'s cloud,
+    # ``k8s`` priced or free) sets its own on the instance
+    capabilities: Capabilities
 
     @abc.abstractmethod
     async def offers(self, spec: InstanceSpec) -> list[Offer]: ...

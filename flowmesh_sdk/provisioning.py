@@ -30,7 +30,7 @@ from .control.backend import ControlBackend
 from .control.limits import TokenBucket
 from .errors import (AuthError, CapacityError, FlowMeshError, ProviderUnavailableError, QuotaError,
                      SpecError, ThrottledError)
-from .provider import TAG_REQUEST, ApiRate, Instance, LaunchRequest, Provider
+from .provider import TAG_REQUEST, ApiRate, ContainerRequest, Instance, LaunchRequest, Provider
 from .specs import InstanceSpec, Offer
 
 log = logging.getLogger("flowmesh.provisioning")
@@ -139,15 +139,17 @@ class Provisioner:
         return None
 
     async def attempt(self, providers: Mapping[str, Provider], offer: Offer, spec: InstanceSpec, count: int,
-                      tags: Mapping[str, str], *, request_prefix: str = "fm") -> list[Instance]:
+                      tags: Mapping[str, str], *, request_prefix: str = "fm",
+                      container: ContainerRequest | None = None) -> list[Instance]:
         """One launch call for ``count`` (at most ``max_batch``) instances of ``offer``,
         within its rate limits and retried while throttled; raises the classified error.
         An ``AuthError`` marks the provider, a ``QuotaError`` the (provider, region),
-        skipped for the rest of the run."""
+        skipped for the rest of the run.  ``container``: what instances that are containers
+        run (:attr:`LaunchRequest.container`)."""
         prov = providers[offer.provider]
         request_id = f"{request_prefix}-{uuid.uuid4().hex[:16]}"
         req = LaunchRequest(offer=offer, spec=spec, count=min(count, prov.capabilities.max_batch),
-                            request_id=request_id, tags={**tags, TAG_REQUEST: request_id})
+                            request_id=request_id, tags={**tags, TAG_REQUEST: request_id}, container=container)
         try:
             return await self.call(prov, offer.region, "launch", lambda: prov.launch(req), instances=req.count)
         except AuthError as exc:

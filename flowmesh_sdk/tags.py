@@ -16,6 +16,11 @@ value finds exactly what was launched with it.
   and filtering by the same SDK value still matches).
 * :class:`SingleLabel` -- one free-text label per instance (Vast.ai): all tags as one
   compact, sorted JSON object.
+* :class:`KubeLabels` -- Kubernetes labels: ``flowmesh:fleet`` becomes the key
+  ``flowmesh.io/fleet`` (other keys go under ``tags.flowmesh.io/``), names and values
+  escaped as :class:`LabelTags` does and, where that would start or end with ``_``/``-``
+  or start with ``z``, wrapped in ``z...z`` (label names and values must start and end
+  with a letter or digit: kubernetes.io/docs/concepts/overview/working-with-objects/labels).
 """
 
 from __future__ import annotations
@@ -147,3 +152,44 @@ class SingleLabel(TagCodec):
 
 
 __all__ = ["LABEL_MAX", "LabelTags", "PlainTags", "SingleLabel", "TagCodec"]
+
+
+KUBE_PREFIX = "flowmesh.io/"
+KUBE_OTHER = "tags.flowmesh.io/"
+_HASHED = re.compile(r"--[0-9a-f]{10}$")
+
+
+@dataclass(frozen=True, slots=True)
+class KubeLabels(LabelTags):
+    """Kubernetes labels (see the module docstring): reversible unless cut to 63 characters."""
+
+    @staticmethod
+    def _wrap(escaped: str) -> str:
+        if escaped and (not escaped[0].isalnum() or not escaped[-1].isalnum() or escaped[0] == "z"):
+            return f"z{escaped}z"
+        return escaped
+
+    @staticmethod
+    def _unwrap(text: str) -> str:
+        if len(text) == LABEL_MAX and _HASHED.search(text):
+            return text
+        return _label_unescape(text[1:-1] if text.startswith("z") else text)
+
+    def encode(self, tags: Mapping[str, str]) -> dict[str, str]:
+        out = {}
+        for k, v in tags.items():
+            prefix, name = (KUBE_PREFIX, k.removeprefix("flowmesh:")) if k.startswith("flowmesh:") else (KUBE_OTHER, k)
+            key = self._wrap(_label_escape(name))
+            if not key or len(key) > LABEL_MAX:
+                raise SpecError(f"tags[{k!r}]", f"label names must encode to 1..{LABEL_MAX} characters")
+            out[prefix + key] = self._fit(self._wrap(_label_escape(v)))
+        return out
+
+    def decode(self, tags: Mapping[str, str]) -> dict[str, str]:
+        out = {}
+        for k, v in tags.items():
+            if k.startswith(KUBE_PREFIX):
+                out["flowmesh:" + self._unwrap(k[len(KUBE_PREFIX):])] = self._unwrap(v)
+            elif k.startswith(KUBE_OTHER):
+                out[self._unwrap(k[len(KUBE_OTHER):])] = self._unwrap(v)
+        return out

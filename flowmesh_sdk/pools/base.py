@@ -34,6 +34,7 @@ from ..placement.ranking import Placement
 from ..provider import LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, LABEL_POOL, LABEL_TASK, Offer, Provider
 from ..provisioning import Provisioner
 from ..remote.runner import Runner
+from ..remote.direct import InstanceRuntime
 from ..remote.runtime import ContainerRuntime
 from ..sandbox import Sandbox
 from ..specs import ExecResult, PhaseTimings, PoolSpec, SandboxSpec, Task, TaskResult
@@ -467,9 +468,11 @@ class Pool(abc.ABC):
                   LABEL_OWNER: self.ctx.owner, LABEL_TASK: task_id}
         # wanted from before its pull until its container holds it: eviction never takes an
         # image a sandbox on its way needs (another task's pull may cross the high-water mark)
+        direct = isinstance(mi.runtime, InstanceRuntime)   # the instance is this sandbox's container
         mi.wanted[info.digest] = mi.wanted.get(info.digest, 0) + 1
         try:
-            await self.image_cache.ensure(mi, info)
+            if not direct:
+                await self.image_cache.ensure(mi, info)
             try:
                 try:
                     cid = await mi.runtime.create(name, spec, labels, image=info.run_ref)
@@ -483,7 +486,8 @@ class Pool(abc.ABC):
                 with contextlib.suppress(FlowMeshError):
                     await mi.runtime.remove([name])
                 raise
-            self.image_cache.acquire(mi, info.digest)
+            if not direct:
+                self.image_cache.acquire(mi, info.digest)
         finally:
             mi.wanted[info.digest] -= 1
             if not mi.wanted[info.digest]:

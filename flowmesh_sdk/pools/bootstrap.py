@@ -10,6 +10,9 @@
 4. ``prefetch``        -- the warm images pulled through the registry budget (single-flight);
 5. ``agent``           -- a held-open ``sh`` channel answers (what every sandbox speaks over).
 
+An instance that is a container (:mod:`flowmesh_sdk.remote.direct`) has only ``reach``:
+the platform started it from the task's image, and the sandbox's own shell is its agent.
+
 Each step reports ``changed``: a second bootstrap of a machine that is already set up
 changes nothing (no install, no upload, no pull).  A failed step fails the instance (it is
 terminated and replaced by the pool, never used); the report goes out on the event bus
@@ -29,6 +32,7 @@ from .. import clock
 from ..errors import BootstrapError, FlowMeshError, RuntimeMissingError, SpecError
 from ..images import ImageInfo
 from ..observe.tracing import traced
+from ..remote.direct import InstanceRuntime
 from ..specs import BootstrapReport, BootstrapStep, check_number
 from .images import InstanceImages
 from .instance import ManagedInstance
@@ -183,7 +187,12 @@ class Bootstrapper:
                 raise BootstrapError(mi.id, "agent", f"the shell channel answered {line[:80]!r}")
             return False, ""
 
-        for name, fn in (("reach", reach), ("runtime", runtime), ("registry_login", login),
-                         ("prefetch", prefetch), ("agent", agent)):
+        plan: list[tuple[str, Callable[[], Awaitable[tuple[bool, str]]]]] = [
+            ("reach", reach), ("runtime", runtime), ("registry_login", login), ("prefetch", prefetch), ("agent", agent)]
+        if isinstance(mi.runtime, InstanceRuntime):
+            # the instance is the sandbox's container, started from its image by the platform:
+            # no runtime, login or pull on it, and its first shell is the sandbox's own
+            plan = plan[:1]
+        for name, fn in plan:
             await step(name, fn)
         return BootstrapReport(mi.id, tuple(steps))

@@ -3,7 +3,9 @@
 Tasks that ask for an instance within ``COALESCE_S`` of each other share ONE launch call
 for all of them (one ``RunInstances`` for a burst of N tasks, not N; calls of at most the
 provider's ``max_batch``), and each gets its own instance from the batch the moment that
-instance is READY.  A burst wider than the capacity (or the budget) launches what fits;
+instance is READY.  Where the pool may launch instances that are containers (a pod, a Vast.ai
+instance: ``nested_containers=False``), each instance is its task's sandbox, launched from the
+task's image: the tasks are batched per image and sandbox spec.  A burst wider than the capacity (or the budget) launches what fits;
 the rest wait for this pool's instances to end.  Instances of tasks that end together are
 terminated in one call too.
 """
@@ -12,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Hashable
 
 from ..control.events import EventKind
 from ..errors import BudgetExceededError, CapacityError, FlowMeshError
 from ..lifecycle import InstanceState
 from ..images import ImageInfo
 from ..sandbox import Sandbox
+from ..provider import ContainerRequest
 from ..specs import SandboxSpec
 from .base import COALESCE_S, Pool, TaskRun
 from .instance import ManagedInstance
@@ -28,8 +32,11 @@ _ENDED = (InstanceState.FAILED, InstanceState.TERMINATING, InstanceState.TERMINA
 class EphemeralPool(Pool):
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
-        self._waiting: list[asyncio.Future[ManagedInstance]] = []
-        self._flush: asyncio.Task[None] | None = None
+        # per container request's key (None: instances are machines, any task takes any)
+        self._waiting: dict[Hashable, list[asyncio.Future[ManagedInstance]]] = {}
+        self._flush: dict[Hashable, asyncio.Task[None]] = {}
+        self._requests: dict[Hashable, ContainerRequest | None] = {}
+        self._direct = any(not p.capabilities.nested_containers for p in self.machines.providers.values())
         self._ending: list[tuple[ManagedInstance, asyncio.Future[None]]] = []
         self._end_flush: asyncio.Task[None] | None = None
 
@@ -41,7 +48,7 @@ class EphemeralPool(Pool):
 
     async def _provision(self, spec: SandboxSpec, info: ImageInfo, inst: ManagedInstance | None,
                          run: TaskRun) -> Sandbox:
-        mi = await self._instance()
+        mi = await self._instance(ContainerRequest(info.run_ref, spec) if self._direct else None)
         mi.active = 1
         try:
             return await self._new_sandbox(mi, spec, info, run.id)
@@ -49,20 +56,24 @@ class EphemeralPool(Pool):
             await self.machines.terminate([mi])
             raise
 
-    async def _instance(self) -> ManagedInstance:
+    async def _instance(self, container: ContainerRequest | None) -> ManagedInstance:
         fut: asyncio.Future[ManagedInstance] = asyncio.get_running_loop().create_future()
-        self._waiting.append(fut)
-        if self._flush is None:
-            self._flush = asyncio.ensure_future(self._launch_batch())
+        key = None if container is None else container.key
+        self._requests.setdefault(key, container)
+        self._waiting.setdefault(key, []).append(fut)
+        if key not in self._flush:
+            self._flush[key] = asyncio.ensure_future(self._launch_batch(key))
         return await fut
 
-    async def _launch_batch(self) -> None:
+    async def _launch_batch(self, key: Hashable) -> None:
         """Launch instances for the tasks waiting now: what fits (:meth:`Machines.launch`
         splits a launch no offer has room for), handed out as each is READY.  Tasks
         left without an instance wait for one of this pool's instances to end and are
         tried again then; only when the pool has none live is the capacity error theirs."""
         await asyncio.sleep(COALESCE_S)
-        batch, self._waiting, self._flush = [f for f in self._waiting if not f.done()], [], None
+        batch = [f for f in self._waiting.pop(key, []) if not f.done()]
+        del self._flush[key]
+        container = self._requests.pop(key, None)
         if not batch:
             return
         queue = collections.deque(batch)
@@ -78,7 +89,7 @@ class EphemeralPool(Pool):
 
         error: FlowMeshError | None = None
         try:
-            await self.machines.launch(len(batch), on_ready=hand_out)   # what fits, at least one
+            await self.machines.launch(len(batch), on_ready=hand_out, container=container)   # what fits, >= 1
         except (CapacityError, BudgetExceededError) as exc:
             error = exc
         except BaseException as exc:
@@ -93,7 +104,8 @@ class EphemeralPool(Pool):
             return
         if self._live():
             # capacity comes back (even while draining: these tasks were admitted before) as this pool's instances end: wait for it
-            self._waiting.extend(left)
+            self._waiting.setdefault(key, []).extend(left)
+            self._requests.setdefault(key, container)
             self._publish(EventKind.POOL_SCALED, detail=f"{len(left)} task(s) wait for capacity "
                                                          f"({self._live()} instance(s) live)")
             return
@@ -106,8 +118,9 @@ class EphemeralPool(Pool):
         return sum(mi.state not in _ENDED for mi in self.instances.values())
 
     def _retry_waiting(self) -> None:
-        if self._waiting and self._flush is None:
-            self._flush = asyncio.ensure_future(self._launch_batch())
+        for key, waiting in self._waiting.items():
+            if waiting and key not in self._flush:
+                self._flush[key] = asyncio.ensure_future(self._launch_batch(key))
 
     async def _teardown(self, sandbox: Sandbox | None, inst: ManagedInstance | None) -> None:
         try:

@@ -28,12 +28,14 @@ from .. import clock
 from ..backoff import backoff_delay
 from ..control.events import EventKind
 from ..errors import (AuthError, BudgetExceededError, CapacityError, ContainerRuntimeError, FlowMeshError,
-                      InstanceLost, ProviderUnavailableError, QuotaError, SandboxClosedError, SandboxTimeout,
+                      ImageNotFoundError, InstanceLost, ProviderUnavailableError, QuotaError, SandboxClosedError, SandboxTimeout,
                       ThrottledError)
 from ..lifecycle import InstanceState
 from ..placement.ranking import Candidate, Placement
-from ..provider import TAG_FLEET, TAG_OWNER, TAG_POOL, Instance, Provider, ProviderState
+from ..provider import (TAG_FLEET, TAG_OWNER, TAG_POOL, ContainerRequest, FaultKind, Instance, InstanceFault,
+                        Provider, ProviderState)
 from ..provisioning import Failover, price_delta, reason_of
+from ..remote.direct import InstanceRuntime
 from ..specs import InstanceSpec, Offer, PoolSpec
 from .bootstrap import Bootstrapper
 from .heartbeat import Heartbeat
@@ -53,6 +55,16 @@ TERMINATE_ATTEMPTS = 5          # terminate + confirming describe, until the pro
 _GONE = (ProviderState.TERMINATED,)
 _RECONCILED = frozenset({InstanceState.READY, InstanceState.RUNNING, InstanceState.TERMINATION_FAILED,
                          InstanceState.STOPPED})   # the states a reconcile asks the provider about
+
+
+def fault_error(mi: ManagedInstance, fault: InstanceFault) -> FlowMeshError:
+    """The error an instance's fault (its provider's word on why it cannot run) raises."""
+    text = f"instance {mi.id}: {fault.message}"
+    if fault.kind is FaultKind.IMAGE:
+        return ImageNotFoundError(getattr(mi.runtime, "image", None) or "?", text)
+    if fault.kind is FaultKind.CAPACITY:
+        return CapacityError(text, provider=mi.provider.name, code="Unschedulable")
+    return InstanceLost(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,14 +147,17 @@ class Machines:
         return usable, max(1, fit)
 
     async def launch(self, count: int, *, replace: bool = True,
-                     on_ready: Callable[[ManagedInstance], None] | None = None) -> list[ManagedInstance]:
+                     on_ready: Callable[[ManagedInstance], None] | None = None,
+                     container: ContainerRequest | None = None) -> list[ManagedInstance]:
         """Launch ``count`` instances' worth of slots of the best offer, in the calls
         :meth:`Provisioner.launch_sizes` plans (they go out together; the rate limits space
         them), each filled down the ranked offers (:meth:`_fill`), cut to what the budgets
         allow.  Each instance is bootstrapped as soon as its provider says it runs and
         handed to ``on_ready`` the moment it is READY.  Instances that fail bootstrap are
-        terminated and, with ``replace``, launched again once.  Returns the READY ones;
-        raises only when none came up."""
+        terminated and, with ``replace``, launched again once (not for an image their
+        machine could not pull: another would fail the same way).  ``container``: what an
+        instance that is a container runs (an ephemeral pool's task image and sandbox).
+        Returns the READY ones; raises only when none came up."""
         usable, fit = self._affordable(count)
         count = min(count, fit)
         best = usable[0]
@@ -151,14 +166,15 @@ class Machines:
         decision = self.placement.decide(self.pool, count, self.spec.policy, usable)  # type: ignore[arg-type]
         self._publish(EventKind.LAUNCH_DECIDED, detail=decision.to_json())
         log.info("pool %s: %s", self.pool, decision.explain())
-        results = await asyncio.gather(*(self._fill(n * best.slots, usable, on_ready) for n in sizes),
+        results = await asyncio.gather(*(self._fill(n * best.slots, usable, on_ready, container) for n in sizes),
                                        return_exceptions=True)
         ready = [mi for r in results if not isinstance(r, BaseException) for mi in r[0]]
         errors = [e for r in results for e in ([r] if isinstance(r, BaseException) else r[1])]
-        failed_boot = sum(len(r[1]) for r in results if not isinstance(r, BaseException))
+        failed_boot = sum(not isinstance(e, ImageNotFoundError) for r in results if not isinstance(r, BaseException)
+                          for e in r[1])
         if failed_boot and replace and not self.closing:
             try:
-                ready += await self.launch(failed_boot, replace=False, on_ready=on_ready)
+                ready += await self.launch(failed_boot, replace=False, on_ready=on_ready, container=container)
             except FlowMeshError as exc:
                 log.warning("pool %s: replacing %d instance(s) that failed bootstrap: %s",
                             self.pool, failed_boot, exc)
@@ -170,7 +186,7 @@ class Machines:
         return ready
 
     async def _fill(self, slots: int, usable: Sequence[Candidate],
-                    on_ready: Callable[[ManagedInstance], None] | None
+                    on_ready: Callable[[ManagedInstance], None] | None, container: ContainerRequest | None = None
                     ) -> tuple[list[ManagedInstance], list[BaseException]]:
         """Launch instances holding ``slots`` sandboxes, best offer first: as many of it as
         it has room for (a launch refused for capacity is halved until one goes through or
@@ -201,7 +217,7 @@ class Machines:
                     break
                 try:
                     n = self._admit(n, cand)
-                    managed = await self._launch_call(n, cand)
+                    managed = await self._launch_call(n, cand, container)
                 except CapacityError as exc:
                     error = exc
                     n //= 2          # what fits of this offer
@@ -251,19 +267,23 @@ class Machines:
                             budget_per_hour=self.ctx.fleet_budget_per_hour, budget_total=self.ctx.fleet_budget_total,
                             pending_per_hour=self._pending_per_hour)
 
-    async def _launch_call(self, count: int, cand: Candidate) -> list[ManagedInstance]:
+    async def _launch_call(self, count: int, cand: Candidate,
+                           container: ContainerRequest | None = None) -> list[ManagedInstance]:
         """One launch call of ``cand``: the instances it returned, recorded (REQUESTED) and
-        accruing cost."""
+        accruing cost.  ``container`` goes only to a provider whose instances are containers
+        (each is then its sandbox: :class:`~flowmesh_sdk.remote.direct.InstanceRuntime`)."""
         tags = {TAG_FLEET: self.ctx.fleet, TAG_POOL: self.pool, TAG_OWNER: self.ctx.owner}
         offer = cand.offer
+        provider = self.providers[offer.provider]
+        direct = not provider.capabilities.nested_containers
         price = offer.price_per_hour or 0.0
         self._pending_per_hour += price * count
         try:
             launched = await self.ctx.provisioner.attempt(self.providers, offer, self._launch_spec(offer), count,
-                                                          tags, request_prefix=self.pool)
+                                                          tags, request_prefix=self.pool,
+                                                          container=container if direct else None)
         finally:
             self._pending_per_hour -= price * count
-        provider = self.providers[offer.provider]
         for inst in launched:
             self.ctx.spend.start(inst.id, pool=self.pool, provider=provider.name, price_per_hour=price)
         try:
@@ -276,7 +296,9 @@ class Machines:
             raise
         managed = []
         for inst, runner in zip(launched, runners):
-            mi = ManagedInstance(inst, self.ctx.runtime_for(runner), cand.slots, provider=provider, offer=offer)
+            runtime = (InstanceRuntime(runner, inst.id, container.image if container else None) if direct
+                       else self.ctx.runtime_for(runner))
+            mi = ManagedInstance(inst, runtime, cand.slots, provider=provider, offer=offer)
             self.instances[mi.id] = mi
             self._where.setdefault(mi.where, {})[mi.id] = mi
             self._publish(EventKind.INSTANCE_REQUESTED, instance_id=mi.id, detail=json.dumps(
@@ -336,7 +358,9 @@ class Machines:
                 fut = running[mi.id]
                 if fut.done():
                     continue
-                if mi.instance.state is ProviderState.PENDING:
+                if mi.instance.fault is not None:
+                    fut.set_exception(fault_error(mi, mi.instance.fault))
+                elif mi.instance.state is ProviderState.PENDING:
                     pending.append(mi)
                 elif mi.instance.state is ProviderState.TERMINATED:
                     fut.set_exception(InstanceLost(f"instance {mi.id} was terminated before it ran"))

@@ -57,7 +57,7 @@ INSTALL_HINT = ("install podman: `apt-get install -y podman runc` (Debian/Ubuntu
                 "`dnf install -y podman` (Fedora/RHEL); docker works too")
 
 # PID 1 of every sandbox container: sleeps, and exits at once on SIGTERM.
-_IDLE_PID1 = 'trap "exit 0" TERM INT; while :; do sleep 86400 & wait $!; done'
+IDLE_PID1 = 'trap "exit 0" TERM INT; while :; do sleep 86400 & wait $!; done'
 _CAP_SYS_RESOURCE = 24
 _USERNS_MAP = re.compile(r"[0-9]+:[0-9]+:[0-9]+")
 log = logging.getLogger("flowmesh.remote.runtime")
@@ -486,7 +486,7 @@ class ContainerRuntime:
             argv += ["--add-host", f"{host}:{addrs[0]}"]
         for k, v in sorted(labels.items()):
             argv += ["--label", f"{k}={v}"]
-        argv += ["--entrypoint", "/bin/sh", image or spec.image, "-c", _IDLE_PID1]
+        argv += ["--entrypoint", "/bin/sh", image or spec.image, "-c", IDLE_PID1]
         res = await self._run(argv, check=False)
         if not res.ok:
             # `run -d` can fail after creating the container (a workdir the image lacks,

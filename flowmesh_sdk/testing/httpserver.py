@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures
 import json
 import logging
+import ssl
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -108,6 +109,8 @@ class HttpServer:
 
     name = "http-server"
     client_max_size = 64 << 20
+    #: serve HTTPS with this context (a subclass sets it before :meth:`start`); None: HTTP
+    ssl_context: ssl.SSLContext | None = None
 
     def __init__(self, *, port: int = 0) -> None:
         self._port_arg = port
@@ -169,7 +172,7 @@ class HttpServer:
             self.routes(app)
             self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
             await self._runner.setup()
-        self._site = web.TCPSite(self._runner, "127.0.0.1", port, reuse_address=True)
+        self._site = web.TCPSite(self._runner, "127.0.0.1", port, reuse_address=True, ssl_context=self.ssl_context)
         await self._site.start()
         server = self._site._server   # the asyncio server: the port actually bound
         assert server is not None and server.sockets

@@ -90,7 +90,7 @@ class SimProvider(Provider):
             else sticky_terminations
         check_number("sim.sticky_terminations", self.sticky_terminations, lo=0, hi=1_000_000, integer=True)
         self.name = cloud.name  # type: ignore[misc]
-        self.capabilities = Capabilities(spot=True, max_batch=cloud.max_batch, remote=True,  # type: ignore[misc]
+        self.capabilities = Capabilities(spot=True, max_batch=cloud.max_batch, remote=True,
                                          rates=cloud.rates)
         self.rng = random.Random(seed)
         self.registry_sizes = dict(images)

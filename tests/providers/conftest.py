@@ -80,6 +80,17 @@ def vast_emulator():
 
 
 @pytest.fixture(scope="session")
+def k8s_emulator(busybox_image):
+    """The Kubernetes API emulator, an image its kubelet pulls from a local registry, and
+    that registry."""
+    pytest.importorskip("kubernetes")
+    from flowmesh_sdk.registry.local import LocalRegistry
+    from flowmesh_sdk.testing.k8s import KubeEmulator
+    with LocalRegistry() as reg, KubeEmulator() as emu:
+        yield emu, reg.push(busybox_image, "flowmesh/busybox:k8s"), reg
+
+
+@pytest.fixture(scope="session")
 def byo_sshd():
     pytest.importorskip("paramiko")
     from flowmesh_sdk.testing.sshd import LoopbackSshd

@@ -57,7 +57,7 @@ class CountingProvider(Provider):
     def __init__(self, inner: Provider) -> None:
         self.inner = inner
         self.name = inner.name  # type: ignore[misc]
-        self.capabilities = inner.capabilities  # type: ignore[misc]
+        self.capabilities = inner.capabilities
         self.launches: list[int] = []
 
     async def offers(self, spec):

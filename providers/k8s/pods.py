@@ -1,0 +1,186 @@
+"""Pods as the ``k8s`` provider writes and reads them (core/v1 JSON, as plain dicts).
+
+A sandbox pod (:func:`sandbox_pod`): one container named ``sandbox`` running the task's
+image, pinned by digest, whose PID 1 idles until the agent's shell is exec'd into it
+(:data:`flowmesh_sdk.remote.runtime.IDLE_PID1`).  Requests and limits are the sandbox's
+cpus and memory (``nvidia.com/gpu`` for a GPU shape, with a node selector on the
+``nvidia.com/gpu.product`` label GPU Feature Discovery writes); the SDK's tags are labels
+(:class:`~flowmesh_sdk.tags.KubeLabels`), so gc finds pods by label selector.  Hardening, as
+the container runtime does on a VM (docs/security.md): no service-account token mounted, no
+service links, ``allowPrivilegeEscalation: false``, every capability dropped but the
+sandbox's few, ``restartPolicy: Never`` (a container that exits is a lost sandbox, never a
+silent restart), and the gVisor tier as the cluster's ``runtimeClassName``.  The network is
+a label that one NetworkPolicy per namespace selects (:func:`network_policies`): ``none``
+denies all egress, ``all`` allows every destination but the cloud metadata addresses.
+
+:func:`instance_of` reads a pod back: Running and Ready -> RUNNING; a pull the kubelet
+gave up on (``ErrImagePull``, ``ImagePullBackOff``, ``InvalidImageName``) -> an IMAGE
+fault at once; phase Failed (``Evicted``, preempted, a lost node) or Succeeded, or deleting
+-> TERMINATED with a LOST fault carrying the kubelet's reason.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from flowmesh_sdk.errors import SpecError
+from flowmesh_sdk.provider import ContainerRequest, FaultKind, Instance, InstanceFault, ProviderState
+from flowmesh_sdk.remote.runtime import IDLE_PID1, SANDBOX_CAPABILITIES
+from flowmesh_sdk.specs import InstanceSpec
+from flowmesh_sdk.tags import KubeLabels
+
+from .config import Target
+from .errors import PROVIDER
+
+TAGS = KubeLabels()
+CONTAINER = "sandbox"
+NETWORK_LABEL = "flowmesh.io/network"
+ANNOTATION = "flowmesh.io/"
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"   # GPU Feature Discovery's node label
+IMAGE_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+                           "RegistryUnavailable"})
+POLICY_NONE = "flowmesh-egress-none"
+POLICY_ALL = "flowmesh-egress-all"
+_NAME_BAD = re.compile(r"[^a-z0-9-]+")
+
+
+def pod_name(request_id: str, index: int = 0) -> str:
+    """A DNS-1123 label from the launch's request id and the pod's place in it (unique per
+    launch: idempotency by name)."""
+    base = _NAME_BAD.sub("-", request_id.lower()).strip("-")
+    digest = hashlib.sha256(request_id.encode()).hexdigest()[:8]
+    return f"fm-{base[:40].strip('-')}-{digest}-{index}"
+
+
+def quantity_cpu(cpus: float) -> str:
+    return f"{round(cpus * 1000)}m"
+
+
+def quantity_memory(gb: float) -> str:
+    return f"{max(6, round(gb * 1024))}Mi"
+
+
+def sandbox_pod(name: str, *, request_tags: Mapping[str, str], spec: InstanceSpec,
+                container: ContainerRequest | None, image: str, instance_type: str, price_per_hour: float,
+                runtime_class: str | None, pull_secrets: Sequence[str] = ()) -> dict[str, Any]:
+    sandbox = container.sandbox if container is not None else None
+    cpus = sandbox.cpus if sandbox is not None else float(spec.cpus)
+    memory = sandbox.memory_gb if sandbox is not None else spec.memory_gb
+    network = "none" if sandbox is None or sandbox.network is False else "all"
+    if sandbox is not None and isinstance(sandbox.network, tuple):
+        raise SpecError("sandbox.network", "an egress allow-list is not supported on k8s yet (a NetworkPolicy "
+                                           "cannot name hosts); use network='all' or 'none'")
+    resources: dict[str, Any] = {"cpu": quantity_cpu(cpus), "memory": quantity_memory(memory)}
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 0,
+        "containers": [{
+            "name": CONTAINER, "image": image, "imagePullPolicy": "IfNotPresent",
+            "command": ["/bin/sh", "-c", IDLE_PID1],
+            "resources": {"requests": dict(resources), "limits": dict(resources)},
+            "securityContext": {"allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"], "add": list(SANDBOX_CAPABILITIES)}},
+        }],
+    }
+    if spec.gpus:
+        for part in ("requests", "limits"):
+            pod_spec["containers"][0]["resources"][part][GPU_RESOURCE] = str(spec.gpus)
+        if spec.gpu_name:
+            pod_spec["nodeSelector"] = {GPU_PRODUCT_LABEL: spec.gpu_name}
+        pod_spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    if runtime_class:
+        pod_spec["runtimeClassName"] = runtime_class
+    if pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in pull_secrets]
+    labels = TAGS.encode(request_tags)
+    labels[NETWORK_LABEL] = network
+    annotations = {ANNOTATION + "instance-type": instance_type, ANNOTATION + "price-per-hour": repr(price_per_hour),
+                   ANNOTATION + "cpus": str(spec.cpus), ANNOTATION + "memory-gb": repr(spec.memory_gb),
+                   ANNOTATION + "gpus": str(spec.gpus)}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": labels, "annotations": annotations},
+            "spec": pod_spec}
+
+
+def network_policies(metadata_networks: Sequence[str]) -> list[dict[str, Any]]:
+    """The namespace's two policies: deny all egress for ``network=none`` pods; allow all but
+    the metadata networks for ``network=all`` ones (NetworkPolicies add up, so a pod selected
+    by the second reaches exactly what it allows).  Enforced by the cluster's CNI."""
+    v4 = [n for n in metadata_networks if ":" not in n]
+    v6 = [n for n in metadata_networks if ":" in n]
+    allow = [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": v4}}, {"ipBlock": {"cidr": "::/0", "except": v6}}]}]
+    return [
+        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": POLICY_NONE},
+         "spec": {"podSelector": {"matchLabels": {NETWORK_LABEL: "none"}}, "policyTypes": ["Egress"], "egress": []}},
+        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": POLICY_ALL},
+         "spec": {"podSelector": {"matchLabels": {NETWORK_LABEL: "all"}}, "policyTypes": ["Egress"],
+                  "egress": allow}},
+    ]
+
+
+def _time(text: str | None) -> float:
+    if not text:
+        return 0.0
+    return _dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _condition(pod: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for c in (pod.get("status") or {}).get("conditions") or ():
+        if c.get("type") == kind:
+            return c
+    return None
+
+
+def unschedulable(pod: Mapping[str, Any]) -> str | None:
+    """The scheduler's message when it could not place the pod, else None."""
+    cond = _condition(pod, "PodScheduled")
+    if cond is not None and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
+        return str(cond.get("message") or "unschedulable")
+    return None
+
+
+def scheduled(pod: Mapping[str, Any]) -> bool:
+    cond = _condition(pod, "PodScheduled")
+    return bool(cond is not None and cond.get("status") == "True") or bool((pod.get("spec") or {}).get("nodeName"))
+
+
+def _fault(pod: Mapping[str, Any]) -> tuple[ProviderState, InstanceFault | None]:
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    if phase in ("Failed", "Succeeded"):
+        why = status.get("reason") or ("the sandbox's container exited" if phase == "Succeeded" else "Failed")
+        text = f"pod {meta.get('name')} {phase}: {why}" + (f": {status['message']}" if status.get("message") else "")
+        return ProviderState.TERMINATED, InstanceFault(FaultKind.LOST, text)
+    if meta.get("deletionTimestamp"):
+        return ProviderState.TERMINATED, None
+    for cs in status.get("containerStatuses") or ():
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in IMAGE_REASONS:
+            return ProviderState.PENDING, InstanceFault(
+                FaultKind.IMAGE, f"the kubelet could not pull {cs.get('image')}: {waiting.get('reason')}"
+                                 + (f": {waiting['message']}" if waiting.get("message") else ""))
+    ready = _condition(pod, "Ready")
+    if phase == "Running" and ready is not None and ready.get("status") == "True":
+        return ProviderState.RUNNING, None
+    return ProviderState.PENDING, None
+
+
+def instance_of(pod: Mapping[str, Any], target: Target) -> Instance:
+    meta = pod.get("metadata") or {}
+    notes = meta.get("annotations") or {}
+    state, fault = _fault(pod)
+    spec = InstanceSpec(cpus=int(notes.get(ANNOTATION + "cpus") or 1),
+                        memory_gb=float(notes.get(ANNOTATION + "memory-gb") or 1.0),
+                        gpus=int(notes.get(ANNOTATION + "gpus") or 0))
+    return Instance(id=str(meta.get("uid")), provider=PROVIDER, region=target.context,
+                    instance_type=str(notes.get(ANNOTATION + "instance-type") or "pod"), spec=spec, state=state,
+                    tags=TAGS.decode(meta.get("labels") or {}), launched_at=_time(meta.get("creationTimestamp")),
+                    price_per_hour=float(notes.get(ANNOTATION + "price-per-hour") or 0.0),
+                    address=str(meta.get("name")), zone=target.namespace, fault=fault)

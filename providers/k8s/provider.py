@@ -1,0 +1,405 @@
+"""The ``k8s`` provider: pods on the user's Kubernetes clusters, through the official client.
+
+A pod is a container, so ``nested_containers=False``: an ephemeral pool's instance is its
+task's sandbox, the pod runs the task's image (:attr:`LaunchRequest.container`), and the
+agent's shell is exec'd into it once and held (:mod:`.stream`).  Where it runs: every
+(context, namespace) target of :mod:`.config`, the offer's region and zone
+(``infra=("k8s/<context>/<namespace>",)``).
+
+``offers(spec)``
+    One offer per target: the shape asked, ``available`` the pods of it the namespace can
+    take now (:mod:`.capacity`: nodes' allocatable minus requests, bounded by the
+    ResourceQuotas), priced at what the user configures per vCPU-, GiB- and GPU-hour
+    (``price_per_cpu_hour`` ...; all 0 by default: the cluster is the user's own, ``free``).
+``launch(request)``
+    ``count`` pods (``max_batch`` 16), one create each, named from the request id (idempotent:
+    pods of those names are the first call's), then watched until the scheduler places them.  A
+    pod still unschedulable after ``schedule_timeout_s`` is deleted and the launch is a
+    ``CapacityError`` with the scheduler's message (the pool fails over down its ranking); a
+    namespace over quota is a ``QuotaError`` at create.  The namespace's two egress
+    NetworkPolicies are created once per namespace (:func:`.pods.network_policies`).
+``describe(ids)`` / ``list_tagged(tags)``
+    From the namespace's watch (:mod:`.watch`): no API call.  Ids are pod uids.
+``terminate(ids)``
+    ``DELETE`` each pod with grace period 0; a pod already gone is not an error.
+``runner(instance)``
+    A :class:`.stream.PodRunner` over exec streams; its channels end with ``InstanceLost``
+    the moment the watch sees the pod fail (evicted, preempted, node lost) or vanish.
+
+Writes per sandbox: one create and one delete, plus its one exec stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from flowmesh_sdk import backends
+from flowmesh_sdk.errors import CapacityError, FlowMeshError, InstanceLost, NotFoundError, ProviderError, SpecError
+from flowmesh_sdk.offloop import OffLoop
+from flowmesh_sdk.provider import TAG_FLEET, Capabilities, Instance, LaunchRequest, Provider, ProviderState
+from flowmesh_sdk.remote.runner import Runner
+from flowmesh_sdk.specs import InstanceSpec, Offer
+
+from . import capacity, config, pods
+from .client import RATES
+from .errors import PROVIDER, map_api_error, unreachable
+from .stream import PodRunner
+from .watch import PodWatch
+
+log = logging.getLogger("flowmesh.providers.k8s")
+T = TypeVar("T")
+DEFAULT_RUNTIME_CLASSES = {"gvisor": "gvisor"}   # SandboxSpec.kernel -> the cluster's runtimeClassName
+
+
+class K8sProvider(Provider):
+    name = "k8s"
+    capabilities = Capabilities(spot=False, gpus=True, max_batch=16, remote=True, rates=RATES, tags=pods.TAGS,
+                                nested_containers=False, free=True)
+
+    def __init__(self, *, kubeconfig: str | None = None, contexts: Sequence[str] | None = None,
+                 namespaces: Sequence[str] | None = None, price_per_cpu_hour: float = 0.0,
+                 price_per_gib_hour: float = 0.0, price_per_gpu_hour: float = 0.0,
+                 schedule_timeout_s: float = 60.0, runtime_classes: Mapping[str, str] | None = None,
+                 image_pull_secrets: Sequence[str] = (), metadata_networks: Sequence[str] | None = None,
+                 image: str | None = None, max_workers: int = 16) -> None:
+        """``image``: what a pod runs when the launch names no container (a GPU worker's, a
+        test's); an ephemeral pool's launches always name their task's."""
+        self.image = image
+        self._kubeconfig, self._contexts, self._namespaces = kubeconfig, contexts, namespaces
+        self.prices = (float(price_per_cpu_hour), float(price_per_gib_hour), float(price_per_gpu_hour))
+        if any(p < 0 for p in self.prices):
+            raise ProviderError("k8s prices must be >= 0 $/h", provider=PROVIDER, code="BadPrice")
+        if any(self.prices):
+            self.capabilities = replace(type(self).capabilities, free=False)
+        self.schedule_timeout_s = float(schedule_timeout_s)
+        self.runtime_classes = dict(DEFAULT_RUNTIME_CLASSES if runtime_classes is None else runtime_classes)
+        self.pull_secrets = tuple(image_pull_secrets)
+        self._metadata = tuple(metadata_networks if metadata_networks is not None else backends.metadata_networks())
+        self._off = OffLoop("flowmesh-k8s", max_workers, self._make_client,
+                            closed_error=lambda: ProviderError("provider closed", provider=PROVIDER, code="Closed"))
+        self._setup: asyncio.Task[tuple[list[config.Target], dict[str, Any]]] | None = None
+        self._watches: dict[str, PodWatch] = {}
+        self._where: dict[str, tuple[config.Target, str]] = {}     # uid -> (target, pod name)
+        self._runners: dict[str, PodRunner] = {}
+        self._policies: set[str] = set()
+        self._deleting: set[str] = set()                            # uids whose delete the server accepted
+
+    # ---- plumbing --------------------------------------------------------------------
+    def _make_client(self, context: str) -> Any:
+        from kubernetes import client   # the k8s extra
+        assert self._setup is not None and self._setup.done()
+        return client.ApiClient(self._setup.result()[1][context])
+
+    async def _targets(self) -> tuple[list[config.Target], dict[str, Any]]:
+        if self._setup is None:
+            self._setup = asyncio.ensure_future(self._off.run(
+                lambda: config.load(self._kubeconfig, self._contexts, self._namespaces)))
+        return await asyncio.shield(self._setup)
+
+    async def _call(self, context: str, where: str, fn: Callable[[Any], T]) -> T:
+        """``fn(ApiClient)`` off the loop, its errors the SDK's."""
+        from kubernetes.client.exceptions import ApiException   # the k8s extra
+
+        def run() -> T:
+            return fn(self._off.client(context))
+
+        try:
+            return await self._off.run(run)
+        except ApiException as exc:
+            raise map_api_error(exc, where=where, context=context) from exc
+        except FlowMeshError:
+            raise
+        except OSError as exc:
+            raise unreachable(exc, where=where, context=context, server=self._server(context)) from exc
+        except Exception as exc:  # urllib3's MaxRetryError/ProtocolError: no answer
+            if type(exc).__module__.startswith("urllib3"):
+                raise unreachable(exc, where=where, context=context, server=self._server(context)) from exc
+            raise
+
+    def _server(self, context: str) -> str:
+        if self._setup is None or not self._setup.done():
+            return "?"
+        return str(self._setup.result()[1][context].host)
+
+    async def _send(self, fn: Callable[[], T]) -> T:
+        return await self._off.run(fn)
+
+    async def _watch(self, target: config.Target) -> PodWatch:
+        w = self._watches.get(target.key)
+        if w is None:
+            await self._targets()
+            from kubernetes import client   # the k8s extra
+            api = client.CoreV1Api(await self._off.run(lambda: self._off.client(target.context)))
+            w = self._watches[target.key] = PodWatch(target, api, asyncio.get_running_loop(),
+                                                     on_change=lambda name, pod: self._changed(target, name, pod))
+        await w.synced(30.0)
+        return w
+
+    def _changed(self, target: config.Target, name: str, pod: Mapping[str, Any] | None) -> None:
+        """On the loop, for every watch event: end the streams into a pod that failed or went."""
+        for uid, (t, n) in list(self._where.items()):
+            if t == target and n == name:
+                runner = self._runners.get(uid)
+                if runner is None:
+                    return
+                if pod is None:
+                    runner.lost(InstanceLost(f"pod {target.key}/{name} was deleted"))
+                else:
+                    inst = pods.instance_of(pod, target)
+                    if inst.fault is not None and inst.state is ProviderState.TERMINATED:
+                        runner.lost(InstanceLost(inst.fault.message))
+                return
+
+    # ---- offers ----------------------------------------------------------------------
+    def _price(self, spec: InstanceSpec) -> float:
+        cpu, gib, gpu = self.prices
+        return round(spec.cpus * cpu + spec.memory_gb * gib + spec.gpus * gpu, 6)
+
+    async def offers(self, spec: InstanceSpec) -> list[Offer]:
+        targets, _ = await self._targets()
+        out = []
+        for ctx in sorted({t.context for t in targets}):
+            fits = await self._node_fits(ctx, spec)
+            for t in [t for t in targets if t.context == ctx]:
+                bound = capacity.quota_fits(await self._quotas(t), spec)
+                available = fits if bound is None else (bound if fits is None else min(fits, bound))
+                free = self.capabilities.free
+                out.append(Offer(provider=PROVIDER, region=t.context, zone=t.namespace,
+                                 instance_type=_shape(spec), cpus=spec.cpus, memory_gb=spec.memory_gb,
+                                 gpus=spec.gpus, gpu_name=spec.gpu_name, arch=spec.arch,
+                                 price_per_hour=0.0 if free else self._price(spec),
+                                 offer_id=None if free else t.key, available=available,
+                                 source="the user's cluster" if free else "configured cluster price"))
+        return out
+
+    async def _quotas(self, t: config.Target) -> list[dict[str, Any]]:
+        got = await self._call(t.context, "list resource quotas", lambda c: _json(
+            _core(c).list_namespaced_resource_quota(t.namespace, _preload_content=False)))
+        return list(got.get("items") or ())
+
+    async def _node_fits(self, ctx: str, spec: InstanceSpec) -> int | None:
+        nodes = await self._call(ctx, "list nodes", lambda c: _json(_core(c).list_node(_preload_content=False)))
+        try:
+            bound = await self._call(ctx, "list pods", lambda c: _json(_core(c).list_pod_for_all_namespaces(
+                field_selector="status.phase!=Succeeded,status.phase!=Failed", _preload_content=False)))
+        except FlowMeshError as exc:
+            if getattr(exc, "code", "") not in ("Forbidden", "403"):
+                raise
+            return None
+        return capacity.node_fits(nodes.get("items") or (), bound.get("items") or (), spec)
+
+    def explain_misfit(self, spec: InstanceSpec) -> str:
+        return "no (context, namespace) of the kubeconfig matches; set K8sProvider(contexts=..., namespaces=...)"
+
+    # ---- launch ----------------------------------------------------------------------
+    async def launch(self, request: LaunchRequest) -> list[Instance]:
+        offer = request.offer
+        if offer.provider != PROVIDER:
+            raise SpecError("launch.offer", f"is an offer of {offer.provider!r}, not of k8s")
+        target = config.Target(offer.region, offer.zone or "default")
+        targets, _ = await self._targets()
+        if target not in targets:
+            raise SpecError("launch.offer", f"names {target.key}, which is not a target of this provider "
+                                            f"({', '.join(t.key for t in targets)})")
+        image = request.container.image if request.container is not None else self.image
+        if image is None:
+            raise SpecError("launch.container", "a k8s instance is a pod running the task's image, and this launch "
+                                                "names none (an ephemeral pool passes its task's; "
+                                                "K8sProvider(image=...) sets one for other launches)")
+        kernel = request.container.sandbox.kernel if request.container is not None else "host"
+        runtime_class = self.runtime_classes.get(kernel) if kernel != "host" else None
+        if kernel != "host" and runtime_class is None:
+            raise SpecError("sandbox.kernel", f"{kernel!r} needs the cluster's runtimeClassName for it "
+                                              f"(K8sProvider(runtime_classes={{{kernel!r}: ...}}))")
+        watch = await self._watch(target)
+        await self._ensure_policies(target)
+        names = [pods.pod_name(request.request_id, i) for i in range(request.count)]
+        for name in names:
+            if watch.get(name) is None:
+                body = pods.sandbox_pod(name, request_tags=request.tags, spec=request.spec,
+                                        container=request.container, image=image, instance_type=offer.instance_type,
+                                        price_per_hour=offer.price_per_hour or 0.0, runtime_class=runtime_class,
+                                        pull_secrets=self.pull_secrets)
+                await self._create(target, name, body)
+        placed = await asyncio.gather(*(self._scheduled(watch, target, n) for n in names), return_exceptions=True)
+        errors = [p for p in placed if isinstance(p, BaseException)]
+        if errors:
+            await asyncio.gather(*(self._delete(target, n) for n in names))
+            raise errors[0]
+        out = []
+        for name, pod in zip(names, placed):
+            inst = pods.instance_of(pod, target)   # type: ignore[arg-type]
+            self._where[inst.id] = (target, name)
+            out.append(inst)
+        return out
+
+    async def _create(self, target: config.Target, name: str, body: dict[str, Any]) -> None:
+        try:
+            await self._call(target.context, f"create pod {name}", lambda c: _core(c).create_namespaced_pod(
+                target.namespace, body, _preload_content=False))
+        except ProviderError as exc:
+            if exc.code != "AlreadyExists":
+                raise
+
+    async def _scheduled(self, watch: PodWatch, target: config.Target, name: str) -> Mapping[str, Any]:
+        def placed(pod: Mapping[str, Any] | None) -> bool:
+            return pod is None or pods.scheduled(pod) or pods.instance_of(pod, target).fault is not None
+
+        try:
+            pod = await watch.wait(name, placed, self.schedule_timeout_s)
+        except TimeoutError as exc:
+            pod = watch.get(name)
+            why = (pods.unschedulable(pod) if pod else None) or "not scheduled"
+            await self._delete(target, name)
+            raise CapacityError(f"pod {target.key}/{name} still unschedulable after {self.schedule_timeout_s:g} s: "
+                                f"{why}", provider=PROVIDER, code="Unschedulable") from exc
+        if pod is None:
+            raise CapacityError(f"pod {target.key}/{name} was deleted before it was scheduled", provider=PROVIDER,
+                                code="Deleted")
+        return pod
+
+    async def _ensure_policies(self, target: config.Target) -> None:
+        if target.key in self._policies:
+            return
+        for body in pods.network_policies(self._metadata):
+            await self._create_policy(target, body)
+        self._policies.add(target.key)
+
+    async def _create_policy(self, target: config.Target, body: dict[str, Any]) -> None:
+        try:
+            await self._call(target.context, "create network policy", lambda c: _networking(c)
+                             .create_namespaced_network_policy(target.namespace, body, _preload_content=False))
+        except ProviderError as exc:
+            if exc.code != "AlreadyExists":
+                raise
+
+    # ---- describe, list, terminate ---------------------------------------------------
+    async def _find(self, uid: str) -> tuple[config.Target, str, Mapping[str, Any]] | None:
+        where = self._where.get(uid)
+        if where is not None:
+            watch = await self._watch(where[0])
+            pod = watch.get(where[1])
+            if pod is not None:
+                return where[0], where[1], pod
+        targets, _ = await self._targets()
+        for t in targets:
+            found = (await self._watch(t)).by_uid(uid)
+            if found is not None:
+                self._where[uid] = (t, found[0])
+                return t, found[0], found[1]
+        return None
+
+    async def describe(self, ids: Sequence[str]) -> list[Instance]:
+        out = []
+        for uid in ids:
+            found = await self._find(uid)
+            if found is None:
+                continue
+            target, name, pod = found
+            inst = pods.instance_of(pod, target)
+            if uid in self._deleting or self._watches[target.key].deleted(name) or inst.id != uid:
+                inst = replace(inst, id=uid, state=ProviderState.TERMINATED)   # deleted (or being deleted)
+            out.append(inst)
+        return out
+
+    async def list_tagged(self, tags: Mapping[str, str]) -> list[Instance]:
+        targets, _ = await self._targets()
+        want = dict(tags) or {}
+        out = []
+        for t in targets:
+            for pod in (await self._watch(t)).live():
+                inst = pods.instance_of(pod, t)
+                if inst.id in self._deleting or (inst.state is ProviderState.TERMINATED and inst.fault is None):
+                    continue   # being deleted
+                have = inst.tags
+                if (want and all(have.get(k) == v for k, v in want.items())) or (not want and TAG_FLEET in have):
+                    self._where[inst.id] = (t, str(pod["metadata"]["name"]))
+                    out.append(inst)
+        return out
+
+    async def _delete(self, target: config.Target, name: str, uid: str | None = None) -> None:
+        try:
+            await self._call(target.context, f"delete pod {name}", lambda c: _core(c).delete_namespaced_pod(
+                name, target.namespace, grace_period_seconds=0, _preload_content=False))
+        except NotFoundError:
+            pass
+        if uid is not None:
+            self._deleting.add(uid)   # accepted: TERMINATED from now on, whatever the watch has seen yet
+
+    async def terminate(self, ids: Sequence[str]) -> None:
+        found = [f for f in await asyncio.gather(*(self._find(uid) for uid in ids)) if f is not None]
+        await asyncio.gather(*(self._delete(t, name, uid) for t, name, pod in found
+                               if (uid := (pod.get("metadata") or {}).get("uid")) in ids))
+        for uid in ids:
+            runner = self._runners.pop(uid, None)
+            if runner is not None:
+                await runner.close()
+
+    # ---- runner ----------------------------------------------------------------------
+    def runner(self, instance: Instance) -> Runner:
+        found = self._runners.get(instance.id)
+        if found is not None:
+            return found
+        where = self._where.get(instance.id)
+        if where is None:
+            where = (config.Target(instance.region, instance.zone or "default"), str(instance.address))
+            self._where[instance.id] = where
+        target, name = where
+        assert self._setup is not None and self._setup.done()
+        cfg = self._setup.result()[1][target.context]
+
+        async def ready(timeout_s: float) -> None:
+            watch = await self._watch(target)
+
+            def running(pod: Mapping[str, Any] | None) -> bool:
+                if pod is None:
+                    return True
+                inst = pods.instance_of(pod, target)
+                return inst.state is not ProviderState.PENDING or inst.fault is not None
+
+            pod = await watch.wait(name, running, timeout_s)
+            inst = pods.instance_of(pod, target) if pod is not None else None
+            if inst is None or inst.state is not ProviderState.RUNNING:
+                why = inst.fault.message if inst is not None and inst.fault else "it is gone"
+                raise InstanceLost(f"pod {target.key}/{name} does not run: {why}")
+
+        runner = PodRunner(label=f"k8s:{target.key}/{name}",
+                           path=f"/api/v1/namespaces/{target.namespace}/pods/{name}", configuration=cfg,
+                           loop_send=self._send, ready=ready)
+        self._runners[instance.id] = runner
+        return runner
+
+    async def close(self) -> None:
+        for runner in list(self._runners.values()):
+            await runner.close()
+        self._runners.clear()
+        for w in self._watches.values():
+            await asyncio.to_thread(w.stop)
+        self._watches.clear()
+        await self._off.close()
+
+
+def _core(api_client: Any) -> Any:
+    from kubernetes import client   # the k8s extra
+    return client.CoreV1Api(api_client)
+
+
+def _networking(api_client: Any) -> Any:
+    from kubernetes import client   # the k8s extra
+    return client.NetworkingV1Api(api_client)
+
+
+def _json(resp: Any) -> dict[str, Any]:
+    import json
+    data = json.loads(resp.data or b"{}")
+    return data if isinstance(data, dict) else {}
+
+
+def _shape(spec: InstanceSpec) -> str:
+    gpu = f"-{spec.gpus}x{(spec.gpu_name or 'gpu').replace(' ', '')}" if spec.gpus else ""
+    return f"pod-{spec.cpus}c-{spec.memory_gb:g}g{gpu}"
+

@@ -1,0 +1,274 @@
+"""Commands in a pod over the Kubernetes exec stream, held open.
+
+``GET /api/v1/namespaces/NS/pods/NAME/exec?command=...&stdin=true&stdout=true&stderr=true``
+upgraded to a WebSocket whose subprotocol is ``v5.channel.k8s.io`` (or ``v4``): each binary
+message starts with its channel -- 0 stdin, 1 stdout, 2 stderr, 3 the exec's final
+``v1 Status``; ``v5`` adds 255, ``[255, n]`` closing stream ``n`` (so stdin can be closed
+while the output is still read).  Source: the KEP "Transition from SPDY to WebSockets"
+(kubernetes/enhancements, KEP-4006) and the official client's ``kubernetes.stream.ws_client``,
+whose ``create_websocket`` opens the socket here (its TLS and bearer-token handling); the
+``stream()`` helper is not used because it patches ``ApiClient.call_api`` while it runs,
+which races with other calls on the same client.
+
+:class:`ExecChannel` is one such stream as a :class:`~flowmesh_sdk.remote.runner.Channel`:
+a daemon thread reads frames (the socket blocks) and feeds an asyncio stream on the loop;
+writes go out on the provider's worker threads.  A sandbox opens ONE of these for its agent
+shell and runs every command over it (:class:`~flowmesh_sdk.sandbox.Sandbox`): the round
+trip is the SDK's, not one API exec per command.  :class:`PodRunner` runs one-off commands
+(a probe, a file copy) as one exec each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import shlex
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from flowmesh_sdk.errors import ProviderUnavailableError, SandboxClosedError
+from flowmesh_sdk.remote.runner import Channel, CommandResult, Runner
+
+from .pods import CONTAINER
+
+STDIN, STDOUT, STDERR, STATUS, CLOSE = 0, 1, 2, 3, 255
+V5 = "v5.channel.k8s.io"
+
+
+def exit_code(status: dict[str, Any] | None) -> int:
+    """The exit code a channel-3 Status carries (0 for Success)."""
+    if not status or status.get("status") == "Success":
+        return 0
+    for cause in (status.get("details") or {}).get("causes") or ():
+        if cause.get("reason") == "ExitCode":
+            with contextlib.suppress(TypeError, ValueError):
+                return int(cause.get("message"))
+    return 1
+
+
+class ExecChannel(Channel):
+    """One exec stream into a pod (see the module docstring)."""
+
+    def __init__(self, sock: Any, loop: asyncio.AbstractEventLoop,
+                 send: Callable[[Callable[[], Any]], Awaitable[Any]],
+                 on_close: Callable[[ExecChannel], None] | None = None) -> None:
+        self._sock = sock
+        self._on_close = on_close
+        self._loop = loop
+        self._send = send
+        self._v5 = (getattr(sock, "subprotocol", None) or "") == V5
+        self._stdout = asyncio.StreamReader(limit=1 << 24)
+        self._err: collections.deque[str] = collections.deque(maxlen=20)
+        self._stderr = bytearray()
+        self.status: dict[str, Any] | None = None
+        self._ended = asyncio.Event()
+        self._alive = True
+        threading.Thread(target=self._read, name="flowmesh-k8s-exec", daemon=True).start()
+
+    # ---- the reader thread -----------------------------------------------------------
+    def _read(self) -> None:
+        try:
+            while True:
+                opcode, data = self._sock.recv_data(control_frame=False)
+                if opcode == 8 or not data:   # OPCODE_CLOSE
+                    if opcode == 8:
+                        break
+                    continue
+                channel, payload = data[0], bytes(data[1:])
+                if channel == STDOUT and payload:
+                    self._call(self._stdout.feed_data, payload)
+                elif channel == STDERR and payload:
+                    self._call(self._on_stderr, payload)
+                elif channel == STATUS and payload:
+                    with contextlib.suppress(ValueError):
+                        self.status = json.loads(payload)
+        except Exception:  # noqa: BLE001 - a dropped socket ends the stream
+            pass
+        finally:
+            self._call(self._on_end)
+
+    def _call(self, fn: Callable[..., None], *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def _on_stderr(self, data: bytes) -> None:
+        self._stderr += data
+        *lines, rest = bytes(self._stderr).split(b"\n")
+        for line in lines:
+            self._err.append(line.decode("utf-8", "replace").rstrip())
+        self._stderr = bytearray(rest[-4096:])
+
+    def _on_end(self) -> None:
+        self._alive = False
+        if self._stderr:
+            self._err.append(self._stderr.decode("utf-8", "replace").rstrip())
+            self._stderr.clear()
+        if self._stdout.exception() is None:
+            self._stdout.feed_eof()
+        self._ended.set()
+
+    # ---- Channel ---------------------------------------------------------------------
+    async def write(self, data: bytes) -> None:
+        if not self._alive:
+            raise SandboxClosedError(f"exec stream closed: {self.stderr_tail()}")
+        frame = bytes([STDIN]) + data
+        try:
+            await self._send(lambda: self._sock.send_binary(frame))
+        except Exception as exc:  # noqa: BLE001 - the socket's errors are the channel's
+            raise SandboxClosedError(f"exec stream closed: {type(exc).__name__}") from exc
+
+    async def close_stdin(self) -> None:
+        """End the process's stdin (v5; under v4 there is no way but closing the stream)."""
+        if self._v5 and self._alive:
+            with contextlib.suppress(Exception):
+                await self._send(lambda: self._sock.send_binary(bytes([CLOSE, STDIN])))
+
+    async def readline(self) -> bytes:
+        return await self._stdout.readline()
+
+    async def read(self, n: int) -> bytes:
+        return await self._stdout.read(n)
+
+    async def readexactly(self, n: int) -> bytes:
+        try:
+            return await self._stdout.readexactly(n)
+        except asyncio.IncompleteReadError as exc:
+            raise SandboxClosedError(f"exec stream closed mid-read: {self.stderr_tail()}") from exc
+
+    @property
+    def alive(self) -> bool:
+        return self._alive
+
+    def stderr_tail(self) -> str:
+        return " | ".join(self._err) or "(no stderr)"
+
+    async def ended(self, timeout_s: float) -> bool:
+        with contextlib.suppress(asyncio.TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._ended.wait()
+        return self._ended.is_set()
+
+    async def last_words(self, wait_s: float = 1.0) -> str:
+        await self.ended(wait_s)
+        return self.stderr_tail()
+
+    def stderr_bytes(self) -> bytes:
+        return "\n".join(self._err).encode()
+
+    async def close(self) -> None:
+        sock = self._sock
+        with contextlib.suppress(Exception):
+            await self._send(sock.close)
+        self._alive = False
+        if self._on_close is not None:
+            self._on_close(self)
+
+    def abort(self, exc: Exception) -> None:
+        self._alive = False
+        self._stdout.set_exception(exc)
+
+
+class PodRunner(Runner):
+    """Runs commands in one pod's sandbox container through exec streams."""
+
+    needs_heartbeat = False   # the namespace's watch reports a pod's loss; nothing to probe
+
+    def __init__(self, *, label: str, path: str, configuration: Any, loop_send: Callable[..., Awaitable[Any]],
+                 ready: Callable[[float], Awaitable[None]]) -> None:
+        self.label = label
+        self._path = path                 # /api/v1/namespaces/NS/pods/NAME
+        self._cfg = configuration
+        self._send = loop_send            # runs a blocking callable on the provider's worker threads
+        self._ready = ready
+        self._channels: set[ExecChannel] = set()
+        self._lost: Exception | None = None
+        self.execs = 0
+
+    def _url(self, argv: Sequence[str], tty: bool = False) -> str:
+        query = [("command", a) for a in argv] + [("container", CONTAINER), ("stdin", "true"), ("stdout", "true"),
+                                                   ("stderr", "true"), ("tty", "true" if tty else "false")]
+        host = self._cfg.host.rstrip("/")
+        scheme = "wss" if host.startswith("https://") else "ws"
+        return f"{scheme}://{host.split('://', 1)[1]}{self._path}/exec?{urlencode(query)}"
+
+    async def _open(self, argv: Sequence[str]) -> ExecChannel:
+        from kubernetes.stream.ws_client import create_websocket   # the k8s extra
+
+        if self._lost is not None:
+            raise self._lost
+        headers = {}
+        token = self._cfg.get_api_key_with_prefix("authorization") or self._cfg.get_api_key_with_prefix("BearerToken")
+        if token:
+            headers["authorization"] = token
+        url = self._url(argv)
+        self.execs += 1
+        try:
+            sock = await self._send(lambda: create_websocket(self._cfg, url, headers))
+        except Exception as exc:  # noqa: BLE001 - a refused upgrade is the pod's state or the server's
+            raise ProviderUnavailableError(f"{self.label}: exec refused: {exc}", provider="k8s",
+                                           code="ExecFailed") from exc
+        chan = ExecChannel(sock, asyncio.get_running_loop(), self._send, on_close=self._channels.discard)
+        self._channels.add(chan)
+        return chan
+
+    def lost(self, exc: Exception) -> None:
+        """The pod failed or went away: every stream into it ends with ``exc`` now."""
+        self._lost = exc
+        for chan in list(self._channels):
+            chan.abort(exc)
+
+    async def wait_reachable(self, timeout_s: float) -> None:
+        await self._ready(timeout_s)
+
+    async def open_channel(self, argv: Sequence[str]) -> Channel:
+        return await self._open(argv)
+
+    async def run(self, argv: Sequence[str], *, timeout_s: float, input: bytes | None = None) -> CommandResult:
+        t0 = time.monotonic()
+        chan = await self._open(argv)
+        out = bytearray()
+        timed_out = False
+        try:
+            if input:
+                await chan.write(input)
+            await chan.close_stdin()
+
+            async def drain() -> None:
+                while chunk := await chan.read(1 << 16):
+                    out.extend(chunk)
+
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await drain()
+                    await chan.ended(timeout_s)
+            except asyncio.TimeoutError:
+                timed_out = True
+        finally:
+            await chan.close()
+        err = chan.stderr_bytes()
+        code = -1 if timed_out else exit_code(chan.status)
+        return CommandResult(tuple(argv), code, bytes(out), err, time.monotonic() - t0, timed_out)
+
+    async def put_file(self, local_path: str, remote_path: str) -> None:
+        data = await asyncio.to_thread(Path(local_path).read_bytes)
+        res = await self.run(["sh", "-c", f"cat > {shlex.quote(remote_path)}"], timeout_s=300, input=data)
+        if not res.ok:
+            raise ProviderUnavailableError(f"{self.label}: could not write {remote_path}: {res.describe()}",
+                                           provider="k8s", code="CopyFailed")
+
+    async def get_file(self, remote_path: str, local_path: str) -> None:
+        res = await self.run(["cat", remote_path], timeout_s=300)
+        if not res.ok:
+            raise ProviderUnavailableError(f"{self.label}: could not read {remote_path}: {res.describe()}",
+                                           provider="k8s", code="CopyFailed")
+        await asyncio.to_thread(Path(local_path).write_bytes, res.stdout)
+
+    async def close(self) -> None:
+        for chan in list(self._channels):
+            await chan.close()
