@@ -33,7 +33,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .sshd import LoopbackSshd
+from .sshd import LoopbackSshd, bin_dir_without
 
 __all__ = ["BootedVm", "CloudInitHosts", "CloudInitVms"]
 
@@ -59,7 +59,9 @@ class CloudInitHosts:
     stand-in (:class:`CloudInitVms`) and the GCE and Azure emulators."""
 
     def __init__(self, *, first_host: int = 40, ignore_injected_host_key: bool = False,
-                 **sshd_kwargs: Any) -> None:
+                 without_runtime: bool = False, **sshd_kwargs: Any) -> None:
+        """``without_runtime``: the machines have no podman or docker on their PATH (a
+        Vast.ai instance is itself a container)."""
         self.ignore_injected_host_key = ignore_injected_host_key
         self._next = first_host
         self._sshd_kwargs = sshd_kwargs
@@ -69,6 +71,8 @@ class CloudInitHosts:
         self._lock = threading.Lock()
         self._tmp = Path(tempfile.mkdtemp(prefix="fm-cloudinit-"))
         os.chmod(self._tmp, 0o700)
+        if without_runtime and "path" not in sshd_kwargs:
+            self._sshd_kwargs["path"] = bin_dir_without(self._tmp / "bin")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({len(self._vms)} booted)"

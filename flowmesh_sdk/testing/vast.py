@@ -67,7 +67,8 @@ class VastEmulator(VastSearchEmulator):
                  page_size: int = 25, first_host: int = 160, **sshd_kwargs: Any) -> None:
         super().__init__([dict(o) for o in offers], api_key=api_key)
         self.page_size = page_size
-        self.hosts = CloudInitHosts(first_host=first_host, **sshd_kwargs)
+        # an instance is a container: no runtime on it (the fleet must not nest sandboxes there)
+        self.hosts = CloudInitHosts(first_host=first_host, without_runtime=True, **sshd_kwargs)
         self._state = threading.Lock()
         self._instances: dict[int, dict[str, Any]] = {}
         self._ids = itertools.count(9_000_001)

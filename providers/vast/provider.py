@@ -280,9 +280,11 @@ class VastProvider(Provider):
             onstart = onstart_script(text)
         bid = offer.price_per_hour if offer.spot else None
         ask = int(offer.offer_id)
+        # an ephemeral pool's instance is its task's sandbox: the task's image (else the configured one)
+        image = request.container.image if request.container is not None else self.image
         try:
             made = await self._client.call(f"create on ask {ask}", lambda v: v.create_instance(
-                ask, image=self.image, disk=float(request.spec.disk_gb), label=label, onstart_cmd=onstart,
+                ask, image=image, disk=float(request.spec.disk_gb), label=label, onstart_cmd=onstart,
                 price=bid, ssh=True, direct=True, env={"-p 22:22": "1"}), creating=True)
             if not isinstance(made, Mapping) or not made.get("success") or not made.get("new_contract"):
                 raise ProviderError(f"create on ask {ask}: Vast.ai answered without a new contract",

@@ -7,6 +7,7 @@ Vast refused with the reason."""
 
 from __future__ import annotations
 
+import json
 import sys
 import uuid
 
@@ -170,3 +171,24 @@ async def test_a_vast_instance_is_reached_over_ssh_with_exactly_the_injected_hos
     finally:
         await prov.terminate([inst.id])
         await prov.close()
+
+
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("paramiko"), reason="needs paramiko")
+async def test_an_ephemeral_pool_on_vast_runs_its_task_in_the_instance_itself(fm_home, emu, busybox_image):
+    """A Vast instance is a container: it is rented with the task's image and the task runs in
+    it directly -- the emulator's instances have no container runtime, so nesting would fail."""
+    from flowmesh_sdk import Fleet, PoolSpec, SandboxSpec, Task
+    from flowmesh_sdk.registry.local import LocalRegistry
+    prov = emu.provider(ssh=True)
+    with LocalRegistry() as reg:
+        image = reg.push(busybox_image, "flowmesh/busybox:vast")
+        async with Fleet("vast-eph", home=fm_home, providers={"vast": prov}) as fleet:
+            pool = await fleet.pool(PoolSpec(name="eph", provider="vast", mode="ephemeral", instance=SPEC,
+                                             heartbeat_s=None))
+            res = await pool.run_task(Task(name="t", sandbox=SandboxSpec(image=image, cpus=1, memory_gb=1),
+                                           command="command -v podman docker || echo no-runtime"))
+            assert res.ok and res.result.stdout == "no-runtime\n", res.error
+            (create,) = [r for r in emu.requests if r.method == "PUT" and r.path.startswith("/api/v0/asks/")]
+            rented = json.loads(create.body)["image"]
+            assert rented.startswith(image.rsplit(":", 1)[0] + "@sha256:"), rented   # the task's image, pinned
+    await prov.close()
