@@ -53,6 +53,7 @@ loads them by name and never imports a cloud SDK itself.
 from __future__ import annotations
 
 import abc
+import asyncio
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -236,6 +237,12 @@ class Provider(abc.ABC):
         """Remove what ``scan`` (from :meth:`leftovers`) found; returns what is still there
         and the machines that did not answer (the rest is forgotten)."""
         return LeftoverScan(self.name)
+
+    async def wait_changed(self, ids: Sequence[str], timeout_s: float) -> None:
+        """Return once one of ``ids`` may have changed state, at most after ``timeout_s``.
+        Clouds push nothing, so this sleeps; a provider that watches its instances (``k8s``)
+        returns at the change, and the pool's next describe sees it at once."""
+        await asyncio.sleep(timeout_s)
 
     async def close(self) -> None:  # noqa: B027 - optional
         return None

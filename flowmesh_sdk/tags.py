@@ -91,6 +91,9 @@ def _label_unescape(text: str) -> str:
     return _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text).encode("latin-1").decode("utf-8", "replace")
 
 
+_HASHED = re.compile(r"--[0-9a-f]{10}$")   # the end of a value cut to fit (LabelTags._fit)
+
+
 @dataclass(frozen=True, slots=True)
 class LabelTags(TagCodec):
     """GCE-style labels (see the module docstring)."""
@@ -114,7 +117,7 @@ class LabelTags(TagCodec):
     def decode(self, tags: Mapping[str, str]) -> dict[str, str]:
         out = {}
         for k, v in tags.items():
-            value = v if re.search(r"--[0-9a-f]{10}$", v) and len(v) == LABEL_MAX else _label_unescape(v)
+            value = v if _HASHED.search(v) and len(v) == LABEL_MAX else _label_unescape(v)
             out[_label_unescape(k)] = value
         return out
 
@@ -156,7 +159,6 @@ __all__ = ["LABEL_MAX", "LabelTags", "PlainTags", "SingleLabel", "TagCodec"]
 
 KUBE_PREFIX = "flowmesh.io/"
 KUBE_OTHER = "tags.flowmesh.io/"
-_HASHED = re.compile(r"--[0-9a-f]{10}$")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""What the one-cloud recipes (``gce_eval.py``, ``azure_persistent_pool.py``) share: the
+"""What the one-cloud recipes (``gce_eval.py``, ``azure_persistent_pool.py``, ``k8s_eval.py``) share: the
 ``--dry-run`` plan (offers and prices from the catalog, no API call; how long the
 provider's declared launch buckets take), the registry (``--registry`` or a throw-away one on
 127.0.0.1) and the main job's batch in a persistent pool on one provider.  A script helper,
@@ -134,8 +134,12 @@ def refuse_real_run_without_registry(args: argparse.Namespace, cloud: str) -> bo
 
 
 async def run_batch(name: str, provider_name: str, provider: Any, args: argparse.Namespace,
-                    registry_stack: Any) -> int:
-    """The main job's batch in one persistent pool on ``provider`` (already built)."""
+                    registry_stack: Any, *, mode: str = "persistent", infra: Sequence[str] | None = None,
+                    more: dict[str, Any] | None = None) -> int:
+    """The main job's batch in one pool on ``provider`` (already built): persistent
+    (``--instances`` warm instances x ``--slots``), or ephemeral (a fresh instance per task,
+    ``--instances`` at a time).  ``infra``: the pool's search space (default the provider);
+    ``more``: other providers it names (a pool that spills from a cluster to a cloud)."""
     import asyncio
     build = job._load_image_builder()
     await asyncio.to_thread(job.ensure_base, build)
@@ -147,14 +151,26 @@ async def run_batch(name: str, provider_name: str, provider: Any, args: argparse
     finally:
         for ref in built:
             job._podman("rmi", ref)
-    spec = PoolSpec(name=name, mode="persistent", infra=(provider_name,), instance=SPEC,
-                    min_instances=args.instances, max_instances=args.instances,
-                    sandboxes_per_instance=args.slots, warm_per_image=0, policy="cost")
-    async with Fleet(name=name, providers={provider_name: provider}) as fleet:
+    where = tuple(infra or (provider_name,))
+    if mode == "persistent":
+        spec = PoolSpec(name=name, mode="persistent", infra=where, instance=SPEC,
+                        min_instances=args.instances, max_instances=args.instances,
+                        sandboxes_per_instance=args.slots, warm_per_image=0, policy="cost")
+    else:
+        spec = PoolSpec(name=name, mode="ephemeral", infra=where, instance=SPEC, max_instances=args.instances,
+                        policy="cost")
+    async with Fleet(name=name, providers={provider_name: provider, **(more or {})}) as fleet:
         placement: list[Any] = []
         fleet.bus.on(placement.append, EventKind.LAUNCH_DECIDED, EventKind.LAUNCH_FAILOVER)
-        result = await job.run_mode(fleet, reg, "persistent", swe, images, spec=spec)
+        result = await job.run_mode(fleet, reg, mode, swe, images, spec=spec)
         spend = fleet.ledger.by_provider(spec.name)
+    for e in placement:   # where the bidder put each launch, and each failover with its reason
+        line = str(e.detail or "")
+        if e.kind is EventKind.LAUNCH_DECIDED and line:
+            d = json.loads(line)
+            line = f"{d['count']} x {d['winner']['offer']}" + (
+                f" (runner-up {d['runner_up']['offer']})" if d.get("runner_up") else "")
+        console.print(f"[dim]{e.kind.value}: {line[:300]}[/]", soft_wrap=True)
     console.print(job.task_table(result))
     job.print_mismatches(result)
     t = Table(title=f"{provider_name}: what the batch cost")

@@ -12,7 +12,8 @@ from pathlib import Path
 from flowmesh_sdk import backends
 
 ROOT = Path(__file__).resolve().parents[1]
-VENDORS = ("amazonaws", "googleapis", "aliyuncs", "azure", "vast.ai", "boto3", "botocore")
+VENDORS = ("amazonaws", "googleapis", "aliyuncs", "azure", "vast.ai", "boto3", "botocore",
+           "k8s", "kubernetes")   # k8s is unpriced (no snapshot), so not among the words below
 
 
 def _clouds() -> re.Pattern[str]:

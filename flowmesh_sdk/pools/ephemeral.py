@@ -5,8 +5,8 @@ for all of them (one ``RunInstances`` for a burst of N tasks, not N; calls of at
 provider's ``max_batch``), and each gets its own instance from the batch the moment that
 instance is READY.  Where the pool may launch instances that are containers (a pod, a Vast.ai
 instance: ``nested_containers=False``), each instance is its task's sandbox, launched from the
-task's image: the tasks are batched per image and sandbox spec.  A burst wider than the capacity (or the budget) launches what fits;
-the rest wait for this pool's instances to end.  Instances of tasks that end together are
+task's image: the tasks are batched per image and sandbox spec.  A burst wider than the
+capacity (or the budget) launches what fits; the rest wait for this pool's instances to end.  Instances of tasks that end together are
 terminated in one call too.
 """
 

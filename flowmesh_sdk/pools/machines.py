@@ -28,8 +28,8 @@ from .. import clock
 from ..backoff import backoff_delay
 from ..control.events import EventKind
 from ..errors import (AuthError, BudgetExceededError, CapacityError, ContainerRuntimeError, FlowMeshError,
-                      ImageNotFoundError, InstanceLost, ProviderUnavailableError, QuotaError, SandboxClosedError, SandboxTimeout,
-                      ThrottledError)
+                      ImageNotFoundError, InstanceLost, ProviderUnavailableError, QuotaError, SandboxClosedError,
+                      SandboxTimeout, ThrottledError)
 from ..lifecycle import InstanceState
 from ..placement.ranking import Candidate, Placement
 from ..provider import (TAG_FLEET, TAG_OWNER, TAG_POOL, ContainerRequest, FaultKind, Instance, InstanceFault,
@@ -61,7 +61,8 @@ def fault_error(mi: ManagedInstance, fault: InstanceFault) -> FlowMeshError:
     """The error an instance's fault (its provider's word on why it cannot run) raises."""
     text = f"instance {mi.id}: {fault.message}"
     if fault.kind is FaultKind.IMAGE:
-        return ImageNotFoundError(getattr(mi.runtime, "image", None) or "?", text)
+        image = mi.runtime.image if isinstance(mi.runtime, InstanceRuntime) else None
+        return ImageNotFoundError(image or "?", text)
     if fault.kind is FaultKind.CAPACITY:
         return CapacityError(text, provider=mi.provider.name, code="Unschedulable")
     return InstanceLost(text)
@@ -349,7 +350,8 @@ class Machines:
                              running: dict[str, asyncio.Future[None]]) -> None:
         """Resolve each instance's future as the provider reports it running: one batched
         describe per round for those still pending, backing off from 0.5 s to 5 s, up to
-        the bootstrap deadline (clouds push no events)."""
+        the bootstrap deadline (clouds push no events; a provider that watches wakes the
+        round early: :meth:`Provider.wait_changed`)."""
         deadline = clock.monotonic() + self.ctx.bootstrap_timeout_s
         delay = 0.5
         while True:
@@ -373,7 +375,7 @@ class Machines:
                     running[mi.id].set_exception(SandboxTimeout(
                         f"instance {mi.id} still pending after {self.ctx.bootstrap_timeout_s:g} s"))
                 return
-            await asyncio.sleep(delay)
+            await provider.wait_changed([mi.id for mi in pending], delay)   # a sleep, unless it watches
             delay = min(5.0, delay * 2)
             try:
                 seen = {i.id: i for i in await self.ctx.provisioner.call(

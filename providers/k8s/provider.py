@@ -42,7 +42,7 @@ from flowmesh_sdk.errors import CapacityError, FlowMeshError, InstanceLost, NotF
 from flowmesh_sdk.offloop import OffLoop
 from flowmesh_sdk.provider import TAG_FLEET, Capabilities, Instance, LaunchRequest, Provider, ProviderState
 from flowmesh_sdk.remote.runner import Runner
-from flowmesh_sdk.specs import InstanceSpec, Offer
+from flowmesh_sdk.specs import InstanceSpec, Offer, check_number
 
 from . import capacity, config, pods
 from .client import RATES
@@ -53,6 +53,7 @@ from .watch import PodWatch
 log = logging.getLogger("flowmesh.providers.k8s")
 T = TypeVar("T")
 DEFAULT_RUNTIME_CLASSES = {"gvisor": "gvisor"}   # SandboxSpec.kernel -> the cluster's runtimeClassName
+CUT_VERDICT_S = 5.0   # how long a stream cut without an exit status waits for the watch's word on its pod
 
 
 class K8sProvider(Provider):
@@ -70,9 +71,11 @@ class K8sProvider(Provider):
         test's); an ephemeral pool's launches always name their task's."""
         self.image = image
         self._kubeconfig, self._contexts, self._namespaces = kubeconfig, contexts, namespaces
+        for field, value in (("price_per_cpu_hour", price_per_cpu_hour), ("price_per_gib_hour", price_per_gib_hour),
+                             ("price_per_gpu_hour", price_per_gpu_hour)):
+            check_number(f"k8s.{field}", value, lo=0)
+        check_number("k8s.schedule_timeout_s", schedule_timeout_s, lo=0, lo_open=True)
         self.prices = (float(price_per_cpu_hour), float(price_per_gib_hour), float(price_per_gpu_hour))
-        if any(p < 0 for p in self.prices):
-            raise ProviderError("k8s prices must be >= 0 $/h", provider=PROVIDER, code="BadPrice")
         if any(self.prices):
             self.capabilities = replace(type(self).capabilities, free=False)
         self.schedule_timeout_s = float(schedule_timeout_s)
@@ -84,6 +87,7 @@ class K8sProvider(Provider):
         self._setup: asyncio.Task[tuple[list[config.Target], dict[str, Any]]] | None = None
         self._watches: dict[str, PodWatch] = {}
         self._where: dict[str, tuple[config.Target, str]] = {}     # uid -> (target, pod name)
+        self._uid_of: dict[tuple[str, str], str] = {}                # (target key, pod name) -> uid
         self._runners: dict[str, PodRunner] = {}
         self._policies: set[str] = set()
         self._deleting: set[str] = set()                            # uids whose delete the server accepted
@@ -128,31 +132,34 @@ class K8sProvider(Provider):
     async def _send(self, fn: Callable[[], T]) -> T:
         return await self._off.run(fn)
 
+    def _remember(self, uid: str, target: config.Target, name: str) -> None:
+        self._where[uid] = (target, name)
+        self._uid_of[(target.key, name)] = uid
+
     async def _watch(self, target: config.Target) -> PodWatch:
         w = self._watches.get(target.key)
         if w is None:
             await self._targets()
             from kubernetes import client   # the k8s extra
             api = client.CoreV1Api(await self._off.run(lambda: self._off.client(target.context)))
-            w = self._watches[target.key] = PodWatch(target, api, asyncio.get_running_loop(),
-                                                     on_change=lambda name, pod: self._changed(target, name, pod))
+            w = self._watches.get(target.key)   # another call may have made it meanwhile
+            if w is None:
+                w = self._watches[target.key] = PodWatch(
+                    target, api, asyncio.get_running_loop(), on_change=lambda name, pod: self._changed(target, name, pod))
         await w.synced(30.0)
         return w
 
     def _changed(self, target: config.Target, name: str, pod: Mapping[str, Any] | None) -> None:
         """On the loop, for every watch event: end the streams into a pod that failed or went."""
-        for uid, (t, n) in list(self._where.items()):
-            if t == target and n == name:
-                runner = self._runners.get(uid)
-                if runner is None:
-                    return
-                if pod is None:
-                    runner.lost(InstanceLost(f"pod {target.key}/{name} was deleted"))
-                else:
-                    inst = pods.instance_of(pod, target)
-                    if inst.fault is not None and inst.state is ProviderState.TERMINATED:
-                        runner.lost(InstanceLost(inst.fault.message))
-                return
+        runner = self._runners.get(self._uid_of.get((target.key, name), ""))
+        if runner is None:
+            return
+        if pod is None:
+            runner.lost(InstanceLost(f"pod {target.key}/{name} was deleted"))
+        else:
+            inst = pods.instance_of(pod, target)
+            if inst.fault is not None and inst.state is ProviderState.TERMINATED:
+                runner.lost(InstanceLost(inst.fault.message))
 
     # ---- offers ----------------------------------------------------------------------
     def _price(self, spec: InstanceSpec) -> float:
@@ -218,13 +225,19 @@ class K8sProvider(Provider):
         watch = await self._watch(target)
         await self._ensure_policies(target)
         names = [pods.pod_name(request.request_id, i) for i in range(request.count)]
-        for name in names:
-            if watch.get(name) is None:
-                body = pods.sandbox_pod(name, request_tags=request.tags, spec=request.spec,
-                                        container=request.container, image=image, instance_type=offer.instance_type,
-                                        price_per_hour=offer.price_per_hour or 0.0, runtime_class=runtime_class,
-                                        pull_secrets=self.pull_secrets)
-                await self._create(target, name, body)
+        try:
+            for name in names:
+                if watch.get(name) is None:
+                    body = pods.sandbox_pod(name, request_tags=request.tags, spec=request.spec,
+                                            container=request.container, image=image,
+                                            instance_type=offer.instance_type,
+                                            price_per_hour=offer.price_per_hour or 0.0, runtime_class=runtime_class,
+                                            pull_secrets=self.pull_secrets)
+                    await self._create(target, name, body)
+        except BaseException:
+            # a launch is all or nothing: the pods this call made go before its error does
+            await asyncio.gather(*(self._delete(target, n) for n in names), return_exceptions=True)
+            raise
         placed = await asyncio.gather(*(self._scheduled(watch, target, n) for n in names), return_exceptions=True)
         errors = [p for p in placed if isinstance(p, BaseException)]
         if errors:
@@ -233,7 +246,7 @@ class K8sProvider(Provider):
         out = []
         for name, pod in zip(names, placed):
             inst = pods.instance_of(pod, target)   # type: ignore[arg-type]
-            self._where[inst.id] = (target, name)
+            self._remember(inst.id, target, name)
             out.append(inst)
         return out
 
@@ -289,7 +302,7 @@ class K8sProvider(Provider):
         for t in targets:
             found = (await self._watch(t)).by_uid(uid)
             if found is not None:
-                self._where[uid] = (t, found[0])
+                self._remember(uid, t, found[0])
                 return t, found[0], found[1]
         return None
 
@@ -317,7 +330,7 @@ class K8sProvider(Provider):
                     continue   # being deleted
                 have = inst.tags
                 if (want and all(have.get(k) == v for k, v in want.items())) or (not want and TAG_FLEET in have):
-                    self._where[inst.id] = (t, str(pod["metadata"]["name"]))
+                    self._remember(inst.id, t, str(pod["metadata"]["name"]))
                     out.append(inst)
         return out
 
@@ -339,6 +352,35 @@ class K8sProvider(Provider):
             if runner is not None:
                 await runner.close()
 
+    async def wait_changed(self, ids: Sequence[str], timeout_s: float) -> None:
+        """Return at the first watch event that changes one of ``ids``' state (or its fault)."""
+        waits = []
+        for uid in ids:
+            where = self._where.get(uid)
+            if where is None:
+                continue
+            target, name = where
+            watch = await self._watch(target)
+            pod = watch.get(name)
+            was = pods.instance_of(pod, target) if pod is not None else None
+            key = (was.state, was.fault) if was is not None else None
+
+            def moved(p: Mapping[str, Any] | None, t: config.Target = target,
+                      key: tuple[Any, Any] | None = key) -> bool:
+                now = pods.instance_of(p, t) if p is not None else None
+                return (now.state, now.fault) != key if now is not None else True
+
+            waits.append(asyncio.ensure_future(watch.wait(name, moved, timeout_s)))
+        if not waits:
+            await asyncio.sleep(timeout_s)
+            return
+        try:
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+
     # ---- runner ----------------------------------------------------------------------
     def runner(self, instance: Instance) -> Runner:
         found = self._runners.get(instance.id)
@@ -347,7 +389,7 @@ class K8sProvider(Provider):
         where = self._where.get(instance.id)
         if where is None:
             where = (config.Target(instance.region, instance.zone or "default"), str(instance.address))
-            self._where[instance.id] = where
+            self._remember(instance.id, *where)
         target, name = where
         assert self._setup is not None and self._setup.done()
         cfg = self._setup.result()[1][target.context]
@@ -367,9 +409,21 @@ class K8sProvider(Provider):
                 why = inst.fault.message if inst is not None and inst.fault else "it is gone"
                 raise InstanceLost(f"pod {target.key}/{name} does not run: {why}")
 
+        async def why_cut() -> Exception | None:
+            """A stream ended without an exit status: the pod's loss, if the watch reports one
+            within a few seconds (evicted, preempted, its node lost, deleted), else None."""
+            watch = await self._watch(target)
+
+            def ended(pod: Mapping[str, Any] | None) -> bool:
+                return pod is None or pods.instance_of(pod, target).state is ProviderState.TERMINATED
+
+            pod = await watch.wait(name, ended, CUT_VERDICT_S)
+            fault = pods.instance_of(pod, target).fault if pod is not None else None
+            return InstanceLost(fault.message if fault else f"pod {target.key}/{name} was deleted")
+
         runner = PodRunner(label=f"k8s:{target.key}/{name}",
                            path=f"/api/v1/namespaces/{target.namespace}/pods/{name}", configuration=cfg,
-                           loop_send=self._send, ready=ready)
+                           loop_send=self._send, ready=ready, why_cut=why_cut)
         self._runners[instance.id] = runner
         return runner
 

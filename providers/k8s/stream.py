@@ -57,9 +57,12 @@ class ExecChannel(Channel):
 
     def __init__(self, sock: Any, loop: asyncio.AbstractEventLoop,
                  send: Callable[[Callable[[], Any]], Awaitable[Any]],
-                 on_close: Callable[[ExecChannel], None] | None = None) -> None:
+                 on_close: Callable[[ExecChannel], None] | None = None,
+                 why_cut: Callable[[], Awaitable[Exception | None]] | None = None) -> None:
         self._sock = sock
         self._on_close = on_close
+        self._why_cut = why_cut
+        self._closing = False
         self._loop = loop
         self._send = send
         self._v5 = (getattr(sock, "subprotocol", None) or "") == V5
@@ -109,8 +112,26 @@ class ExecChannel(Channel):
         if self._stderr:
             self._err.append(self._stderr.decode("utf-8", "replace").rstrip())
             self._stderr.clear()
+        if self.status is None and not self._closing and self._why_cut is not None:
+            # cut without an exit status: the pod may have been evicted or lost -- the watch
+            # says which before the reader sees the end (then it reads InstanceLost, not EOF)
+            asyncio.ensure_future(self._end_cut(self._why_cut))
+            return
+        self._finish(None)
+
+    async def _end_cut(self, why: Callable[[], Awaitable[Exception | None]]) -> None:
+        try:
+            exc = await why()
+        except Exception as err:  # noqa: BLE001 - no verdict: a plain end
+            exc = None if isinstance(err, (asyncio.TimeoutError, TimeoutError)) else err
+        self._finish(exc)
+
+    def _finish(self, exc: Exception | None) -> None:
         if self._stdout.exception() is None:
-            self._stdout.feed_eof()
+            if exc is not None:
+                self._stdout.set_exception(exc)
+            else:
+                self._stdout.feed_eof()
         self._ended.set()
 
     # ---- Channel ---------------------------------------------------------------------
@@ -162,6 +183,7 @@ class ExecChannel(Channel):
         return "\n".join(self._err).encode()
 
     async def close(self) -> None:
+        self._closing = True
         sock = self._sock
         with contextlib.suppress(Exception):
             await self._send(sock.close)
@@ -180,8 +202,12 @@ class PodRunner(Runner):
     needs_heartbeat = False   # the namespace's watch reports a pod's loss; nothing to probe
 
     def __init__(self, *, label: str, path: str, configuration: Any, loop_send: Callable[..., Awaitable[Any]],
-                 ready: Callable[[float], Awaitable[None]]) -> None:
+                 ready: Callable[[float], Awaitable[None]],
+                 why_cut: Callable[[], Awaitable[Exception | None]] | None = None) -> None:
+        """``ready(timeout)`` returns once the pod runs; ``why_cut()`` says why a stream ended
+        without an exit status (the pod's loss as ``InstanceLost``, or None)."""
         self.label = label
+        self._why_cut = why_cut
         self._path = path                 # /api/v1/namespaces/NS/pods/NAME
         self._cfg = configuration
         self._send = loop_send            # runs a blocking callable on the provider's worker threads
@@ -213,7 +239,8 @@ class PodRunner(Runner):
         except Exception as exc:  # noqa: BLE001 - a refused upgrade is the pod's state or the server's
             raise ProviderUnavailableError(f"{self.label}: exec refused: {exc}", provider="k8s",
                                            code="ExecFailed") from exc
-        chan = ExecChannel(sock, asyncio.get_running_loop(), self._send, on_close=self._channels.discard)
+        chan = ExecChannel(sock, asyncio.get_running_loop(), self._send, on_close=self._channels.discard,
+                           why_cut=self._why_cut)
         self._channels.add(chan)
         return chan
 

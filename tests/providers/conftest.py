@@ -79,10 +79,12 @@ def vast_emulator():
         yield emu
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def k8s_emulator(busybox_image):
     """The Kubernetes API emulator, an image its kubelet pulls from a local registry, and
-    that registry."""
+    that registry; one per module, so its registry process and pods are gone before later
+    modules run (tests/test_suite_hygiene.py counts a live process of this session as
+    another session's)."""
     pytest.importorskip("kubernetes")
     from flowmesh_sdk.registry.local import LocalRegistry
     from flowmesh_sdk.testing.k8s import KubeEmulator
