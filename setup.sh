@@ -22,9 +22,6 @@ pkgs=(podman runc runsc catatonit debootstrap busybox-static ca-certificates doc
 # --dev: the shared-fleet tests start a real redis-server and skew coordinators' clocks (libfaketime);
 # tests/test_top.py reads flowmesh top's screen in tmux
 [ "${1:-}" = "--dev" ] && pkgs+=(redis-server faketime tmux)
-# --dev: kubectl checks the Kubernetes emulator (tests/test_k8s_emulator.py); Debian's where none is installed
-# (Debian 12's 1.20 cannot exec over WebSocket, so those checks skip with it)
-[ "${1:-}" = "--dev" ] && ! command -v kubectl >/dev/null 2>&1 && pkgs+=(kubernetes-client)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
