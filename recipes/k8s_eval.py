@@ -62,8 +62,8 @@ def print_plan(args: argparse.Namespace) -> None:
     hours = waves * args.task_minutes / 60
     price = SPEC.cpus * args.price_per_cpu_hour
     console.print("dry run (k8s): no API call was made")
-    console.print(f"{args.instances} pod(s) of {SPEC.cpus} vCPUs / {SPEC.memory_gb:g} GiB at a time; {args.tasks} tasks "
-                  f"of {args.task_minutes:g} min -> {waves} wave(s) = {hours:.3f} h")
+    console.print(f"{args.instances} pod(s) of {SPEC.cpus} vCPUs / {SPEC.memory_gb:g} GiB at a time; "
+                  f"{args.tasks} tasks of {args.task_minutes:g} min -> {waves} wave(s) = {hours:.3f} h")
     console.print(f"estimated cost: {args.tasks} pod(s) x ${price:.4f}/h x {args.task_minutes / 60:.4f} h = "
                   f"${args.tasks * price * args.task_minutes / 60:.4f} (the price you configured per vCPU-hour)")
     console.print(f"launch: the client's buckets let {args.instances} pod(s) through in "

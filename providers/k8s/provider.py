@@ -53,7 +53,10 @@ from .watch import PodWatch
 log = logging.getLogger("flowmesh.providers.k8s")
 T = TypeVar("T")
 DEFAULT_RUNTIME_CLASSES = {"gvisor": "gvisor"}   # SandboxSpec.kernel -> the cluster's runtimeClassName
-CUT_VERDICT_S = 5.0   # how long a stream cut without an exit status waits for the watch's word on its pod
+# how long a stream cut without an exit status waits for the watch's word on its pod: the kubelet
+# reports an eviction only once the container is stopped, seconds after the stream died (stress
+# run c16 saw more than 5 s on a busy 2-core machine)
+CUT_VERDICT_S = 30.0
 
 
 class K8sProvider(Provider):
@@ -144,8 +147,8 @@ class K8sProvider(Provider):
             api = client.CoreV1Api(await self._off.run(lambda: self._off.client(target.context)))
             w = self._watches.get(target.key)   # another call may have made it meanwhile
             if w is None:
-                w = self._watches[target.key] = PodWatch(
-                    target, api, asyncio.get_running_loop(), on_change=lambda name, pod: self._changed(target, name, pod))
+                w = self._watches[target.key] = PodWatch(target, api, asyncio.get_running_loop(),
+                                                         on_change=lambda n, pod: self._changed(target, n, pod))
         await w.synced(30.0)
         return w
 
@@ -411,7 +414,7 @@ class K8sProvider(Provider):
 
         async def why_cut() -> Exception | None:
             """A stream ended without an exit status: the pod's loss, if the watch reports one
-            within a few seconds (evicted, preempted, its node lost, deleted), else None."""
+            within CUT_VERDICT_S (evicted, preempted, its node lost, deleted), else None."""
             watch = await self._watch(target)
 
             def ended(pod: Mapping[str, Any] | None) -> bool:

@@ -21,7 +21,6 @@ trip is the SDK's, not one API exec per command.  :class:`PodRunner` runs one-of
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import json
 import shlex
@@ -33,7 +32,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from flowmesh_sdk.errors import ProviderUnavailableError, SandboxClosedError
-from flowmesh_sdk.remote.runner import Channel, CommandResult, Runner
+from flowmesh_sdk.remote.runner import Channel, CommandResult, Runner, StreamChannel
 
 from .pods import CONTAINER
 
@@ -42,8 +41,11 @@ V5 = "v5.channel.k8s.io"
 
 
 def exit_code(status: dict[str, Any] | None) -> int:
-    """The exit code a channel-3 Status carries (0 for Success)."""
-    if not status or status.get("status") == "Success":
+    """The exit code a channel-3 Status carries (0 for Success; -1 when the stream ended
+    without one: cut, so the command's fate is unknown)."""
+    if status is None:
+        return -1
+    if status.get("status") == "Success":
         return 0
     for cause in (status.get("details") or {}).get("causes") or ():
         if cause.get("reason") == "ExitCode":
@@ -52,13 +54,16 @@ def exit_code(status: dict[str, Any] | None) -> int:
     return 1
 
 
-class ExecChannel(Channel):
-    """One exec stream into a pod (see the module docstring)."""
+class ExecChannel(StreamChannel):
+    """One exec stream into a pod (see the module docstring): the reader thread feeds the
+    frames of channels 1 and 2 to the two asyncio streams a :class:`StreamChannel` reads."""
 
     def __init__(self, sock: Any, loop: asyncio.AbstractEventLoop,
                  send: Callable[[Callable[[], Any]], Awaitable[Any]],
                  on_close: Callable[[ExecChannel], None] | None = None,
                  why_cut: Callable[[], Awaitable[Exception | None]] | None = None) -> None:
+        self._stderr_in = asyncio.StreamReader()
+        super().__init__(asyncio.StreamReader(limit=1 << 24), self._stderr_in)
         self._sock = sock
         self._on_close = on_close
         self._why_cut = why_cut
@@ -66,9 +71,6 @@ class ExecChannel(Channel):
         self._loop = loop
         self._send = send
         self._v5 = (getattr(sock, "subprotocol", None) or "") == V5
-        self._stdout = asyncio.StreamReader(limit=1 << 24)
-        self._err: collections.deque[str] = collections.deque(maxlen=20)
-        self._stderr = bytearray()
         self.status: dict[str, Any] | None = None
         self._ended = asyncio.Event()
         self._alive = True
@@ -87,7 +89,7 @@ class ExecChannel(Channel):
                 if channel == STDOUT and payload:
                     self._call(self._stdout.feed_data, payload)
                 elif channel == STDERR and payload:
-                    self._call(self._on_stderr, payload)
+                    self._call(self._stderr_in.feed_data, payload)
                 elif channel == STATUS and payload:
                     with contextlib.suppress(ValueError):
                         self.status = json.loads(payload)
@@ -100,18 +102,9 @@ class ExecChannel(Channel):
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(fn, *args)
 
-    def _on_stderr(self, data: bytes) -> None:
-        self._stderr += data
-        *lines, rest = bytes(self._stderr).split(b"\n")
-        for line in lines:
-            self._err.append(line.decode("utf-8", "replace").rstrip())
-        self._stderr = bytearray(rest[-4096:])
-
     def _on_end(self) -> None:
         self._alive = False
-        if self._stderr:
-            self._err.append(self._stderr.decode("utf-8", "replace").rstrip())
-            self._stderr.clear()
+        self._stderr_in.feed_eof()
         if self.status is None and not self._closing and self._why_cut is not None:
             # cut without an exit status: the pod may have been evicted or lost -- the watch
             # says which before the reader sees the end (then it reads InstanceLost, not EOF)
@@ -150,34 +143,15 @@ class ExecChannel(Channel):
             with contextlib.suppress(Exception):
                 await self._send(lambda: self._sock.send_binary(bytes([CLOSE, STDIN])))
 
-    async def readline(self) -> bytes:
-        return await self._stdout.readline()
-
-    async def read(self, n: int) -> bytes:
-        return await self._stdout.read(n)
-
-    async def readexactly(self, n: int) -> bytes:
-        try:
-            return await self._stdout.readexactly(n)
-        except asyncio.IncompleteReadError as exc:
-            raise SandboxClosedError(f"exec stream closed mid-read: {self.stderr_tail()}") from exc
-
     @property
     def alive(self) -> bool:
         return self._alive
-
-    def stderr_tail(self) -> str:
-        return " | ".join(self._err) or "(no stderr)"
 
     async def ended(self, timeout_s: float) -> bool:
         with contextlib.suppress(asyncio.TimeoutError):
             async with asyncio.timeout(timeout_s):
                 await self._ended.wait()
         return self._ended.is_set()
-
-    async def last_words(self, wait_s: float = 1.0) -> str:
-        await self.ended(wait_s)
-        return self.stderr_tail()
 
     def stderr_bytes(self) -> bytes:
         return "\n".join(self._err).encode()
@@ -193,7 +167,7 @@ class ExecChannel(Channel):
 
     def abort(self, exc: Exception) -> None:
         self._alive = False
-        self._stdout.set_exception(exc)
+        super().abort(exc)
 
 
 class PodRunner(Runner):
@@ -278,6 +252,7 @@ class PodRunner(Runner):
                 timed_out = True
         finally:
             await chan.close()
+        await chan.last_words(1.0)   # stderr read to its end
         err = chan.stderr_bytes()
         code = -1 if timed_out else exit_code(chan.status)
         return CommandResult(tuple(argv), code, bytes(out), err, time.monotonic() - t0, timed_out)

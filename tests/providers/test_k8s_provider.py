@@ -148,7 +148,7 @@ async def test_an_evicted_pod_ends_its_sandbox_with_instance_lost(fm_home, emu, 
             await asyncio.sleep(1)
             emu.evict("default", inst.address)
             with pytest.raises(InstanceLost, match="Evicted"):   # the kubelet's reason, whichever news came first
-                await asyncio.wait_for(running, 60)
+                await asyncio.wait_for(running, 90)
         (seen,) = await prov.describe([inst.id])
         assert seen.state is ProviderState.TERMINATED
 
