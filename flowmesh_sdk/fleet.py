@@ -36,6 +36,7 @@ from .pools.bootstrap import BootstrapPolicy
 from .pools.ephemeral import EphemeralPool
 from .pools.machines import ReconcileResult
 from .pools.persistent import PersistentPool
+from .pools.warm_pods import WarmPodPool
 from .provider import TAG_FLEET, Provider, available_providers, load_provider
 from .provisioning import Failover, Provisioner, RetryPolicy
 from .registry.auth import Credentials, env_credentials, write_auth_file
@@ -249,6 +250,8 @@ class Fleet:
                           fleet_budget_total=self.budget_total)
         cls = {PoolMode.PERSISTENT: PersistentPool, PoolMode.EPHEMERAL: EphemeralPool,
                PoolMode.AUTO: AutoPool}[spec.mode]
+        if cls is PersistentPool and not any(p.capabilities.nested_containers for p in providers.values()):
+            cls = WarmPodPool   # its instances are containers: warm pods, not warm machines
         pool = cls(ctx, spec, providers, placement)
         self.pools[spec.name] = pool
         try:

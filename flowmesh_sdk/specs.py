@@ -143,6 +143,15 @@ def _network_entry(entry: object) -> str:
     return f"[{ip}]:{int(port)}" if ip.version == 6 else f"{ip}:{int(port)}"
 
 
+def allow_list_host(entry: str) -> str | None:
+    """The host name a canonical allow-list entry names (``name:port``), or None for an
+    address (``1.2.3.4:80``, ``[::1]:443``) or a network (``10.0.0.0/8``)."""
+    if "/" in entry or entry.startswith("["):
+        return None
+    host = entry.rpartition(":")[0]
+    return None if re.fullmatch(r"[0-9.]+", host) else host
+
+
 @dataclass(frozen=True, slots=True)
 class SandboxSpec:
     """One container: image, limits, and defaults for the commands run in it.

@@ -1,21 +1,24 @@
 #!/usr/bin/env python3
 """The main job's SWE-style batch on a Kubernetes cluster: an ephemeral pool whose every task
-is a pod of the task's image (the ``k8s`` provider), optionally spilling over to this machine
-when the namespace is full.
+is a pod of the task's image (the ``k8s`` provider), optionally spilling over to a cloud or
+this machine when the namespace is full.
 
     python recipes/k8s_eval.py --dry-run [--tasks 200 --instances 20]     # the plan; no API call
     python recipes/k8s_eval.py --emulator                                   # offline, nothing leaves this host
-    python recipes/k8s_eval.py --emulator --quota-pods 1 --spill local      # a full namespace spills over
+    python recipes/k8s_eval.py --emulator --quota-pods 1 --spill ec2        # a full namespace spills to EC2
+    python recipes/k8s_eval.py --emulator --quota-pods 1 --spill local      # ... or to this machine
     python recipes/k8s_eval.py --context prod --namespace rl --registry HOST:PORT   # a real cluster
 
 ``--emulator`` runs the batch against the Kubernetes API emulator
 (``flowmesh_sdk.testing.k8s``, pods as podman containers pulled from a throw-away registry
 on 127.0.0.1) with the official client, through a kubeconfig of its own.  ``--quota-pods N``
-gives the emulator's namespace a ResourceQuota of N pods; with ``--spill local`` the pool's
-search space is the namespace, then this machine, and the bidder's decisions are printed
-(the cluster first while it has room).  A real run reads your kubeconfig (``KUBECONFIG``,
-``--context``, ``--namespace``) and needs a registry its nodes can pull from
-(``--registry HOST:PORT``).
+gives the emulator's namespace a ResourceQuota of N pods; with ``--spill ec2`` the pool's
+search space is the namespace, then EC2's us-east-1 (moto's server on 127.0.0.1: the
+instances exist only as records, and their sandboxes run on this host, a stand-in said so
+when it runs), and with ``--spill local`` this machine; the bidder's decisions are printed
+(the free cluster first while it has room, the priced cloud when the quota is full).  A
+real run reads your kubeconfig (``KUBECONFIG``, ``--context``, ``--namespace``) and needs a
+registry its nodes can pull from (``--registry HOST:PORT``).
 
 Exits 0 only when every verdict matches its expectation; 2 when a real run has no
 ``--registry``.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import sys
 import tempfile
@@ -44,13 +48,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="what a vCPU-hour on the cluster costs you (default 0: your own cluster)")
     p.add_argument("--quota-pods", type=int, default=None,
                    help="with --emulator: a ResourceQuota of this many pods on the namespace")
-    p.add_argument("--spill", choices=("local",), default=None,
-                   help="where the batch goes when the namespace is full (this machine)")
+    p.add_argument("--spill", choices=("ec2", "local"), default=None,
+                   help="where the batch goes when the namespace is full: EC2 (with --emulator: moto) "
+                        "or this machine")
     args = p.parse_args(argv)
     if args.tasks < 1 or args.instances < 1:
         p.error("--tasks and --instances must be at least 1")
     if args.quota_pods is not None and (args.quota_pods < 0 or not args.emulator):
         p.error("--quota-pods is for --emulator and must be >= 0")
+    if args.spill == "ec2" and not args.emulator:
+        p.error("--spill ec2 is for --emulator (EC2 on moto); a real run names its clouds with --spill local "
+                "or its own pool")
     if args.price_per_cpu_hour < 0:
         p.error("--price-per-cpu-hour must be >= 0")
     return args
@@ -83,7 +91,16 @@ async def main(argv: list[str] | None = None) -> int:
         more["local"] = LocalProvider()
     if args.emulator:
         from flowmesh_sdk.testing.k8s import KubeEmulator
-        with KubeEmulator() as emu, registry(args) as reg, tempfile.TemporaryDirectory(prefix="fm-k8s-recipe-") as tmp:
+        with contextlib.ExitStack() as stack:
+            emu, reg = stack.enter_context(KubeEmulator()), stack.enter_context(registry(args))
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="fm-k8s-recipe-"))
+            if args.spill == "ec2":
+                from flowmesh_sdk.remote.local import LocalRunner
+                from flowmesh_sdk.testing.moto import MotoEc2
+                moto = stack.enter_context(MotoEc2())
+                more["ec2"] = moto.provider(runner_factory=lambda inst: LocalRunner())
+                console.print(f"EC2: moto at {moto.endpoint_url}. [bold reverse] STAND-IN [/] its instances exist "
+                              "only as records; their sandboxes run on THIS host through LocalRunner")
             namespace = args.namespace or "default"
             if args.quota_pods is not None:
                 from kubernetes import client
@@ -91,12 +108,13 @@ async def main(argv: list[str] | None = None) -> int:
                     namespace, {"metadata": {"name": "pods"}, "spec": {"hard": {"pods": str(args.quota_pods)}}})
             provider = K8sProvider(kubeconfig=str(emu.kubeconfig(Path(tmp) / "kubeconfig", namespace=namespace)),
                                    **options)
-            infra = [f"k8s/emu/{namespace}"] + list(more)
+            infra = [f"k8s/emu/{namespace}"] + [f"{n}/us-east-1" if n == "ec2" else n for n in more]
             try:
                 return await run_batch("k8s-eval", "k8s", provider, args, reg, mode="ephemeral", infra=infra,
                                        more=more)
             finally:
-                await provider.close()
+                for prov in (provider, *more.values()):
+                    await prov.close()
     if refuse_real_run_without_registry(args, "Kubernetes"):
         return 2
     console.print("[yellow]a real run: pods are created in your cluster[/]")

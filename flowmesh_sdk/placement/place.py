@@ -2,8 +2,10 @@
 priced offers its instances are launched from.
 
 1. Providers that cannot serve the pool are left out, each with the reason: instances
-   that are containers themselves (``nested_containers=False``) hold no persistent or
-   auto pool's sandboxes; a provider without spot serves no ``spot="only"`` pool.
+   that are containers themselves (``nested_containers=False``) hold no auto pool's
+   sandboxes, nor a persistent pool's that also spans machines (a persistent pool of
+   them alone keeps warm pods: :mod:`flowmesh_sdk.pools.warm_pods`); a provider without
+   spot serves no ``spot="only"`` pool.
 2. Every provider left is asked for the shapes that fit (:func:`.ranking.query_spec`),
    all at once; one that refuses its credentials (``AuthError``) is left out with its
    error, as the launch path skips it, and only when every one refuses is one
@@ -38,11 +40,12 @@ async def place(spec: PoolSpec, providers: Mapping[str, Provider],
     providers = dict(providers)
     space = spec.search_space
     why_not: list[str] = []
-    if spec.mode is not PoolMode.EPHEMERAL:
-        for n in [n for n, p in providers.items() if not p.capabilities.nested_containers]:
+    direct = [n for n, p in providers.items() if not p.capabilities.nested_containers]
+    if spec.mode is PoolMode.AUTO or (spec.mode is PoolMode.PERSISTENT and len(direct) < len(providers)):
+        for n in direct:
             why_not.append(f"{n}: its instances are containers themselves (nested_containers=False), so "
-                           f"they cannot hold a {spec.mode.value} pool's sandboxes; use it for GPU workers "
-                           "or an ephemeral pool (one sandbox per instance)")
+                           f"they cannot hold sandboxes of a {spec.mode.value} pool that also spans machines; "
+                           "use it alone (a persistent pool of warm pods) or in an ephemeral pool")
             del providers[n]
     if spec.spot == "only":
         for n in [n for n, p in providers.items() if not p.capabilities.spot]:

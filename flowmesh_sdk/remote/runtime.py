@@ -49,7 +49,7 @@ from types import MappingProxyType
 from .. import backends
 from ..errors import (AuthError, ContainerRuntimeError, ImageNotFoundError, RegistryUnavailableError,
                       RuntimeMissingError, SpecError, ThrottledError)
-from ..specs import SandboxSpec, check_number
+from ..specs import SandboxSpec, allow_list_host, check_number
 from . import sparse
 from .runner import Channel, CommandResult, Runner
 
@@ -475,7 +475,7 @@ class ContainerRuntime:
             run_flags, pids = gvisor_run_args(run_flags, spec.pids)
         hosts: dict[str, list[str]] = {}
         if allow is not None:
-            hosts = await self._resolve([e.rpartition(":")[0] for e in allow if _is_name(e)])
+            hosts = await self._resolve([h for e in allow if (h := allow_list_host(e)) is not None])
         argv = [info.binary, "run", "-d", "--name", name, *run_flags, *info.sandbox_flags,
                 "--cpus", f"{spec.cpus:g}", "--memory", f"{spec.memory_mib}m",
                 "--memory-swap", f"{spec.memory_mib}m", "--pids-limit", str(pids),
@@ -541,7 +541,7 @@ class ContainerRuntime:
                 rules.append(f"{fam} daddr {entry} accept")
                 continue
             host, _, port = entry.rpartition(":")
-            addrs = list(hosts.get(host, ())) if _is_name(entry) else [host.strip("[]")]
+            addrs = list(hosts.get(host, ())) if allow_list_host(entry) else [host.strip("[]")]
             for addr in addrs:
                 fam = "ip6" if ":" in addr else "ip"
                 rules += [f"{fam} daddr {addr} tcp dport {int(port)} accept",
@@ -638,14 +638,6 @@ class ContainerRuntime:
         if check and not res.ok:
             raise ContainerRuntimeError(f"on {self.runner.label}: {res.describe()}")
         return res
-
-
-def _is_name(entry: str) -> bool:
-    """Whether an allow-list entry names a host (not an address or a network)."""
-    if "/" in entry or entry.startswith("["):
-        return False
-    host = entry.rpartition(":")[0]
-    return not re.fullmatch(r"[0-9.]+", host)
 
 
 def _refuse(match: str) -> list[str]:

@@ -11,7 +11,11 @@ service links, ``allowPrivilegeEscalation: false``, every capability dropped but
 sandbox's few, ``restartPolicy: Never`` (a container that exits is a lost sandbox, never a
 silent restart), and the gVisor tier as the cluster's ``runtimeClassName``.  The network is
 a label that one NetworkPolicy per namespace selects (:func:`network_policies`): ``none``
-denies all egress, ``all`` allows every destination but the cloud metadata addresses.
+denies all egress, ``all`` allows every destination but the cloud metadata addresses, and
+an allow-list gets a policy of its own (:func:`allow_list_policy`, label ``allow-<hash>``):
+its CIDRs, and its ``host:port`` entries as the addresses the coordinator resolved them to
+(a NetworkPolicy cannot name hosts), TCP and UDP on that port; the first address of each name
+is in the pod's ``hostAliases`` (its ``/etc/hosts``).
 
 :func:`instance_of` reads a pod back: Running and Ready -> RUNNING; a pull the kubelet
 gave up on (``ErrImagePull``, ``ImagePullBackOff``, ``InvalidImageName``) -> an IMAGE
@@ -23,6 +27,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import ipaddress
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -30,7 +36,7 @@ from typing import Any
 from flowmesh_sdk.errors import SpecError
 from flowmesh_sdk.provider import ContainerRequest, FaultKind, Instance, InstanceFault, ProviderState
 from flowmesh_sdk.remote.runtime import IDLE_PID1, SANDBOX_CAPABILITIES
-from flowmesh_sdk.specs import InstanceSpec
+from flowmesh_sdk.specs import InstanceSpec, allow_list_host
 from flowmesh_sdk.tags import KubeLabels
 
 from .config import Target
@@ -67,14 +73,13 @@ def quantity_memory(gb: float) -> str:
 
 def sandbox_pod(name: str, *, request_tags: Mapping[str, str], spec: InstanceSpec,
                 container: ContainerRequest | None, image: str, instance_type: str, price_per_hour: float,
-                runtime_class: str | None, pull_secrets: Sequence[str] = ()) -> dict[str, Any]:
+                runtime_class: str | None, pull_secrets: Sequence[str] = (),
+                resolved: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
+    """``resolved``: the addresses of an allow-list's host names (:func:`allow_list_policy`)."""
     sandbox = container.sandbox if container is not None else None
     cpus = sandbox.cpus if sandbox is not None else float(spec.cpus)
     memory = sandbox.memory_gb if sandbox is not None else spec.memory_gb
-    network = "none" if sandbox is None or sandbox.network is False else "all"
-    if sandbox is not None and isinstance(sandbox.network, tuple):
-        raise SpecError("sandbox.network", "an egress allow-list is not supported on k8s yet (a NetworkPolicy "
-                                           "cannot name hosts); use network='all' or 'none'")
+    network = network_label(sandbox.network if sandbox is not None else False, resolved)
     resources: dict[str, Any] = {"cpu": quantity_cpu(cpus), "memory": quantity_memory(memory)}
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -99,6 +104,8 @@ def sandbox_pod(name: str, *, request_tags: Mapping[str, str], spec: InstanceSpe
         pod_spec["runtimeClassName"] = runtime_class
     if pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": s} for s in pull_secrets]
+    if resolved:   # the allow-list's names, as a machine's sandbox has them in /etc/hosts
+        pod_spec["hostAliases"] = [{"ip": addrs[0], "hostnames": [name]} for name, addrs in sorted(resolved.items())]
     labels = TAGS.encode(request_tags)
     labels[NETWORK_LABEL] = network
     annotations = {ANNOTATION + "instance-type": instance_type, ANNOTATION + "price-per-hour": repr(price_per_hour),
@@ -123,6 +130,56 @@ def network_policies(metadata_networks: Sequence[str]) -> list[dict[str, Any]]:
          "spec": {"podSelector": {"matchLabels": {NETWORK_LABEL: "all"}}, "policyTypes": ["Egress"],
                   "egress": allow}},
     ]
+
+
+def network_label(network: bool | str | tuple[str, ...], resolved: Mapping[str, Sequence[str]] | None) -> str:
+    """The value of the pod's network label: ``none``, ``all`` or ``allow-<hash>`` of the
+    allow-list and what its host names resolved to (a new resolution, a new policy)."""
+    if not isinstance(network, tuple):
+        return "all" if network else "none"
+    if resolved is None:
+        raise SpecError("sandbox.network", "an allow-list pod needs its host names resolved first")
+    key = json.dumps([list(network), {k: list(v) for k, v in sorted(resolved.items())}])
+    return "allow-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def allow_names(network: tuple[str, ...]) -> list[str]:
+    """The host names of an allow-list, to resolve before its policy is written."""
+    return sorted({h for e in network if (h := allow_list_host(e)) is not None})
+
+
+def allow_list_policy(label: str, network: tuple[str, ...], resolved: Mapping[str, Sequence[str]],
+                      metadata_networks: Sequence[str]) -> dict[str, Any]:
+    """The NetworkPolicy of one allow-list: egress only to its entries (a CIDR on every port;
+    an address or a resolved name on its port, TCP and UDP), never to the metadata networks
+    (cut out of a CIDR that holds them; an entry inside them is dropped)."""
+    meta = [ipaddress.ip_network(n, strict=False) for n in metadata_networks]
+    rules: list[dict[str, Any]] = []
+    for entry in network:
+        if "/" in entry:
+            net = ipaddress.ip_network(entry, strict=False)
+            if any(net.version == m.version and net.subnet_of(m) for m in meta):   # type: ignore[arg-type]
+                continue
+            block: dict[str, Any] = {"cidr": str(net)}
+            inside = [str(m) for m in meta if m.version == net.version and m.subnet_of(net)]  # type: ignore[arg-type]
+            if inside:
+                block["except"] = inside
+            rules.append({"to": [{"ipBlock": block}]})
+            continue
+        host, _, port = entry.rpartition(":")
+        addrs = list(resolved.get(host, ())) if host in resolved else [host.strip("[]")]
+        peers = []
+        for addr in addrs:
+            ip = ipaddress.ip_address(addr)
+            if any(ip in m for m in meta):
+                continue
+            peers.append({"ipBlock": {"cidr": f"{ip}/{ip.max_prefixlen}"}})
+        if peers:
+            rules.append({"to": peers, "ports": [{"protocol": proto, "port": int(port)} for proto in ("TCP", "UDP")]})
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": f"flowmesh-egress-{label}", "labels": {NETWORK_LABEL: label}},
+            "spec": {"podSelector": {"matchLabels": {NETWORK_LABEL: label}}, "policyTypes": ["Egress"],
+                     "egress": rules}}
 
 
 def _time(text: str | None) -> float:

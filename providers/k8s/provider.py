@@ -17,7 +17,9 @@ agent's shell is exec'd into it once and held (:mod:`.stream`).  Where it runs: 
     pod still unschedulable after ``schedule_timeout_s`` is deleted and the launch is a
     ``CapacityError`` with the scheduler's message (the pool fails over down its ranking); a
     namespace over quota is a ``QuotaError`` at create.  The namespace's two egress
-    NetworkPolicies are created once per namespace (:func:`.pods.network_policies`).
+    NetworkPolicies are created once per namespace (:func:`.pods.network_policies`), and one
+    per egress allow-list the first time a pod needs it (:func:`.pods.allow_list_policy`;
+    its host names resolved here, on the coordinator).
 ``describe(ids)`` / ``list_tagged(tags)``
     From the namespace's watch (:mod:`.watch`): no API call.  Ids are pod uids.
 ``terminate(ids)``
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -92,7 +95,7 @@ class K8sProvider(Provider):
         self._where: dict[str, tuple[config.Target, str]] = {}     # uid -> (target, pod name)
         self._uid_of: dict[tuple[str, str], str] = {}                # (target key, pod name) -> uid
         self._runners: dict[str, PodRunner] = {}
-        self._policies: set[str] = set()
+        self._policies: set[str | tuple[str, str]] = set()   # namespaces; (namespace, allow-list label)
         self._deleting: set[str] = set()                            # uids whose delete the server accepted
 
     # ---- plumbing --------------------------------------------------------------------
@@ -227,6 +230,8 @@ class K8sProvider(Provider):
                                               f"(K8sProvider(runtime_classes={{{kernel!r}: ...}}))")
         watch = await self._watch(target)
         await self._ensure_policies(target)
+        network = request.container.sandbox.network if request.container is not None else False
+        resolved = await self._allow_list(target, network) if isinstance(network, tuple) else None
         names = [pods.pod_name(request.request_id, i) for i in range(request.count)]
         try:
             for name in names:
@@ -235,7 +240,7 @@ class K8sProvider(Provider):
                                             container=request.container, image=image,
                                             instance_type=offer.instance_type,
                                             price_per_hour=offer.price_per_hour or 0.0, runtime_class=runtime_class,
-                                            pull_secrets=self.pull_secrets)
+                                            pull_secrets=self.pull_secrets, resolved=resolved)
                     await self._create(target, name, body)
         except BaseException:
             # a launch is all or nothing: the pods this call made go before its error does
@@ -284,6 +289,25 @@ class K8sProvider(Provider):
         for body in pods.network_policies(self._metadata):
             await self._create_policy(target, body)
         self._policies.add(target.key)
+
+    async def _allow_list(self, target: config.Target, network: tuple[str, ...]) -> dict[str, list[str]]:
+        """Resolve the allow-list's host names here, on the coordinator (a NetworkPolicy
+        cannot name hosts; the cluster's DNS may answer otherwise), and make sure its policy
+        exists in the namespace.  The addresses are in the policy's name: a host that
+        resolves elsewhere later gets a new policy for its new pods."""
+        resolved: dict[str, list[str]] = {}
+        for host in pods.allow_names(network):
+            try:
+                infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+            except OSError as exc:
+                raise SpecError("sandbox.network", f"the allow-list host {host!r} does not resolve here "
+                                                   f"({exc}); k8s pods get the addresses it resolves to") from exc
+            resolved[host] = sorted({str(i[4][0]) for i in infos}, key=lambda a: (":" in a, a))
+        label = pods.network_label(network, resolved)
+        if (target.key, label) not in self._policies:
+            await self._create_policy(target, pods.allow_list_policy(label, network, resolved, self._metadata))
+            self._policies.add((target.key, label))
+        return resolved
 
     async def _create_policy(self, target: config.Target, body: dict[str, Any]) -> None:
         try:

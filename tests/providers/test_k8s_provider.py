@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from flowmesh_sdk import EventKind, Fleet, ImageNotFoundError, InstanceSpec, PoolSpec, SandboxSpec, Task
+from flowmesh_sdk import EventKind, Fleet, ImageNotFoundError, PoolSpec, SandboxSpec, Task
 from flowmesh_sdk.errors import InstanceLost, QuotaError
 from flowmesh_sdk.provider import TAG_FLEET, ContainerRequest, LaunchRequest, ProviderState
 from flowmesh_sdk.remote.direct import InstanceRuntime
@@ -20,25 +20,7 @@ pytest.importorskip("kubernetes")
 
 from flowmesh_providers.k8s import K8sProvider  # noqa: E402
 
-SPEC = InstanceSpec(cpus=1, memory_gb=1)
-
-
-@pytest.fixture
-def emu(k8s_emulator):
-    return k8s_emulator[0]
-
-
-@pytest.fixture
-def image(k8s_emulator):
-    return k8s_emulator[1]
-
-
-@pytest.fixture
-async def prov(emu, tmp_path):
-    p = K8sProvider(kubeconfig=str(emu.kubeconfig(tmp_path / "kubeconfig")), schedule_timeout_s=10)
-    yield p
-    await p.terminate([i.id for i in await p.list_tagged({})])
-    await p.close()
+from ._k8s import SPEC, emu, image, prov  # noqa: E402,F401 - fixtures
 
 
 def _sandbox(image: str, **kw) -> SandboxSpec:
@@ -166,3 +148,81 @@ async def test_leftover_pods_are_found_by_label_and_terminated(emu, image, prov)
         assert await other.list_tagged({TAG_FLEET: fleet}) == []
     finally:
         await other.close()
+
+
+async def test_an_egress_allow_list_is_a_network_policy_the_cluster_enforces(fm_home, emu, image, prov):
+    from _netcheck import gateway, http_server, nc_get
+    from kubernetes import client
+    async with Fleet("k8s-egress", home=fm_home, providers={"k8s": prov}) as fleet:
+        pool = await fleet.pool(PoolSpec(name="n", mode="ephemeral", provider="k8s", instance=SPEC,
+                                         max_instances=3))
+        async with pool.sandbox(_sandbox(image, network="all")) as everything:
+            gw = gateway()                    # the bridge is up: this host's side of it
+            with http_server(gw, "allowed") as p_ok, http_server(gw, "denied") as p_no:
+                assert await nc_get(everything, gw, p_no) == "denied"
+                async with pool.sandbox(_sandbox(image, network=(f"{gw}:{p_ok}",))) as listed:
+                    assert await nc_get(listed, gw, p_ok) == "allowed"
+                    assert await nc_get(listed, gw, p_no) == ""          # not listed: refused
+                    r = await listed.exec("nc -w 5 169.254.169.254 80 </dev/null 2>&1; echo rc=$?", timeout_s=20)
+                    assert "rc=0" not in r.stdout, r                      # never the metadata server
+                    pod = pool.instances[listed.instance_id].instance.address
+                    # what the cluster holds: a policy of the allow-list's own, selecting the pod
+                    net = client.NetworkingV1Api(emu.api_client())
+                    labels = client.CoreV1Api(emu.api_client()).read_namespaced_pod(pod, "default").metadata.labels
+                    label = labels["flowmesh.io/network"]
+                    assert label.startswith("allow-")
+                    (pol,) = [p for p in net.list_namespaced_network_policy("default").items
+                              if p.spec.pod_selector.match_labels == {"flowmesh.io/network": label}]
+                    (rule,) = pol.spec.egress
+                    assert [b.ip_block.cidr for b in rule.to] == [f"{gw}/32"]
+                    assert sorted((p.protocol, p.port) for p in rule.ports) == [("TCP", p_ok), ("UDP", p_ok)]
+
+
+async def test_a_private_registry_is_pulled_from_with_the_pods_image_pull_secret(fm_home, emu, k8s_emulator,
+                                                                                 busybox_image, tmp_path):
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from flowmesh_sdk.registry.auth import Credentials
+    from flowmesh_sdk.registry.local import LocalRegistry
+    on_nodes = k8s_emulator[2].pushed[k8s_emulator[1]]
+    core = client.CoreV1Api(emu.api_client())
+    with LocalRegistry(auth="htpasswd") as reg:
+        for fmt in ("v2s2", "oci"):   # a digest no node holds yet, so the kubelet must pull it
+            image = reg.push(busybox_image, f"private/busybox:{fmt}", manifest_format=fmt)
+            if reg.pushed[image] != on_nodes:
+                break
+        else:
+            pytest.fail("both manifest formats gave the digest already on the nodes")
+        # the apiserver's validation: a dockerconfigjson secret needs its key
+        with pytest.raises(ApiException) as ei:
+            core.create_namespaced_secret("default", {"metadata": {"name": "bad"},
+                                                      "type": "kubernetes.io/dockerconfigjson", "data": {}})
+        assert ei.value.status == 422 and "data[.dockerconfigjson]: Required value" in ei.value.body
+        core.create_namespaced_secret("default", {"metadata": {"name": "regcred"},
+                                                  "type": "kubernetes.io/dockerconfigjson",
+                                                  "stringData": {".dockerconfigjson": reg.authfile.read_text()}})
+        kc = str(emu.kubeconfig(tmp_path / "kc"))
+        creds = {reg.host: Credentials(reg.username, reg.password)}   # the coordinator resolves the digest
+        anonymous = K8sProvider(kubeconfig=kc, schedule_timeout_s=10)
+        with_secret = K8sProvider(kubeconfig=kc, schedule_timeout_s=10, image_pull_secrets=("regcred",))
+        try:
+            async with Fleet("k8s-private", home=fm_home, providers={"k8s": anonymous},
+                             registry_credentials=creds) as fleet:
+                pool = await fleet.pool(PoolSpec(name="a", mode="ephemeral", provider="k8s", instance=SPEC))
+                with pytest.raises(ImageNotFoundError, match="ErrImagePull|ImagePullBackOff"):
+                    async with pool.sandbox(_sandbox(image)):
+                        pass
+            async with Fleet("k8s-private2", home=fm_home, providers={"k8s": with_secret},
+                             registry_credentials=creds) as fleet:
+                pool = await fleet.pool(PoolSpec(name="s", mode="ephemeral", provider="k8s", instance=SPEC))
+                async with pool.sandbox(_sandbox(image)) as sb:
+                    assert (await sb.exec("echo pulled")).stdout == "pulled\n"
+                    pod = pool.instances[sb.instance_id].instance.address
+                    assert [s.name for s in core.read_namespaced_pod(pod, "default").spec.image_pull_secrets] == \
+                        ["regcred"]
+        finally:
+            for p in (anonymous, with_secret):
+                await p.terminate([i.id for i in await p.list_tagged({})])
+                await p.close()
+            core.delete_namespaced_secret("regcred", "default")

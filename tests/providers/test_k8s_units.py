@@ -113,3 +113,51 @@ def test_the_exec_status_gives_the_exit_code():
                       "details": {"causes": [{"reason": "ExitCode", "message": "42"}]}}) == 42
     assert exit_code({"status": "Failure", "message": "internal error"}) == 1
     assert exit_code(None) == -1            # cut without a Status: not a success
+
+
+META = ("169.254.0.0/16", "fd00:ec2::254/128")
+
+
+def test_an_allow_list_policy_holds_its_entries_and_never_the_metadata_networks():
+    allow = ("10.0.0.0/8", "169.254.169.0/24", "0.0.0.0/0", "10.88.0.1:8080", "[fd00:ec2::254]:80", "pypi.org:443")
+    resolved = {"pypi.org": ["151.101.0.223", "2a04:4e42::223"]}
+    label = pods.network_label(allow, resolved)
+    assert VALUE.fullmatch(label) and len(label) <= 63 and label.startswith("allow-")
+    assert pods.network_label(allow, {"pypi.org": ["151.101.64.223"]}) != label   # resolved elsewhere: a new policy
+    assert pods.allow_names(allow) == ["pypi.org"]
+    pol = pods.allow_list_policy(label, allow, resolved, META)
+    assert pol["spec"]["podSelector"] == {"matchLabels": {pods.NETWORK_LABEL: label}}
+    assert pol["spec"]["policyTypes"] == ["Egress"]
+    rules = [(tuple(b["ipBlock"].get("cidr") for b in r["to"]), tuple(b["ipBlock"].get("except") for b in r["to"]),
+              tuple((p["protocol"], p["port"]) for p in r.get("ports", ()))) for r in pol["spec"]["egress"]]
+    both = (("TCP", 8080), ("UDP", 8080))
+    assert rules == [
+        (("10.0.0.0/8",), (None,), ()),
+        # 169.254.169.0/24 lies inside a metadata network: dropped; 0.0.0.0/0 holds one: cut out
+        (("0.0.0.0/0",), (["169.254.0.0/16"],), ()),
+        (("10.88.0.1/32",), (None,), both),
+        # [fd00:ec2::254]:80 is a metadata address: dropped
+        (("151.101.0.223/32", "2a04:4e42::223/128"), (None, None), (("TCP", 443), ("UDP", 443))),
+    ], rules
+    with pytest.raises(Exception, match="sandbox.network"):
+        pods.network_label(("pypi.org:443",), None)
+
+
+def test_the_emulator_enforces_the_policies_that_select_a_pod():
+    from flowmesh_sdk.testing.k8s import netpol
+    label = pods.network_label(("10.88.0.1:8080", "10.0.0.0/8"), {})
+    policies = pods.network_policies(META) + [pods.allow_list_policy(label, ("10.88.0.1:8080", "10.0.0.0/8"), {},
+                                                                     META)]
+
+    def ruleset(network: str) -> str | None:
+        pod = {"metadata": {"labels": {pods.NETWORK_LABEL: network}}}
+        return netpol.egress_ruleset(netpol.egress_policies(policies, pod))
+
+    listed = ruleset(label)
+    assert "ip daddr 10.88.0.1/32 tcp dport 8080 accept" in listed and "ip daddr 10.0.0.0/8 accept" in listed
+    assert "policy drop" in listed and "reject with tcp reset" in listed
+    assert "accept" not in ruleset("none").split("established,related accept")[1]   # nothing but replies
+    assert "ip daddr 0.0.0.0/0 ip daddr != { 169.254.0.0/16 } accept" in ruleset("all")
+    assert ruleset("unselected") is None                                  # no policy: unrestricted
+    everything = [{"spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [{}]}}]
+    assert netpol.egress_ruleset(netpol.egress_policies(everything, {"metadata": {"labels": {}}})) is None

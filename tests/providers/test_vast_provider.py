@@ -146,13 +146,17 @@ async def test_bad_or_missing_key_names_the_variable(emu, monkeypatch, tmp_path)
         await p.close()
 
 
-async def test_a_persistent_sandbox_pool_on_vast_is_refused_with_the_reason(fm_home, emu):
+async def test_an_auto_sandbox_pool_on_vast_is_refused_and_a_persistent_one_keeps_warm_instances(fm_home, emu):
     from flowmesh_sdk import Fleet, PoolSpec
+    from flowmesh_sdk.pools import WarmPodPool
     prov = emu.provider()
     async with Fleet("vast-refuse", home=fm_home, providers={"vast": prov}) as fleet:
         with pytest.raises(SpecError) as ei:
-            await fleet.pool(PoolSpec(name="p", provider="vast", mode="persistent", instance=SPEC, min_instances=0))
-    assert "nested_containers=False" in str(ei.value) and "GPU workers" in str(ei.value)
+            await fleet.pool(PoolSpec(name="p", provider="vast", mode="auto", instance=SPEC))
+        assert "nested_containers=False" in str(ei.value) and "ephemeral pool" in str(ei.value)
+        # its instances are containers: a persistent pool stocks warm ones (none without warm_images)
+        pool = await fleet.pool(PoolSpec(name="w", provider="vast", mode="persistent", instance=SPEC))
+        assert isinstance(pool, WarmPodPool) and pool.stats().warm == 0
     assert emu.count("create") == 0
     await prov.close()
 

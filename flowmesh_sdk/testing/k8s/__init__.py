@@ -98,7 +98,8 @@ patch is applied as a merge patch; server-side apply is 415), protobuf, OpenAPI 
 Services, Secrets, ConfigMaps, ServiceAccounts, Deployments and the rest; PATCH/PUT of a
 pod's spec; the ``pods/status`` and ``namespaces/finalize`` writes.  Errors aiohttp answers
 itself (a malformed request, a body over 64 MiB) are not Status bodies.  Pods: the lifecycle of
-:mod:`.kubelet` (scheduler, pulls, podman containers, restarts, eviction, node loss).
+:mod:`.scheduler` and :mod:`.kubelet` (scheduling, pulls, podman containers, restarts, eviction,
+node loss).
 
 Switches (for tests): :meth:`KubeEmulator.evict` (the kubelet's eviction: phase Failed,
 reason Evicted), :meth:`KubeEmulator.lose_node`/``restore_node`` (Ready Unknown, the pods
@@ -118,7 +119,7 @@ it to :func:`~flowmesh_sdk.testing.hygiene.containers`), :meth:`KubeEmulator.con
 (``podman rm -af -t 0``), waits until none of its conmons is left, unmounts and deletes it.
 """
 
-from .kubelet import DEFAULT_NODES, Node
+from .scheduler import DEFAULT_NODES, Node
 from .server import KubeEmulator
 
 __all__ = ["DEFAULT_NODES", "KubeEmulator", "Node"]

@@ -1,17 +1,20 @@
 """Admission and validation of the objects clients create: defaults, names, labels, pod
-specs and quota specs, with the apiserver's messages (``k8s.io/apimachinery/pkg/util/
+specs, quota specs and secrets, with the apiserver's messages (``k8s.io/apimachinery/pkg/util/
 validation`` for names and labels, ``pkg/apis/core/validation`` for pods, the
 DefaultTolerationSeconds plugin's tolerations) -- and RFC 7386 merge patches."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import re
 from typing import Any
 
 from .objects import ApiError, Obj, name_errors, parse_quantity
 
-__all__ = ["DEFAULT_TOLERATIONS", "default_pod", "merge_patch", "same_quantity", "validate_labels", "validate_pod",
-           "validate_quota"]
+__all__ = ["DEFAULT_TOLERATIONS", "DOCKER_CONFIG_JSON", "default_pod", "merge_patch", "same_quantity",
+           "validate_labels", "validate_pod", "validate_quota", "validate_secret"]
 
 _LABEL_VALUE_HELP = ("a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', "
                      "and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or "
@@ -158,6 +161,42 @@ def validate_quota(quota: Obj) -> None:
             causes.append((f"spec.hard[{k}]", f'Invalid value: "{v}": {exc}'))
     if causes:
         raise ApiError.invalid("ResourceQuota", name, causes)
+
+
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+DOCKER_CONFIG_JSON = ".dockerconfigjson"
+
+
+def validate_secret(secret: Obj) -> None:
+    """A Secret as the apiserver admits it: ``stringData`` merged into ``data`` (base64) and
+    dropped, ``data`` base64 with valid keys, ``type`` defaulted to ``Opaque``; a
+    ``kubernetes.io/dockerconfigjson`` one needs ``data[.dockerconfigjson]``, well-formed JSON."""
+    name = secret["metadata"]["name"]
+    data = secret.get("data") or {}
+    if not isinstance(data, dict):
+        raise ApiError.bad_request("Secret in version \"v1\" cannot be handled as a Secret: data must be an object")
+    for k, v in data.items():
+        try:
+            base64.b64decode(str(v), validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ApiError.bad_request(f'Secret in version "v1" cannot be handled as a Secret: illegal base64 '
+                                       f'data in data[{k}]: {exc}') from None
+    for k, v in (secret.pop("stringData", None) or {}).items():
+        data[k] = base64.b64encode(str(v).encode()).decode()
+    secret["data"] = data
+    secret.setdefault("type", "Opaque")
+    causes = [(f"data[{k}]", f'Invalid value: "{k}": a valid config key must consist of alphanumeric '
+                             "characters, '-', '_' or '.'") for k in data if not _SECRET_KEY.fullmatch(k)]
+    if secret["type"] == "kubernetes.io/dockerconfigjson":
+        if DOCKER_CONFIG_JSON not in data:
+            causes.append((f"data[{DOCKER_CONFIG_JSON}]", "Required value"))
+        else:
+            try:
+                json.loads(base64.b64decode(data[DOCKER_CONFIG_JSON]))
+            except ValueError as exc:
+                causes.append((f"data[{DOCKER_CONFIG_JSON}]", f'Invalid value: "<secret contents redacted>": {exc}'))
+    if causes:
+        raise ApiError.invalid("Secret", name, causes)
 
 
 def same_quantity(a: Any, b: Any) -> bool:

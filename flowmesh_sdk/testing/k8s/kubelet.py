@@ -1,21 +1,17 @@
-"""The emulator's scheduler and kubelet: every pod is a real podman container in the
-emulator's own container store (one store for all nodes: an image pulled for one node is
-present on every node).
+"""The emulator's kubelet: every pod is a real podman container in the emulator's own
+container store (one store for all nodes: an image pulled for one node is present on
+every node).
 
 Per pod, on the server's loop (asyncio subprocesses; the loop never blocks):
 
-1. schedule -- the first node that is Ready, whose labels match ``spec.nodeSelector`` and
-   whose allocatable cpu, memory, pods and extended resources (``nvidia.com/gpu``) minus the
-   requests of the non-terminated pods bound to it cover the pod's requests.  None: the pod
-   stays Pending with ``PodScheduled=False``, reason ``Unschedulable`` and the scheduler's
-   message (``0/2 nodes are available: 2 Insufficient cpu. preemption: 0/2 nodes are
-   available: 2 No preemption victims found for incoming pod.``: the filter plugins' reasons
-   as ``FitError.Error()`` joins them); it is tried again whenever a pod ends or goes and
-   when a node changes.  A pod created with ``spec.nodeName`` skips the scheduler, and the
-   kubelet's admission rejects it when it does not fit (phase Failed, reason ``OutOfcpu``,
-   ``Pod was rejected: Node didn't have enough resource: cpu, requested: ..., used: ...,
-   capacity: ...``).  Affinity, tolerations and priorities are not looked at.
-2. pull -- ``podman pull --tls-verify=false IMAGE`` unless the image is in the store
+1. schedule -- :mod:`.scheduler` (the :class:`~.scheduler.Scheduler` the kubelet owns):
+   the scheduling order, node fit, the Unschedulable message, and the kubelet's admission
+   of a pod bound by its creator.  The steps below are the kubelet's; the pod statuses
+   they write are :mod:`.podstatus`'s.
+2. pull -- ``podman pull --tls-verify=false IMAGE`` unless the image is in the store,
+   with the registry credentials of the pod's ``imagePullSecrets`` (``kubernetes.io/
+   dockerconfigjson`` Secrets: their ``auths`` as an ``--authfile``; a missing one is
+   skipped, as the kubelet skips it)
    (``imagePullPolicy: Always`` pulls on every start; ``Never`` never pulls:
    ``ErrImageNeverPull``).  Only registries on 127.0.0.0/8 (or ``localhost``) are pulled
    from: any other reference fails as a pull does.  A failed pull shows ``ErrImagePull``
@@ -26,15 +22,18 @@ Per pod, on the server's loop (asyncio subprocesses; the loop never blocks):
    container's ``command`` (as the entrypoint: the image's CMD is dropped, as Kubernetes
    does) and ``args`` (``$(VAR)`` expanded from its env), ``env`` (``value`` and the
    ``fieldRef`` downward API; ``secretKeyRef``/``configMapKeyRef`` give
-   ``CreateContainerConfigError``: no Secrets or ConfigMaps are served), ``workingDir``,
-   ``securityContext.runAsUser/runAsGroup``, ``stdin``/``tty``, ``limits.cpu`` as
+   ``CreateContainerConfigError``: Secrets are served for pull credentials only, ConfigMaps
+   not at all), ``workingDir``,
+   ``securityContext.runAsUser/runAsGroup``, ``hostAliases`` (``--add-host``), ``stdin``/``tty``, ``limits.cpu`` as
    ``--cpus`` and ``limits.memory`` as ``--memory``/``--memory-swap``, the host's runtime
    and ulimit pins (``flowmesh_sdk.imagebuild.build``), ``--runtime HANDLER`` for a
    configured ``runtimeClassName`` (a ``runsc`` handler gets the SDK's gVisor flags,
    ``remote.runtime.gvisor_run_args``: ``--runtime-flag network=none``, so such a pod has
    only its loopback), and ``--network=none`` when a deny-all-egress NetworkPolicy
-   selects the pod (decided when the container starts; other policies are stored, not
-   enforced; a pod without one is on podman's default network).  The pod is then
+   selects the pod; other egress policies that select it are enforced as a CNI would,
+   their rules as nftables in the pod's network namespace (:mod:`.netpol`; decided when
+   the container starts; a pod no policy selects is on podman's default network,
+   unrestricted).  The pod is then
    Running: the container running and ready (readiness probes are not run), conditions
    Initialized/ContainersReady/Ready True,
    ``podIP`` and ``hostIP`` 127.0.0.1.  One container per pod: the API refuses more, and
@@ -60,125 +59,31 @@ once wrote it) and :meth:`Kubelet.restore_node`.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import json
+import os
 import re
 import subprocess
+import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from fractions import Fraction
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ...remote.runtime import gvisor_run_args
 from .. import hygiene
-from .objects import TERMINAL, Obj, ObjectStore, match_label_selector, now_rfc3339, parse_quantity, pod_requests
+from . import netpol, podstatus
+from .admission import DOCKER_CONFIG_JSON
+from .objects import Obj, ObjectStore, now_rfc3339, parse_quantity
+from .scheduler import DEFAULT_NODES, Node, Scheduler, node_object
 
 __all__ = ["DEFAULT_NODES", "Kubelet", "Node", "node_object"]
 
 EMULATOR_LABEL = "io.flowmesh.k8s-emulator"
 POD_UID_LABEL = "io.kubernetes.pod.uid"
-UNREACHABLE = "node.kubernetes.io/unreachable"
 MAX_BACKOFF_S = 300.0   # the kubelet's MaxContainerBackOff / image back-off cap
-
-
-@dataclass(frozen=True)
-class Node:
-    """A node the emulator serves: what it advertises (``status.capacity`` = ``allocatable``)."""
-
-    name: str
-    cpu: str = "8"
-    memory: str = "32Gi"
-    pods: str = "110"
-    gpus: int = 0
-    gpu_product: str | None = None
-    labels: Mapping[str, str] = field(default_factory=dict)
-    ephemeral_storage: str = "100Gi"
-
-    def allocatable(self) -> dict[str, str]:
-        out = {"cpu": self.cpu, "memory": self.memory, "pods": self.pods, "ephemeral-storage": self.ephemeral_storage}
-        if self.gpus:
-            out["nvidia.com/gpu"] = str(self.gpus)
-        return out
-
-    def all_labels(self) -> dict[str, str]:
-        out = {"kubernetes.io/hostname": self.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-               "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64"}
-        if self.gpus:
-            out["nvidia.com/gpu.count"] = str(self.gpus)
-        if self.gpu_product:
-            out["nvidia.com/gpu.product"] = self.gpu_product
-        out.update(self.labels)
-        return out
-
-
-DEFAULT_NODES: tuple[Node, ...] = (Node("emu-node-1"), Node("emu-node-2"))
-
-
-def _condition(ctype: str, status: str, reason: str | None = None, message: str | None = None) -> Obj:
-    out: Obj = {"type": ctype, "status": status, "lastProbeTime": None, "lastTransitionTime": now_rfc3339()}
-    if reason:
-        out["reason"] = reason
-    if message:
-        out["message"] = message
-    return out
-
-
-def git_version(version: str) -> str:
-    """``1.32`` -> ``v1.32.0`` (a release's gitVersion)."""
-    return "v" + (version if version.count(".") >= 2 else version + ".0")
-
-
-def node_object(node: Node, version: str, *, ready: bool = True) -> Obj:
-    now = now_rfc3339()
-
-    def cond(ctype: str, status: str, reason: str, message: str) -> Obj:
-        return {"type": ctype, "status": status, "lastHeartbeatTime": now, "lastTransitionTime": now,
-                "reason": reason, "message": message}
-
-    lost = "Kubelet stopped posting node status."
-    if ready:
-        conditions = [cond("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory "
-                                                                                     "available"),
-                      cond("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-                      cond("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
-                      cond("Ready", "True", "KubeletReady", "kubelet is posting ready status")]
-    else:
-        conditions = [cond(t, "Unknown", "NodeStatusUnknown", lost)
-                      for t in ("MemoryPressure", "DiskPressure", "PIDPressure", "Ready")]
-    spec: Obj = {}
-    if not ready:
-        spec["taints"] = [{"key": UNREACHABLE, "effect": "NoSchedule", "timeAdded": now},
-                          {"key": UNREACHABLE, "effect": "NoExecute", "timeAdded": now}]
-    alloc = node.allocatable()
-    return {"kind": "Node", "apiVersion": "v1",
-            "metadata": {"name": node.name, "labels": node.all_labels()},
-            "spec": spec,
-            "status": {"capacity": dict(alloc), "allocatable": dict(alloc), "conditions": conditions,
-                       "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
-                                     {"type": "Hostname", "address": node.name}],
-                       "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
-                       "nodeInfo": {"machineID": "", "systemUUID": "", "bootID": "", "kernelVersion": "",
-                                    "osImage": "flowmesh k8s emulator", "containerRuntimeVersion": "podman://",
-                                    "kubeletVersion": git_version(version), "kubeProxyVersion": git_version(version),
-                                    "operatingSystem": "linux", "architecture": "amd64"}}}
-
-
-def set_condition(pod: Obj, ctype: str, status: str, reason: str | None = None, message: str | None = None) -> None:
-    """Set a pod condition (its lastTransitionTime kept unless the status changes)."""
-    conds: list[Obj] = pod.setdefault("status", {}).setdefault("conditions", [])
-    new = _condition(ctype, status, reason, message)
-    for i, c in enumerate(conds):
-        if c.get("type") == ctype:
-            if c.get("status") == status:
-                new["lastTransitionTime"] = c.get("lastTransitionTime")
-            conds[i] = new
-            return
-    order = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled",
-             "DisruptionTarget"]
-    conds.append(new)
-    conds.sort(key=lambda c: order.index(c["type"]) if c["type"] in order else len(order))
 
 
 def _registry_allowed(image: str) -> bool:
@@ -214,7 +119,7 @@ class _PodRun:
 
 
 class Kubelet:
-    """The scheduler and kubelet of every node (see the module docstring)."""
+    """The kubelet of every node, and the scheduler's owner (see the module docstring)."""
 
     def __init__(self, store: ObjectStore, nodes: Sequence[Node], *, root: Path, emulator_id: str, version: str,
                  runtime_classes: Mapping[str, str], pull_backoff_s: float = 10.0,
@@ -236,8 +141,7 @@ class Kubelet:
         self._runs: dict[str, _PodRun] = {}           # by pod uid
         self._procs: set[asyncio.subprocess.Process] = set()
         self._pull_locks: dict[str, asyncio.Lock] = {}
-        self._order: dict[str, int] = {}              # pod uid -> creation sequence (scheduling order)
-        self._seq = 0
+        self.scheduler = Scheduler(store, self.nodes, self.ready, running=self._runs, start=self._start)
         self.pulls: list[str] = []                    # every image pull started, in order
         self.closing = False
 
@@ -245,11 +149,17 @@ class Kubelet:
     async def podman(self, *args: str, kill_on_cancel: bool = True) -> tuple[int, str, str]:
         """Run podman in the store; (exit code, stdout, stderr).  Cancelled: the process is
         killed (or, ``kill_on_cancel=False``, waited for) before the cancel goes on."""
-        proc = await asyncio.create_subprocess_exec("podman", *args, env=self.env, stdin=subprocess.DEVNULL,
-                                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return await self.command("podman", *args, kill_on_cancel=kill_on_cancel)
+
+    async def command(self, *argv: str, stdin: bytes | None = None,
+                      kill_on_cancel: bool = True) -> tuple[int, str, str]:
+        """Run ``argv`` (podman, or nsenter into a pod), as :meth:`podman` says."""
+        proc = await asyncio.create_subprocess_exec(
+            *argv, env=self.env, stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self._procs.add(proc)
         try:
-            out, err = await proc.communicate()
+            out, err = await proc.communicate(stdin)
         except asyncio.CancelledError:
             if kill_on_cancel or self.closing:
                 with contextlib.suppress(ProcessLookupError):
@@ -280,137 +190,20 @@ class Kubelet:
     def _update(self, run: _PodRun, mutate: Any) -> Obj | None:
         return self.store.update("pods", run.namespace, run.name, mutate, uid=run.uid)
 
-    def _cstatus(self, pod: Obj) -> Obj:
-        status = pod.setdefault("status", {})
-        c = pod["spec"]["containers"][0]
-        rows = status.setdefault("containerStatuses", [])
-        if not rows:
-            rows.append({"name": c["name"], "image": c["image"], "imageID": "", "ready": False,
-                         "restartCount": 0, "started": False, "state": {"waiting": {"reason": "ContainerCreating"}},
-                         "lastState": {}})
-        row: Obj = rows[0]
-        return row
-
     def _waiting(self, run: _PodRun, reason: str, message: str | None = None) -> None:
-        def mutate(pod: Obj) -> None:
-            row = self._cstatus(pod)
-            row["state"] = {"waiting": {"reason": reason, **({"message": message} if message else {})}}
-            row["ready"] = False
-            row["started"] = False
-            set_condition(pod, "ContainersReady", "False", "ContainersNotReady",
-                          f"containers with unready status: [{row['name']}]")
-            set_condition(pod, "Ready", "False", "ContainersNotReady",
-                          f"containers with unready status: [{row['name']}]")
-        self._update(run, mutate)
+        self._update(run, lambda p: podstatus.waiting(p, reason, message))
 
     # ---- scheduling ---------------------------------------------------------------------------
     def admit(self, pod: Obj) -> None:
         """A pod was created: schedule it (now or when something frees)."""
-        self._seq += 1
-        self._order[pod["metadata"]["uid"]] = self._seq
+        self.scheduler.queue(pod)
         self.schedule()
-
-    def _bound(self, node: str) -> list[Obj]:
-        return [p for p in self.store.items("pods") if (p.get("spec") or {}).get("nodeName") == node
-                and (p.get("status") or {}).get("phase") not in TERMINAL]
-
-    def _fit(self, pod: Obj, node: Node) -> tuple[list[str], bool]:
-        """Why ``pod`` does not fit ``node`` (the first failing filter's reasons), and
-        whether preemption could help (resources) or not (taints, selectors)."""
-        if not self.ready[node.name]:
-            return [f"node(s) had untolerated taint {{{UNREACHABLE}: }}"], False
-        selector = (pod.get("spec") or {}).get("nodeSelector") or {}
-        labels = node.all_labels()
-        if any(labels.get(k) != v for k, v in selector.items()):
-            return ["node(s) didn't match Pod's node affinity/selector"], False
-        return self._insufficient(pod, node), True
-
-    def _insufficient(self, pod: Obj, node: Node) -> list[str]:
-        bound = [p for p in self._bound(node.name) if p["metadata"]["uid"] != pod["metadata"]["uid"]]
-        alloc = {k: parse_quantity(v) for k, v in node.allocatable().items()}
-        reasons = []
-        if len(bound) + 1 > alloc["pods"]:
-            reasons.append("Too many pods")
-        want = pod_requests(pod)
-        used: dict[str, Fraction] = {}
-        for p in bound:
-            for k, v in pod_requests(p).items():
-                used[k] = used.get(k, Fraction(0)) + v
-        for k in ["cpu", "memory", "ephemeral-storage"] + sorted(set(want) - {"cpu", "memory", "ephemeral-storage"}):
-            if want.get(k, 0) > 0 and alloc.get(k, Fraction(0)) - used.get(k, Fraction(0)) < want[k]:
-                reasons.append(f"Insufficient {k}")
-        return reasons
 
     def schedule(self) -> None:
         """Bind every pending pod that fits somewhere; mark the others Unschedulable."""
         if self.closing:
             return
-        pending = [p for p in self.store.items("pods")
-                   if p["metadata"]["uid"] not in self._runs and not p["metadata"].get("deletionTimestamp")
-                   and (p.get("status") or {}).get("phase") == "Pending" and p["metadata"]["uid"] in self._order]
-        pending.sort(key=lambda p: self._order.get(p["metadata"]["uid"], 0))
-        for pod in pending:
-            meta = pod["metadata"]
-            target = (pod.get("spec") or {}).get("nodeName")
-            if target:
-                node = self.nodes.get(target)
-                if node is None or not self.ready[target]:
-                    continue   # a kubelet that does not exist (or is away) never picks it up
-                self._kubelet_admit(pod, node)
-                continue
-            counts: dict[str, int] = {}
-            helpless = 0
-            chosen = None
-            for node in self.nodes.values():
-                reasons, resolvable = self._fit(pod, node)
-                if not reasons:
-                    chosen = node
-                    break
-                for r in reasons:
-                    counts[r] = counts.get(r, 0) + 1
-                helpless += 0 if resolvable else 1
-            if chosen is None:
-                n = len(self.nodes)
-                why = ", ".join(sorted(f"{c} {r}" for r, c in counts.items()))
-                pre = []
-                if helpless:
-                    pre.append(f"{helpless} Preemption is not helpful for scheduling")
-                if n - helpless:
-                    pre.append(f"{n - helpless} No preemption victims found for incoming pod")
-                message = (f"0/{n} nodes are available: {why}. preemption: 0/{n} nodes are available: "
-                           f"{', '.join(sorted(pre))}.")
-
-                def unschedulable(p: Obj, m: str = message) -> None:
-                    set_condition(p, "PodScheduled", "False", "Unschedulable", m)
-                self.store.update("pods", meta["namespace"], meta["name"], unschedulable, uid=meta["uid"])
-                continue
-
-            def bind(p: Obj, node: Node = chosen) -> None:
-                p["spec"]["nodeName"] = node.name
-                set_condition(p, "PodScheduled", "True")
-            self.store.update("pods", meta["namespace"], meta["name"], bind, uid=meta["uid"])
-            self._start(meta["namespace"], meta["name"], meta["uid"])
-
-    def _kubelet_admit(self, pod: Obj, node: Node) -> None:
-        """A pod bound by its creator: the kubelet's own resource admission."""
-        meta = pod["metadata"]
-        reasons = self._insufficient(pod, node)
-        if not reasons:
-            self._start(meta["namespace"], meta["name"], meta["uid"])
-            return
-        first = reasons[0]
-        resource = "pods" if first == "Too many pods" else first.removeprefix("Insufficient ")
-        want = pod_requests(pod).get(resource, Fraction(1))
-        used = sum((pod_requests(p).get(resource, Fraction(0)) for p in self._bound(node.name)
-                    if p["metadata"]["uid"] != meta["uid"]), Fraction(0))
-        cap = parse_quantity(node.allocatable().get(resource, "0"))
-        scale = 1000 if resource == "cpu" else 1
-        message = (f"Pod was rejected: Node didn't have enough resource: {resource}, requested: "
-                   f"{int(want * scale)}, used: {int(used * scale)}, capacity: {int(cap * scale)}")
-
-        def reject(p: Obj) -> None:
-            p["status"].update(phase="Failed", reason=f"OutOf{resource}", message=message, startTime=now_rfc3339())
-        self.store.update("pods", meta["namespace"], meta["name"], reject, uid=meta["uid"])
+        self.scheduler.schedule()
 
     # ---- a pod's life -------------------------------------------------------------------------
     def _start(self, namespace: str, name: str, uid: str) -> None:
@@ -418,20 +211,7 @@ class Kubelet:
         assert pod is not None
         run = _PodRun(uid, namespace, name, self.container_name(pod))
         self._runs[uid] = run
-
-        def accept(p: Obj) -> None:
-            st = p["status"]
-            st["hostIP"] = "127.0.0.1"
-            st["hostIPs"] = [{"ip": "127.0.0.1"}]
-            st.setdefault("startTime", now_rfc3339())
-            set_condition(p, "PodReadyToStartContainers", "True")
-            set_condition(p, "Initialized", "True")
-            set_condition(p, "PodScheduled", "True")
-            c = self._cstatus(p)
-            set_condition(p, "ContainersReady", "False", "ContainersNotReady",
-                          f"containers with unready status: [{c['name']}]")
-            set_condition(p, "Ready", "False", "ContainersNotReady", f"containers with unready status: [{c['name']}]")
-        self._update(run, accept)
+        self._update(run, podstatus.accepted)
         run.task = asyncio.ensure_future(self._life(run))
 
     async def _life(self, run: _PodRun) -> None:
@@ -441,7 +221,7 @@ class Kubelet:
             if pod is None or pod["metadata"]["uid"] != run.uid:
                 return
             spec = copy.deepcopy(pod["spec"])
-            image_id = await self._ensure_image(run, spec["containers"][0])
+            image_id = await self._ensure_image(run, spec["containers"][0], pod)
             code = await self._run_once(run, pod, spec, image_id)
             policy = spec.get("restartPolicy", "Always")
             if policy == "Never" or (policy == "OnFailure" and code == 0):
@@ -451,7 +231,39 @@ class Kubelet:
             delay = 0.0 if restarts == 1 else min(self.restart_backoff_s * 2 ** (restarts - 2), MAX_BACKOFF_S)
             await self._backoff_restart(run, delay)
 
-    async def _ensure_image(self, run: _PodRun, container: Obj) -> str:
+    def _pull_auths(self, pod: Obj) -> dict[str, Any]:
+        """The registry credentials of the pod's ``imagePullSecrets`` (their
+        ``.dockerconfigjson`` ``auths``, the first secret naming a registry winning, as the
+        kubelet's keyring does); a secret that is missing or of another type is skipped, as
+        the kubelet skips it (and pulls without it)."""
+        auths: dict[str, Any] = {}
+        meta = pod["metadata"]
+        for ref in (pod.get("spec") or {}).get("imagePullSecrets") or ():
+            secret = self.store.peek("secrets", meta["namespace"], str(ref.get("name") or ""))
+            if secret is None or secret.get("type") != "kubernetes.io/dockerconfigjson":
+                continue
+            raw = base64.b64decode((secret.get("data") or {}).get(DOCKER_CONFIG_JSON, ""))
+            for host, entry in (json.loads(raw or b"{}").get("auths") or {}).items():
+                auths.setdefault(host, entry)
+        return auths
+
+    async def _pull(self, image: str, pod: Obj) -> tuple[int, str]:
+        """``podman pull`` of ``image`` with the pod's pull-secret credentials (an authfile
+        of them, removed after); (exit code, stderr)."""
+        auths = self._pull_auths(pod)
+        if not auths:
+            rc, _, err = await self.podman("pull", "--tls-verify=false", "--quiet", image)
+            return rc, err
+        fd, path = tempfile.mkstemp(prefix="pull-auth-", suffix=".json", dir=self.root)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"auths": auths}, f)
+            rc, _, err = await self.podman("pull", "--tls-verify=false", "--quiet", "--authfile", path, image)
+            return rc, err
+        finally:
+            os.unlink(path)
+
+    async def _ensure_image(self, run: _PodRun, container: Obj, pod: Obj) -> str:
         image = container["image"]
         policy = container.get("imagePullPolicy", "IfNotPresent")
         backoff = self.pull_backoff_s
@@ -471,7 +283,7 @@ class Kubelet:
                            f"not {image!r}")
                 else:
                     self.pulls.append(image)
-                    rc, _, stderr = await self.podman("pull", "--tls-verify=false", "--quiet", image)
+                    rc, stderr = await self._pull(image, pod)
                     if rc == 0:
                         rc, out, _ = await self.podman("image", "inspect", "--format", "{{.Id}} {{.Digest}}", image)
                         return _image_id(image, out)
@@ -515,6 +327,8 @@ class Kubelet:
         argv += ["--hostname", hostname]
         if self.denies_egress(pod):
             argv.append("--network=none")
+        for alias in spec.get("hostAliases") or ():
+            argv += [f"--add-host={name}:{alias['ip']}" for name in alias.get("hostnames") or ()]
         limits = ((c.get("resources") or {}).get("limits") or {})
         if "cpu" in limits:
             argv += ["--cpus", f"{float(parse_quantity(limits['cpu'])):g}"]
@@ -541,14 +355,26 @@ class Kubelet:
     def denies_egress(self, pod: Obj) -> bool:
         """Whether NetworkPolicies deny the pod all egress: one selects it with Egress in
         its policyTypes, and no policy selecting it for egress allows any."""
-        meta = pod["metadata"]
-        egress_policies = []
-        for pol in self.store.items("networkpolicies.networking.k8s.io", meta["namespace"]):
-            spec = pol.get("spec") or {}
-            types = spec.get("policyTypes") or (["Ingress", "Egress"] if "egress" in spec else ["Ingress"])
-            if "Egress" in types and match_label_selector(spec.get("podSelector"), meta.get("labels")):
-                egress_policies.append(spec)
-        return bool(egress_policies) and not any(spec.get("egress") for spec in egress_policies)
+        policies = netpol.egress_policies(self.store.items("networkpolicies.networking.k8s.io",
+                                                           pod["metadata"]["namespace"]), pod)
+        return bool(policies) and not any(spec.get("egress") for spec in policies)
+
+    async def _enforce_egress(self, pod: Obj, cid: str) -> str | None:
+        """As a CNI that enforces NetworkPolicy: the egress rules of the policies that select
+        the pod, as nftables in its network namespace (:mod:`.netpol`); None, or the error."""
+        try:
+            ruleset = netpol.egress_ruleset(netpol.egress_policies(
+                self.store.items("networkpolicies.networking.k8s.io", pod["metadata"]["namespace"]), pod))
+        except (ValueError, KeyError, TypeError) as exc:
+            return f"an egress policy the emulator cannot enforce: {exc}"
+        if ruleset is None:
+            return None
+        rc, out, err = await self.podman("inspect", "--format", "{{.State.Pid}}", cid)
+        pid = out.strip()
+        if rc != 0 or not pid.isdigit() or pid == "0":
+            return f"no network namespace for the egress policy: {err.strip() or out.strip()}"
+        rc, _, err = await self.command("nsenter", "-t", pid, "-n", "nft", "-f", "-", stdin=ruleset.encode())
+        return None if rc == 0 else f"the egress policy could not be applied: {err.strip()}"
 
     async def _run_once(self, run: _PodRun, pod: Obj, spec: Obj, image_id: str) -> int:
         """Start the container, wait for its end, record it; its exit code."""
@@ -568,18 +394,12 @@ class Kubelet:
             return 128
         cid = out.strip().splitlines()[-1] if out.strip() else ""
         run.cid = cid
-
-        def running(p: Obj) -> None:
-            st = p["status"]
-            st["phase"] = "Running"
-            st["podIP"] = "127.0.0.1"
-            st["podIPs"] = [{"ip": "127.0.0.1"}]
-            row = self._cstatus(p)
-            row.update(ready=True, started=True, state={"running": {"startedAt": started}},
-                       containerID=f"podman://{cid}", imageID=image_id)
-            set_condition(p, "ContainersReady", "True")
-            set_condition(p, "Ready", "True")
-        self._update(run, running)
+        if "--network=none" not in argv and (why := await self._enforce_egress(pod, cid)) is not None:
+            await self.podman("rm", "-f", "-t", "0", "--ignore", cid, kill_on_cancel=False)
+            run.cid = ""
+            self._terminated(run, 128, "StartError", why, started, image_id, "")
+            return 128
+        self._update(run, lambda p: podstatus.running(p, started, cid, image_id))
         rc, out, err = await self.podman("wait", cid)
         code = int(out.strip().splitlines()[-1]) if rc == 0 and out.strip() else 137
         rc2, info, _ = await self.podman("inspect", "--format", "{{.State.OOMKilled}}", cid)
@@ -592,42 +412,14 @@ class Kubelet:
     def _terminated(self, run: _PodRun, code: int, reason: str, message: str | None, started: str,
                     image_id: str, cid: str) -> None:
         finished = now_rfc3339()
-
-        def mutate(p: Obj) -> None:
-            row = self._cstatus(p)
-            term: Obj = {"exitCode": code, "reason": reason, "startedAt": started, "finishedAt": finished}
-            if message:
-                term["message"] = message
-            if cid:
-                term["containerID"] = f"podman://{cid}"
-            row.update(ready=False, started=False, state={"terminated": term}, imageID=image_id)
-            if cid:
-                row["containerID"] = f"podman://{cid}"
-            set_condition(p, "ContainersReady", "False", "ContainersNotReady",
-                          f"containers with unready status: [{row['name']}]")
-            set_condition(p, "Ready", "False", "ContainersNotReady", f"containers with unready status: [{row['name']}]")
-        self._update(run, mutate)
+        self._update(run, lambda p: podstatus.terminated(p, code, reason, message, started, finished, image_id, cid))
 
     def _finish(self, run: _PodRun, code: int) -> None:
-        def mutate(p: Obj) -> None:
-            p["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
-            if code == 0:
-                set_condition(p, "ContainersReady", "False", "PodCompleted")
-                set_condition(p, "Ready", "False", "PodCompleted")
-            set_condition(p, "PodReadyToStartContainers", "False")
-        self._update(run, mutate)
+        self._update(run, lambda p: podstatus.ended(p, code))
         self.schedule()
 
     async def _backoff_restart(self, run: _PodRun, delay: float) -> None:
-        def mutate(p: Obj) -> None:
-            row = self._cstatus(p)
-            row["lastState"] = {"terminated": row["state"].get("terminated", {})}
-            row["restartCount"] = int(row.get("restartCount", 0)) + 1
-            if delay:
-                msg = (f"back-off {int(delay)}s restarting failed container={row['name']} "
-                       f"pod={run.name}_{run.namespace}({run.uid})")
-                row["state"] = {"waiting": {"reason": "CrashLoopBackOff", "message": msg}}
-        self._update(run, mutate)
+        self._update(run, lambda p: podstatus.restarting(p, delay, run.name, run.namespace, run.uid))
         if delay:
             await asyncio.sleep(delay)
 
@@ -654,33 +446,19 @@ class Kubelet:
     async def remove(self, pod: Obj) -> None:
         """The pod is being deleted: its container goes (``podman rm -f -t 0``)."""
         uid = pod["metadata"]["uid"]
-        self._order.pop(uid, None)
+        self.scheduler.forget(uid)
         await self._stop_run(uid, remove=True)
 
     def forget(self, pod: Obj) -> None:
-        self._order.pop(pod["metadata"]["uid"], None)
+        self.scheduler.forget(pod["metadata"]["uid"])
 
     async def evict(self, namespace: str, name: str, reason: str, message: str) -> Obj:
         pod = self.store.get("pods", namespace, name)
         uid = pod["metadata"]["uid"]
         run = await self._stop_run(uid, remove=False)
         finished = now_rfc3339()
-
-        def mutate(p: Obj) -> None:
-            st = p["status"]
-            st.update(phase="Failed", reason=reason, message=message)
-            if run is not None:
-                row = self._cstatus(p)
-                state = row.get("state") or {}
-                started = (state.get("running") or {}).get("startedAt", finished)
-                if "terminated" not in state:
-                    row["state"] = {"terminated": {"exitCode": 137, "reason": "Error", "startedAt": started,
-                                                   "finishedAt": finished}}
-                row.update(ready=False, started=False)
-            set_condition(p, "DisruptionTarget", "True", "TerminationByKubelet", message)
-            set_condition(p, "ContainersReady", "False", "PodFailed")
-            set_condition(p, "Ready", "False", "PodFailed")
-        out = self.store.update("pods", namespace, name, mutate, uid=uid)
+        out = self.store.update("pods", namespace, name,
+                                lambda p: podstatus.evicted(p, reason, message, finished, run is not None), uid=uid)
         self.schedule()
         assert out is not None
         return out
@@ -690,25 +468,13 @@ class Kubelet:
             raise KeyError(f"no node {node!r}")
         self.ready[node] = False
         self._put_node(node)
-        for pod in [p for p in self._bound(node)]:
+        for pod in [p for p in self.scheduler.bound(node)]:
             meta = pod["metadata"]
             run = await self._stop_run(meta["uid"], remove=False)
             finished = now_rfc3339()
 
-            def mutate(p: Obj, had: bool = run is not None) -> None:
-                st = p["status"]
-                st.update(phase="Failed", reason="NodeLost",
-                          message=f"Node {node} which was running pod {p['metadata']['name']} is unresponsive")
-                if had:
-                    row = self._cstatus(p)
-                    if "terminated" not in (row.get("state") or {}):
-                        row["state"] = {"terminated": {
-                            "exitCode": 137, "reason": "ContainerStatusUnknown", "finishedAt": finished,
-                            "message": "The container could not be located when the pod was terminated"}}
-                    row.update(ready=False, started=False)
-                set_condition(p, "DisruptionTarget", "True", "DeletionByTaintManager",
-                              "Taint manager: deleting due to NoExecute taint")
-                set_condition(p, "Ready", "False", "NodeNotReady")
+            def mutate(p: Obj, had: bool = run is not None, finished: str = finished) -> None:
+                podstatus.node_lost(p, node, finished, had)
             self.store.update("pods", meta["namespace"], meta["name"], mutate, uid=meta["uid"])
         self.schedule()
 

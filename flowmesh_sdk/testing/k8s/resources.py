@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .kubelet import git_version
+from .scheduler import git_version
 from .objects import Obj, common_fields
 
 __all__ = ["BY_PATH", "POD_SUBRESOURCES", "RESOURCES", "Resource", "api_group", "event_fields", "group_list",
@@ -51,6 +51,7 @@ RESOURCES = (
              ("ns",)),
     Resource("resourcequotas", "ResourceQuota", "", True, _RW, ("quota",)),
     Resource("events", "Event", "", True, _RW, ("ev",)),
+    Resource("secrets", "Secret", "", True, _RW),
     Resource("networkpolicies", "NetworkPolicy", "networking.k8s.io", True, _RW, ("netpol",)),
     Resource("runtimeclasses", "RuntimeClass", "node.k8s.io", False, ("get", "list", "watch")),
 )
