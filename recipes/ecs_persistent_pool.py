@@ -3,9 +3,10 @@
 (the ``ecs.c8a.2xlarge`` class) running the main job's SWE-style batch.
 
 ``--dry-run`` prints the plan and makes no API call: the ECS shapes of that class in the
-price catalog (the shipped snapshot has the shapes MegaFlow names but **no prices** --
-Alibaba publishes no dated price list this repository could cite; ``flowmesh catalog refresh
---provider alibaba`` fills them from ``DescribePrice``, or pass ``--price TYPE=USD``), how
+price catalog (the shipped snapshot has the shapes MegaFlow names at the prices **implied by
+the paper's totals**, labelled so -- Alibaba publishes no dated price list this repository
+could cite; ``flowmesh catalog refresh --provider alibaba`` fills list prices from
+``DescribePrice``, or pass ``--price TYPE=USD``), how
 many instances the batch needs, the RunInstances calls (``Amount`` 1..100 per call) and how
 long the client-side buckets the ``alibaba`` provider declares take to let them through
 (10 calls at 1/s; 5,000 instances a minute, ECS's account-wide creation limit), and the
@@ -128,6 +129,9 @@ def print_plan(plan: Plan) -> None:
     else:
         console.print(f"price: ${plan.price:.4f}/h per instance; {plan.hours:.2f} h of tasks -> estimated "
                       f"${plan.cost:.2f} (boot, disks and traffic not included)")
+        if plan.chosen is not None and plan.price == plan.chosen.on_demand_per_hour:
+            console.print(f"price source: {plan.chosen.source}; `flowmesh catalog refresh --provider alibaba` "
+                          "(DescribePrice) fetches list prices, --price TYPE=USD sets one", soft_wrap=True)
 
 
 def pool_spec(registry: str, instances: int, per_instance: int) -> PoolSpec:

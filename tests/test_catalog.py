@@ -38,11 +38,14 @@ def test_shipped_snapshot_covers_five_providers_with_sources() -> None:
     assert counts == {"ec2": 148, "gce": 316, "azure": 113, "alibaba": 3, "vast": 64}
     assert all(r.source for r in cat.rows), "every row names its source"
     assert {r.provider for r in cat.rows} == set(PROVIDERS)
-    # dated where the source is dated; vast's source has no date, alibaba has no prices
+    # dated where the source is dated; vast's source has no date, nor do alibaba's prices (implied by the
+    # MegaFlow paper's totals and labelled so: no list price was found)
     by = {s.provider: s for s in cat.sources}
     assert by["ec2"].fetched_at == "2026-07-20" and by["gce"].fetched_at == "2026-07-30"
     assert by["azure"].fetched_at == "2026-06-18"
-    assert by["vast"].fetched_at is None and by["alibaba"].priced == 0
+    assert by["vast"].fetched_at is None and by["alibaba"].priced == 3 and by["alibaba"].fetched_at is None
+    assert all(r.source.startswith("IMPLIED by the MegaFlow paper's totals, NOT a list price")
+               for r in cat.rows if r.provider == "alibaba")
     # a known figure survives the trip: n2-standard-8 = 8 x 0.031611 + 32 x 0.004237 (GCE list price)
     n2 = next(r for r in cat.rows if r.key == "gce/us-central1/n2-standard-8")
     assert n2.on_demand_per_hour == pytest.approx(0.388472)

@@ -83,8 +83,8 @@ def test_cost_estimate_bad_input(cli: CliRunner) -> None:
     assert res.exit_code == 1 and "--tasks-per-instance" in res.output
     res = _run(cli, ["cost", "estimate", "--tasks", "10", "--minutes", "5", "--price", "c5.large:1"])
     assert res.exit_code == 1 and "TYPE=USD" in res.output
-    res = _run(cli, ["cost", "estimate", "--tasks", "10", "--minutes", "5", "--providers", "alibaba"])
-    assert res.exit_code == 1 and "alibaba (unknown): no feasible offer -- gates removed: price -3" in res.output
+    res = _run(cli, ["cost", "estimate", "--tasks", "10", "--minutes", "5", "--providers", "vast"])
+    assert res.exit_code == 1 and "vast (34 regions): no feasible offer -- gates removed: gpu_host -64" in res.output
     res = _run(cli, ["cost", "estimate", "--tasks", "0", "--minutes", "5"])
     assert res.exit_code == 1 and "demand.count" in res.output
 
@@ -114,3 +114,14 @@ def test_installed_command_runs_from_the_shipped_catalog(tmp_path: Path) -> None
                           text=True, timeout=120, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"3\d\.\d% less", proc.stdout), proc.stdout
+
+
+def test_cost_estimate_prices_megaflows_own_cloud_and_says_the_price_is_implied(cli: CliRunner) -> None:
+    """issue 28: the shipped Alibaba rows carry the prices MegaFlow's totals imply, labelled as such."""
+    res = _run(cli, ["cost", "estimate", "--tasks", "2000", "--minutes", "100"])
+    assert res.exit_code == 0, res.output
+    row = next(line for line in res.output.splitlines() if "alibaba/unknown" in line)
+    cells = [c.strip() for c in row.split("│") if c.strip()]
+    assert cells[1] == "2000 x ecs.c8a.2xlarge" and cells[3] == f"{2000 * 0.3015:,.2f}", cells
+    assert "prices: alibaba (ecs.c8a.2xlarge): IMPLIED by the MegaFlow paper's totals, NOT a list price" in res.output
+    assert "alibaba (unknown): no feasible offer" not in res.output

@@ -15,14 +15,15 @@ ROOT = Path(__file__).resolve().parents[1]
 pytest.importorskip("alibabacloud_ecs20140526")
 
 
-def test_the_dry_run_plans_megaflows_shape_and_says_the_price_is_unknown(fm_home):
+def test_the_dry_run_plans_megaflows_shape_and_says_where_its_price_comes_from(fm_home):
     env = dict(os.environ, FLOWMESH_HOME=str(fm_home), COLUMNS="200")
     proc = subprocess.run([sys.executable, str(ROOT / "recipes" / "ecs_persistent_pool.py"), "--dry-run",
                            "--tasks", "10000"], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "ecs.c8a.2xlarge" in out and "1250 x ecs.c8a.2xlarge in 13 RunInstances call(s)" in out
-    assert "price: unknown" in out and "catalog refresh --provider alibaba" in out
+    assert "price: $0.3015/h per instance" in out and "catalog refresh --provider alibaba" in out
+    assert "price source: IMPLIED by the MegaFlow paper's totals, NOT a list price" in out   # never a list price
     assert "no API call was made" in out
     priced = subprocess.run([sys.executable, str(ROOT / "recipes" / "ecs_persistent_pool.py"), "--dry-run",
                              "--tasks", "800", "--price", "ecs.c8a.2xlarge=0.3"], env=env, capture_output=True,

@@ -217,7 +217,19 @@ def _estimate_json(e: Estimate) -> dict[str, object]:
             "rates_source": e.rates_source, "phases": e.phases,
             "plan": [{"instance_type": ln.score.row.instance_type, "market": ln.score.market,
                       "instances": ln.instances, "sandboxes": ln.sandboxes, "bid_per_hour": ln.score.bid_per_hour,
-                      "price_per_hour": ln.score.price_per_hour} for ln in e.plan.lines]}
+                      "price_per_hour": ln.score.price_per_hour, "price_source": ln.score.row.source}
+                     for ln in e.plan.lines]}
+
+
+def _price_sources(estimates: list[Estimate]) -> list[str]:
+    """Where the prices of the plans shown came from: one line per provider and source."""
+    seen: dict[tuple[str, str], list[str]] = {}
+    for e in estimates:
+        for ln in e.plan.lines:
+            types = seen.setdefault((e.provider, ln.score.row.source), [])
+            if ln.score.row.instance_type not in types:
+                types.append(ln.score.row.instance_type)
+    return [f"{prov} ({', '.join(types)}): {src or 'no source recorded'}" for (prov, src), types in seen.items()]
 
 
 _EST_COLS = ("where", "plan", "instances", "$/h", "total $", "launch (min)", "submit", "sched (min)",
@@ -283,6 +295,8 @@ def cost_estimate(tasks: int = typer.Option(..., "--tasks", help="tasks submitte
     console.print(table)
     if len(done) > top:
         console.print(f"({len(done) - top} more provider/regions; --top to show them)")
+    for line in _price_sources(done[:top] + ([base] if base is not None else [])):
+        console.print(f"[dim]prices: {escape(line)}[/dim]", soft_wrap=True)
     by_provider: dict[str, list] = {}
     for f in failed:
         by_provider.setdefault(f.provider, []).append(f)
