@@ -13,8 +13,12 @@ Calls: ``GET .../zones/Z/machineTypes``; ``POST .../zones/Z/instances/bulkInsert
 idempotent); ``GET .../zones/Z/instances`` and ``GET .../aggregated/instances`` with
 ``filter`` (``(labels.k = "v") AND ...``, ``(id = N) OR ...``, ``labels.k:*``),
 ``maxResults`` and ``pageToken``; ``GET``/``DELETE .../zones/Z/instances/NAME``;
-``GET .../zones/Z/operations/OP`` and ``POST .../operations/OP/wait`` (held until done or
-``wait_hold_s``).  Another project answers 404 ``The resource 'projects/X' was not found``;
+``GET .../zones/Z/operations`` (``filter=operationGroupId=ID``, paged), ``GET
+.../zones/Z/operations/OP`` and ``POST .../operations/OP/wait`` (held until done or
+``wait_hold_s``); operations keep the times they were stamped with, and a bulkInsert's has
+an ``operationGroupId``.  A bulkInsert names its instances by ``namePattern``, by the keys
+of ``perInstanceProperties``, or both; a bad body is a 400 naming the field.  Any call not
+served is a 404 with Google's JSON error body.  Another project answers 404 ``The resource 'projects/X' was not found``;
 labels are validated as Compute Engine does (lowercase letters, digits, ``_`` and ``-``,
 keys starting with a letter, 63 characters), so an unencoded SDK tag fails here too.
 
@@ -85,6 +89,10 @@ class _Op:
     errors: list[dict[str, str]] = field(default_factory=list)
     http_status: int = 0
     applied: bool = False
+    inserted: str = field(default_factory=lambda: _now_iso())   # stamped once, as Compute Engine does
+    ended: str | None = None
+    group: str | None = None        # bulkInsert: its operationGroupId
+    target_id: str | None = None    # the instance's id (insert, delete)
 
     def done(self, now: float) -> bool:
         return self.done_at is not None and now >= self.done_at
@@ -103,9 +111,43 @@ def _now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
+def _error_body(status: int, reason: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": status, "message": message,
+                      "errors": [{"message": message, "domain": "global", "reason": reason}]}}
+
+
 def _error(status: int, reason: str, message: str) -> web.Response:
-    return json_response(status, {"error": {"code": status, "message": message,
-                                            "errors": [{"message": message, "domain": "global", "reason": reason}]}})
+    return json_response(status, _error_body(status, reason, message))
+
+
+def _bulk_request(body: Any) -> tuple[int, int, str | None, list[str], dict[str, Any]] | str:
+    """A bulkInsert body as Compute Engine reads it: (count, minCount, namePattern, the names of
+    ``perInstanceProperties``, instanceProperties), or the 400 message naming the field."""
+    if not isinstance(body, dict):
+        return "Invalid value for the request body: it must be a JSON object."
+    props = body.get("instanceProperties")
+    if not isinstance(props, dict) or not props.get("machineType"):
+        return "Invalid value for field 'resource.instanceProperties.machineType': ''. A machine type is required."
+    named = body.get("perInstanceProperties") or {}
+    if not isinstance(named, dict):
+        return "Invalid value for field 'resource.perInstanceProperties': it must map instance names to properties."
+    pattern = body.get("namePattern")
+    if pattern is not None and (not isinstance(pattern, str) or pattern.count("#") < 1
+                                or "#" * pattern.count("#") not in pattern):
+        return (f"Invalid value for field 'resource.namePattern': '{pattern}'. The pattern must contain one run "
+                "of '#' characters.")
+    try:
+        count = int(body.get("count") or len(named))
+        min_count = int(body.get("minCount") or count)
+    except (TypeError, ValueError):
+        return f"Invalid value for field 'resource.count': '{body.get('count')}'. It must be an integer."
+    if not 1 <= min_count <= count <= 1000:
+        return (f"Invalid value for field 'resource.count': '{count}'. It must be between 1 and 1000, and at least "
+                f"minCount ({min_count}).")
+    if pattern is None and len(named) < count:
+        return ("Invalid value for field 'resource.namePattern': ''. A name pattern is required when "
+                "perInstanceProperties names fewer instances than count.")
+    return count, min_count, pattern, list(named), dict(props)
 
 
 # ---- list filters -------------------------------------------------------------------
@@ -321,8 +363,19 @@ class GceEmulator(HttpServer):
         r.add_get(base + "/zones/{zone}/instances/{name}", self._get)
         r.add_delete(base + "/zones/{zone}/instances/{name}", self._delete)
         r.add_get(base + "/aggregated/instances", self._aggregated)
+        r.add_get(base + "/zones/{zone}/operations", self._operations)
         r.add_get(base + "/zones/{zone}/operations/{op}", self._operation)
         r.add_post(base + "/zones/{zone}/operations/{op}/wait", self._wait)
+        r.add_route("*", "/{tail:.*}", self._not_served)   # last: Google's JSON error body, never plain text
+
+    def error_body(self, status: int, message: str) -> dict[str, Any]:
+        return _error_body(status, "backendError", message)
+
+    async def _not_served(self, request: web.Request) -> web.StreamResponse:
+        with self._lock:
+            self.calls.append(("notServed", request.path))
+        return _error(404, "notFound", f"The emulator does not serve {request.method} {request.path} (a TEST "
+                                       "FIXTURE of the calls the gce provider makes; docs/providers/gce.md)")
 
     def _gate(self, request: web.Request, method: str) -> web.Response | None:
         """Records the call; answers a project/zone/deny/fault error, or None to go on."""
@@ -440,9 +493,10 @@ class GceEmulator(HttpServer):
     def _tick(self) -> None:
         """Complete every due operation (under the lock)."""
         now = time.monotonic()
-        for op in self._ops.values():
+        for op in list(self._ops.values()):   # applying one may add operations (a bulk's inserts)
             if not op.applied and op.done(now):
                 op.applied = True
+                op.ended = _now_iso()
                 op.errors, op.http_status = op.apply() if op.apply else ([], 0)
 
     def _op_json(self, op: _Op) -> dict[str, Any]:
@@ -451,10 +505,14 @@ class GceEmulator(HttpServer):
             "kind": "compute#operation", "id": op.id, "name": op.name, "operationType": op.kind,
             "zone": f"{API}/projects/{self.project}/zones/{op.zone}", "targetLink": op.target,
             "status": "DONE" if done else "RUNNING", "progress": 100 if done else 0,
-            "insertTime": _now_iso(), "startTime": _now_iso(),
+            "insertTime": op.inserted, "startTime": op.inserted,
             "selfLink": f"{API}/projects/{self.project}/zones/{op.zone}/operations/{op.name}"}
-        if done:
-            body["endTime"] = _now_iso()
+        if op.group is not None:
+            body["operationGroupId"] = op.group
+        if op.target_id is not None:
+            body["targetId"] = op.target_id
+        if done and op.ended:
+            body["endTime"] = op.ended
         if done and op.errors:
             body["error"] = {"errors": op.errors}
             body["httpErrorStatusCode"] = op.http_status
@@ -475,6 +533,33 @@ class GceEmulator(HttpServer):
         with self._lock:
             op = self._find_op(request)
             return op if isinstance(op, web.Response) else json_response(200, self._op_json(op))
+
+    async def _operations(self, request: web.Request) -> web.StreamResponse:
+        """``zoneOperations.list``: the zone's operations, oldest first; ``filter`` takes
+        ``operationGroupId=ID`` (what gcloud asks after a bulk insert), paged."""
+        if (err := self._gate(request, "operationsList")) is not None:
+            return err
+        zone = request.match_info["zone"]
+        want = request.query.get("filter", "").strip()
+        match: Any = None
+        if want:
+            m = re.fullmatch(r"\(?\s*operationGroupId\s*(=|eq)\s*\"?(.*?)\"?\s*\)?", want)
+            if m is None:
+                return _error(400, "invalid", f"Invalid value for field 'filter': '{want}'. The emulator filters "
+                                              "operations by operationGroupId only (= VALUE, or eq REGEX).")
+            value = m.group(2)
+            # `eq` takes a regular expression matched against the whole value (the syntax gcloud sends)
+            match = (lambda g: g == value) if m.group(1) == "=" else (lambda g: re.fullmatch(value, g) is not None)
+        with self._lock:
+            ops = [self._op_json(op) for op in self._ops.values()
+                   if op.zone == zone and (match is None or (op.group is not None and match(op.group)))]
+        page, nxt = self._page(request, ops)
+        body: dict[str, Any] = {"kind": "compute#operationList", "items": page,
+                                "id": f"projects/{self.project}/zones/{zone}/operations",
+                                "selfLink": f"{API}/projects/{self.project}/zones/{zone}/operations"}
+        if nxt:
+            body["nextPageToken"] = nxt
+        return json_response(200, body)
 
     async def _wait(self, request: web.Request) -> web.StreamResponse:
         if (err := self._gate(request, "wait")) is not None:
@@ -497,15 +582,13 @@ class GceEmulator(HttpServer):
         zone = request.match_info["zone"]
         try:
             body = await request.json()
-            count = int(body["count"])
-            min_count = int(body.get("minCount") or count)
-            pattern = str(body["namePattern"])
-            props = dict(body["instanceProperties"])
-            mtype = str(props["machineType"]).rsplit("/", 1)[-1]
-        except (ValueError, KeyError, TypeError) as exc:
-            return _error(400, "invalid", f"Invalid value for the bulk insert request: {exc!r}")
-        if not 1 <= min_count <= count <= 1000 or pattern.count("#") < 1:
-            return _error(400, "invalid", "Invalid value for field 'resource.count' / 'resource.namePattern'")
+        except ValueError:
+            return _error(400, "parseError", "Invalid JSON payload received.")
+        parsed = _bulk_request(body)
+        if isinstance(parsed, str):
+            return _error(400, "invalid", parsed)
+        count, min_count, pattern, names, props = parsed
+        mtype = str(props["machineType"]).rsplit("/", 1)[-1]
         labels = dict(props.get("labels") or {})
         for k, v in labels.items():
             if not _LABEL_KEY.match(k) or not _LABEL_VALUE.match(str(v)):
@@ -522,16 +605,19 @@ class GceEmulator(HttpServer):
                 return json_response(200, self._op_json(self._ops[self._request_ops[request_id]]))
 
             def apply() -> tuple[list[dict[str, str]], int]:
-                return self._create(zone, mt, count, pattern, props)
+                return self._create(zone, mt, count, pattern, props, names, group=op.group)
             op = self._new_op(zone, "bulkInsert", f"{API}/projects/{self.project}/zones/{zone}/instances", apply)
+            op.group = str(uuid.uuid4())
             if request_id:
                 self._request_ops[request_id] = op.name
             self._tick()
             return json_response(200, self._op_json(op))
 
-    def _create(self, zone: str, mt: tuple[str, int, int, str | None, int], count: int, pattern: str,
-                props: dict[str, Any]) -> tuple[list[dict[str, str]], int]:
-        """What a bulkInsert operation does when it runs (under the lock)."""
+    def _create(self, zone: str, mt: tuple[str, int, int, str | None, int], count: int, pattern: str | None,
+                props: dict[str, Any], named: list[str] | None = None,
+                group: str | None = None) -> tuple[list[dict[str, str]], int]:
+        """What a bulkInsert operation does when it runs (under the lock): the instances, and
+        per instance a done ``insert`` operation in the bulk's group (what gcloud counts)."""
         name, cpus, mem, acc, acc_count = mt
         region = zone.rsplit("-", 1)[0]
         if any((z is None or z == zone) and (t is None or t == name) for z, t in self._exhausted):
@@ -544,16 +630,17 @@ class GceEmulator(HttpServer):
             if used + cpus * count > limit:
                 return [{"code": "QUOTA_EXCEEDED",
                          "message": f"Quota 'CPUS' exceeded.  Limit: {float(limit)} in region {region}."}], 403
-        hashes = pattern.count("#")
-        prefix, suffix = pattern.split("#" * hashes, 1) if "#" * hashes in pattern else (pattern, "")
         taken = {i["name"] for i in self._instances.values() if i["_zone"] == zone}
-        names = []
-        for n in itertools.count(1):
-            candidate = f"{prefix}{n:0{hashes}d}{suffix}"
-            if candidate not in taken:
-                names.append(candidate)
-            if len(names) == count:
-                break
+        names = [n for n in named or () if n not in taken]   # named ones that exist already are skipped
+        if pattern is not None:
+            hashes = pattern.count("#")
+            prefix, suffix = pattern.split("#" * hashes, 1) if "#" * hashes in pattern else (pattern, "")
+            for n in itertools.count(1):
+                if len(names) >= count:
+                    break
+                candidate = f"{prefix}{n:0{hashes}d}{suffix}"
+                if candidate not in taken and candidate not in names:
+                    names.append(candidate)
         for iname in names:
             iid = str(next(self._ids))
             nic = dict((props.get("networkInterfaces") or [{}])[0])
@@ -573,6 +660,8 @@ class GceEmulator(HttpServer):
                 "guestAccelerators": props.get("guestAccelerators") or [],
                 "selfLink": f"{API}/projects/{self.project}/zones/{zone}/instances/{iname}",
                 "_zone": zone, "_cpus": cpus}
+            insert = self._new_op(zone, "insert", self._instances[iid]["selfLink"], None)
+            insert.applied, insert.ended, insert.group, insert.target_id = True, _now_iso(), group, iid
         return [], 0
 
     async def _delete(self, request: web.Request) -> web.StreamResponse:
@@ -595,6 +684,7 @@ class GceEmulator(HttpServer):
                 self.hosts.halt_soon(iid)
                 return [], 0
             op = self._new_op(zone, "delete", inst["selfLink"], apply)
+            op.target_id = iid
             if request_id:
                 self._request_ops[request_id] = op.name
             self._tick()

@@ -127,6 +127,11 @@ class HttpServer:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         raise web.HTTPNotFound()
 
+    def error_body(self, status: int, message: str) -> dict[str, Any]:
+        """The JSON body of an error the server itself answers (a fixture's bug: 500), in
+        the emulated API's shape where a subclass says it."""
+        return {"error": message}
+
     async def on_start(self) -> None:
         """Called on the server's loop once it listens (e.g. to make a client session)."""
 
@@ -164,7 +169,7 @@ class HttpServer:
             raise
         except Exception as exc:  # a bug in a fixture must show, not hang the client
             log.exception("%s: %s %s failed", self.name, request.method, request.path)
-            return json_response(500, {"error": f"{self.name} error: {exc!r}"})
+            return json_response(500, self.error_body(500, f"{self.name} error: {type(exc).__name__}: {exc}"))
 
     async def _listen(self, port: int) -> int:
         if self._runner is None:

@@ -1,0 +1,90 @@
+"""The GCE emulator checked by a client nobody here wrote: Google's own ``gcloud`` (issue 30),
+pointed at it with ``CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE``, a throw-away
+``CLOUDSDK_CONFIG`` and ``--access-token-file``; ``GCE_METADATA_ROOT=127.0.0.1:9`` and
+``CLOUDSDK_METRICS_ENVIRONMENT`` keep every call on loopback.  ``bulk create`` without
+``--async`` (patterned and ``--predefined-names``) follows the bulk's ``operationGroupId``
+through ``zoneOperations.list`` and counts its per-instance ``insert`` operations; what gcloud
+made, the official Python client sees; ``delete`` polls its operation to the end."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+pytestmark = pytest.mark.skipif(shutil.which("gcloud") is None, reason="needs gcloud (the machine image has it)")
+
+from flowmesh_sdk.testing.gce import GceEmulator  # noqa: E402
+
+ZONE = "us-central1-a"
+
+
+@pytest.fixture(scope="module")
+def gce():
+    with GceEmulator() as emu:
+        yield emu
+
+
+@pytest.fixture(scope="module")
+def gcloud(gce, tmp_path_factory):
+    home = tmp_path_factory.mktemp("gcloud")
+    token = home / "token"
+    token.write_text("fm-test-token")
+    env = dict(os.environ, CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE=f"{gce.url}/compute/v1/",
+               CLOUDSDK_CONFIG=str(home / "config"), CLOUDSDK_CORE_PROJECT=gce.project,
+               CLOUDSDK_CORE_DISABLE_PROMPTS="1", CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK="true",
+               CLOUDSDK_METRICS_ENVIRONMENT="flowmesh-test", CLOUDSDK_CORE_DISABLE_USAGE_REPORTING="true",
+               GCE_METADATA_ROOT="127.0.0.1:9", NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["gcloud", *args, f"--access-token-file={token}"], env=env, capture_output=True,
+                              text=True, timeout=180)
+    return run
+
+
+def _names(gce) -> set[str]:
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import compute_v1
+    client = compute_v1.InstancesClient(credentials=AnonymousCredentials(),
+                                        client_options=ClientOptions(api_endpoint=gce.url), transport="rest")
+    return {i.name for i in client.list(project=gce.project, zone=ZONE)}
+
+
+def test_bulk_create_without_async_follows_its_operation_group(gce, gcloud):
+    res = gcloud("compute", "instances", "bulk", "create", f"--zone={ZONE}", "--count=2", "--name-pattern=gc-#",
+                 "--machine-type=e2-standard-2")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "VM instances created: 2, failed: 0" in res.stderr + res.stdout
+    res = gcloud("compute", "instances", "bulk", "create", f"--zone={ZONE}", "--predefined-names=gn-a,gn-b",
+                 "--machine-type=e2-standard-2")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "VM instances created: 2, failed: 0" in res.stderr + res.stdout
+    listed = gcloud("compute", "instances", "list", f"--zones={ZONE}", "--format=value(name)")
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert {"gc-1", "gc-2", "gn-a", "gn-b"} <= set(listed.stdout.split()) <= _names(gce)   # the same state
+    ops = gcloud("compute", "operations", "list", f"--zones={ZONE}", "--format=value(operationType,status)")
+    assert ops.returncode == 0, ops.stderr[-2000:]
+    kinds = [line.split() for line in ops.stdout.splitlines()]
+    assert kinds.count(["bulkInsert", "DONE"]) >= 2 and kinds.count(["insert", "DONE"]) >= 4, kinds
+
+
+def test_delete_polls_its_operation_to_the_end(gce, gcloud):
+    made = gcloud("compute", "instances", "bulk", "create", f"--zone={ZONE}", "--predefined-names=gd-1",
+                  "--machine-type=e2-standard-2")
+    assert made.returncode == 0, made.stderr[-2000:]
+    res = gcloud("compute", "instances", "delete", "gd-1", f"--zone={ZONE}", "--quiet")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "gd-1" not in _names(gce)
+    again = gcloud("compute", "instances", "delete", "gd-1", f"--zone={ZONE}", "--quiet")
+    assert again.returncode != 0 and "was not found" in again.stderr, again.stderr[-2000:]
+
+
+def test_a_missing_instance_is_googles_not_found_error_as_gcloud_prints_it(gce, gcloud):
+    res = gcloud("compute", "instances", "describe", "no-such", f"--zone={ZONE}")
+    assert res.returncode == 1, res.stderr[-2000:]
+    # gcloud parsed the JSON error body (a plain-text body makes it print the raw response or crash)
+    assert f"The resource 'projects/{gce.project}/zones/{ZONE}/instances/no-such' was not found" in res.stderr
+    assert "crashed" not in res.stderr
