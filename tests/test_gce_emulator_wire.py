@@ -88,7 +88,7 @@ def test_a_bad_bulk_insert_is_a_400_naming_the_field(gce, fields, field):
 
 
 def test_a_call_not_served_answers_googles_json_error_body(gce):
-    url = f"{gce.url}/compute/v1/projects/{gce.project}/zones"
+    url = f"{gce.url}/compute/v1/projects/{gce.project}/global/images"
     with pytest.raises(urllib.error.HTTPError) as ei:
         urllib.request.urlopen(url, timeout=10)
     assert ei.value.code == 404

@@ -4,7 +4,8 @@ pointed at it with ``CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE``, a throw-away
 ``CLOUDSDK_METRICS_ENVIRONMENT`` keep every call on loopback.  ``bulk create`` without
 ``--async`` (patterned and ``--predefined-names``) follows the bulk's ``operationGroupId``
 through ``zoneOperations.list`` and counts its per-instance ``insert`` operations; what gcloud
-made, the official Python client sees; ``delete`` polls its operation to the end."""
+made, the official Python client sees; ``delete`` polls its operation to the end; zones and
+machine types are listed (aggregated too) and described; errors are Google's JSON."""
 
 from __future__ import annotations
 
@@ -88,3 +89,17 @@ def test_a_missing_instance_is_googles_not_found_error_as_gcloud_prints_it(gce, 
     # gcloud parsed the JSON error body (a plain-text body makes it print the raw response or crash)
     assert f"The resource 'projects/{gce.project}/zones/{ZONE}/instances/no-such' was not found" in res.stderr
     assert "crashed" not in res.stderr
+
+
+def test_zones_and_machine_types_as_gcloud_lists_and_describes_them(gce, gcloud):
+    res = gcloud("compute", "zones", "list", "--format=value(name,status)")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert [line.split() for line in res.stdout.splitlines()] == [[z, "UP"] for z in gce.zones]
+    res = gcloud("compute", "machine-types", "describe", "e2-standard-4", f"--zone={ZONE}",
+                 "--format=value(name,guestCpus,memoryMb)")
+    assert res.returncode == 0 and res.stdout.split() == ["e2-standard-4", "4", "16384"], res.stderr[-2000:]
+    res = gcloud("compute", "machine-types", "list", "--filter=name=e2-standard-2", "--format=value(name,zone)")
+    assert res.returncode == 0, res.stderr[-2000:]     # the aggregated list, every zone
+    assert sorted(line.split()[1] for line in res.stdout.splitlines()) == sorted(gce.zones)
+    res = gcloud("compute", "machine-types", "describe", "no-such-type", f"--zone={ZONE}")
+    assert res.returncode == 1 and "machineTypes/no-such-type' was not found" in res.stderr, res.stderr[-2000:]

@@ -8,7 +8,8 @@ real ``google-cloud-compute`` client is pointed at it::
         provider = gce.provider(ssh=True)      # GceProvider(endpoint=gce.url, AnonymousCredentials)
         ...
 
-Calls: ``GET .../zones/Z/machineTypes``; ``POST .../zones/Z/instances/bulkInsert``
+Calls: ``GET .../zones`` and ``.../zones/Z``; ``GET .../zones/Z/machineTypes``,
+``.../zones/Z/machineTypes/NAME`` and ``.../aggregated/machineTypes``; ``POST .../zones/Z/instances/bulkInsert``
 (``count``, ``minCount``, ``namePattern``, ``instanceProperties``; ``requestId``
 idempotent); ``GET .../zones/Z/instances`` and ``GET .../aggregated/instances`` with
 ``filter`` (``(labels.k = "v") AND ...``, ``(id = N) OR ...``, ``labels.k:*``),
@@ -357,7 +358,11 @@ class GceEmulator(HttpServer):
     def routes(self, app: web.Application) -> None:
         base = "/compute/v1/projects/{project}"
         r = app.router
+        r.add_get(base + "/zones", self._zones)
+        r.add_get(base + "/zones/{zone}", self._zone_get)
         r.add_get(base + "/zones/{zone}/machineTypes", self._machine_types)
+        r.add_get(base + "/zones/{zone}/machineTypes/{name}", self._machine_type_get)
+        r.add_get(base + "/aggregated/machineTypes", self._machine_types_aggregated)
         r.add_post(base + "/zones/{zone}/instances/bulkInsert", self._bulk_insert)
         r.add_get(base + "/zones/{zone}/instances", self._list)
         r.add_get(base + "/zones/{zone}/instances/{name}", self._get)
@@ -418,16 +423,62 @@ class GceEmulator(HttpServer):
     def _public(inst: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in inst.items() if not k.startswith("_")}
 
+    def _machine_type(self, zone: str, n: int) -> dict[str, Any]:
+        name, cpus, mem, acc, count = self.machine_types[n]
+        return {"kind": "compute#machineType", "id": str(1000 + n), "name": name, "guestCpus": cpus,
+                "memoryMb": mem, "zone": zone, "isSharedCpu": False,
+                "description": f"{cpus} vCPUs, {mem / 1024:g} GB RAM",
+                "selfLink": f"{API}/projects/{self.project}/zones/{zone}/machineTypes/{name}",
+                **({"accelerators": [{"guestAcceleratorType": acc, "guestAcceleratorCount": count}]}
+                   if acc else {})}
+
+    def _zone(self, zone: str) -> dict[str, Any]:
+        region = zone.rsplit("-", 1)[0]
+        return {"kind": "compute#zone", "id": str(2000 + self.zones.index(zone)), "name": zone, "status": "UP",
+                "description": zone, "region": f"{API}/projects/{self.project}/regions/{region}",
+                "selfLink": f"{API}/projects/{self.project}/zones/{zone}", "availableCpuPlatforms": []}
+
+    async def _zones(self, request: web.Request) -> web.StreamResponse:
+        """``zones.list``: the emulator's zones, paged."""
+        if (err := self._gate(request, "zonesList")) is not None:
+            return err
+        page, nxt = self._page(request, [self._zone(z) for z in self.zones])
+        body: dict[str, Any] = {"kind": "compute#zoneList", "items": page,
+                                "selfLink": f"{API}/projects/{self.project}/zones"}
+        if nxt:
+            body["nextPageToken"] = nxt
+        return json_response(200, body)
+
+    async def _zone_get(self, request: web.Request) -> web.StreamResponse:
+        if (err := self._gate(request, "zonesGet")) is not None:
+            return err
+        return json_response(200, self._zone(request.match_info["zone"]))
+
+    async def _machine_type_get(self, request: web.Request) -> web.StreamResponse:
+        if (err := self._gate(request, "machineTypesGet")) is not None:
+            return err
+        zone, name = request.match_info["zone"], request.match_info["name"]
+        n = next((i for i, m in enumerate(self.machine_types) if m[0] == name), None)
+        if n is None:
+            return _error(404, "notFound", f"The resource 'projects/{self.project}/zones/{zone}/machineTypes/"
+                                           f"{name}' was not found")
+        return json_response(200, self._machine_type(zone, n))
+
+    async def _machine_types_aggregated(self, request: web.Request) -> web.StreamResponse:
+        """``machineTypes.aggregatedList``: every zone's machine types (one page)."""
+        if (err := self._gate(request, "machineTypesAggregated")) is not None:
+            return err
+        items = {f"zones/{z}": {"machineTypes": [self._machine_type(z, n) for n in range(len(self.machine_types))]}
+                 for z in self.zones}
+        return json_response(200, {"kind": "compute#machineTypeAggregatedList", "items": items,
+                                   "id": f"projects/{self.project}/aggregated/machineTypes",
+                                   "selfLink": f"{API}/projects/{self.project}/aggregated/machineTypes"})
+
     async def _machine_types(self, request: web.Request) -> web.StreamResponse:
         if (err := self._gate(request, "machineTypes")) is not None:
             return err
         zone = request.match_info["zone"]
-        items = [{"kind": "compute#machineType", "id": str(1000 + n), "name": name, "guestCpus": cpus,
-                  "memoryMb": mem, "zone": zone, "isSharedCpu": False,
-                  "selfLink": f"{API}/projects/{self.project}/zones/{zone}/machineTypes/{name}",
-                  **({"accelerators": [{"guestAcceleratorType": acc, "guestAcceleratorCount": count}]}
-                     if acc else {})}
-                 for n, (name, cpus, mem, acc, count) in enumerate(self.machine_types)]
+        items = [self._machine_type(zone, n) for n in range(len(self.machine_types))]
         page, nxt = self._page(request, items)
         body: dict[str, Any] = {"kind": "compute#machineTypeList", "items": page}
         if nxt:
