@@ -103,3 +103,20 @@ def test_zones_and_machine_types_as_gcloud_lists_and_describes_them(gce, gcloud)
     assert sorted(line.split()[1] for line in res.stdout.splitlines()) == sorted(gce.zones)
     res = gcloud("compute", "machine-types", "describe", "no-such-type", f"--zone={ZONE}")
     assert res.returncode == 1 and "machineTypes/no-such-type' was not found" in res.stderr, res.stderr[-2000:]
+
+
+def test_a_multi_zone_list_and_a_multi_name_delete_go_through_the_batch_endpoint(gce, gcloud):
+    for zone, names in ((ZONE, "gb-1,gb-2"), ("us-central1-b", "gb-3")):
+        made = gcloud("compute", "instances", "bulk", "create", f"--zone={zone}", f"--predefined-names={names}",
+                      "--machine-type=e2-standard-2")
+        assert made.returncode == 0, made.stderr[-2000:]
+    batches = sum(1 for kind, _ in gce.calls if kind == "batch")
+    res = gcloud("compute", "instances", "list", f"--zones={ZONE},us-central1-b", "--format=value(name,zone)")
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = [line.split() for line in res.stdout.splitlines()]
+    assert sorted(r for r in rows if r[0].startswith("gb-")) == [["gb-1", ZONE], ["gb-2", ZONE],
+                                                                ["gb-3", "us-central1-b"]]
+    res = gcloud("compute", "instances", "delete", "gb-1", "gb-2", f"--zone={ZONE}", "--quiet")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert not {"gb-1", "gb-2"} & _names(gce)
+    assert sum(1 for kind, _ in gce.calls if kind == "batch") > batches   # they came as batch requests

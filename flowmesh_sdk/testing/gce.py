@@ -16,7 +16,8 @@ idempotent); ``GET .../zones/Z/instances`` and ``GET .../aggregated/instances`` 
 ``maxResults`` and ``pageToken``; ``GET``/``DELETE .../zones/Z/instances/NAME``;
 ``GET .../zones/Z/operations`` (``filter=operationGroupId=ID``, paged), ``GET
 .../zones/Z/operations/OP`` and ``POST .../operations/OP/wait`` (held until done or
-``wait_hold_s``); operations keep the times they were stamped with, and a bulkInsert's has
+``wait_hold_s``); ``POST /batch/compute/v1`` (``multipart/mixed``: each part served here);
+operations keep the times they were stamped with, and a bulkInsert's has
 an ``operationGroupId``.  A bulkInsert names its instances by ``namePattern``, by the keys
 of ``perInstanceProperties``, or both; a bad body is a 400 naming the field.  Any call not
 served is a 404 with Google's JSON error body.  Another project answers 404 ``The resource 'projects/X' was not found``;
@@ -42,16 +43,20 @@ from __future__ import annotations
 
 import asyncio
 import datetime as _dt
+import email.parser
+import email.policy
 import itertools
 import json
 import re
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from .cloudinit import CloudInitHosts
@@ -371,7 +376,45 @@ class GceEmulator(HttpServer):
         r.add_get(base + "/zones/{zone}/operations", self._operations)
         r.add_get(base + "/zones/{zone}/operations/{op}", self._operation)
         r.add_post(base + "/zones/{zone}/operations/{op}/wait", self._wait)
+        r.add_post("/batch/compute/v1", self._batch)
         r.add_route("*", "/{tail:.*}", self._not_served)   # last: Google's JSON error body, never plain text
+
+    async def _batch(self, request: web.Request) -> web.StreamResponse:
+        """The batch endpoint (``multipart/mixed`` of ``application/http`` parts, as gcloud
+        sends a multi-zone list or a multi-name delete): each part served by this emulator,
+        over loopback, and answered as a part with ``Content-ID: <response-ID>``."""
+        with self._lock:
+            self.calls.append(("batch", request.path))
+        ctype = request.headers.get("Content-Type", "")
+        raw = await request.read()
+        msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+            b"Content-Type: " + ctype.encode() + b"\r\n\r\n" + raw)
+        if not msg.is_multipart():
+            return _error(400, "invalid", "A batch request must be multipart/mixed.")
+        boundary = f"batch_{uuid.uuid4().hex}"
+        out: list[bytes] = []
+        async with aiohttp.ClientSession() as http:
+            for part in msg.iter_parts():
+                payload = part.get_payload(decode=True)
+                inner = payload if isinstance(payload, bytes) else b""
+                head, _, body = inner.replace(b"\r\n", b"\n").partition(b"\n\n")
+                lines = head.decode("utf-8", "replace").split("\n")
+                method, target = lines[0].split(" ")[:2]
+                url = urllib.parse.urlsplit(target)
+                path = url.path + (f"?{url.query}" if url.query else "")
+                headers = {k.strip(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ":" in ln)
+                           if k.strip().lower() in ("content-type", "authorization")}
+                async with http.request(method, self.url + path, data=body or None, headers=headers) as resp:
+                    answer = await resp.read()
+                    status = f"{resp.status} {resp.reason}"
+                cid = str(part.get("Content-ID", "")).strip("<>")
+                out.append((f"--{boundary}\r\nContent-Type: application/http\r\n"
+                            f"Content-ID: <response-{cid}>\r\n\r\n"
+                            f"HTTP/1.1 {status}\r\nContent-Type: application/json; charset=UTF-8\r\n"
+                            f"Content-Length: {len(answer)}\r\n\r\n").encode() + answer + b"\r\n")
+        payload = b"".join(out) + f"--{boundary}--\r\n".encode()
+        return web.Response(status=200, body=payload,
+                            headers={"Content-Type": f"multipart/mixed; boundary={boundary}"})
 
     def error_body(self, status: int, message: str) -> dict[str, Any]:
         return _error_body(status, "backendError", message)
