@@ -447,6 +447,15 @@ class GceEmulator(HttpServer):
             return _error(404, "notFound", f"The resource 'projects/{project}/zones/{zone}' was not found")
         return None
 
+    def _paged(self, request: web.Request, kind: str, items: list[Any], **fields: str) -> web.Response:
+        """A list response: one page of ``items`` (``maxResults``/``pageToken``), ``kind``,
+        ``fields``, and ``nextPageToken`` when more follow."""
+        page, nxt = self._page(request, items)
+        body: dict[str, Any] = {"kind": kind, "items": page, **fields}
+        if nxt:
+            body["nextPageToken"] = nxt
+        return json_response(200, body)
+
     def _page(self, request: web.Request, items: list[Any]) -> tuple[list[Any], str | None]:
         start = int(request.query.get("pageToken") or 0)
         size = min(int(request.query.get("maxResults") or self.page_size), self.page_size)
@@ -485,12 +494,8 @@ class GceEmulator(HttpServer):
         """``zones.list``: the emulator's zones, paged."""
         if (err := self._gate(request, "zonesList")) is not None:
             return err
-        page, nxt = self._page(request, [self._zone(z) for z in self.zones])
-        body: dict[str, Any] = {"kind": "compute#zoneList", "items": page,
-                                "selfLink": f"{API}/projects/{self.project}/zones"}
-        if nxt:
-            body["nextPageToken"] = nxt
-        return json_response(200, body)
+        return self._paged(request, "compute#zoneList", [self._zone(z) for z in self.zones],
+                           selfLink=f"{API}/projects/{self.project}/zones")
 
     async def _zone_get(self, request: web.Request) -> web.StreamResponse:
         if (err := self._gate(request, "zonesGet")) is not None:
@@ -521,12 +526,8 @@ class GceEmulator(HttpServer):
         if (err := self._gate(request, "machineTypes")) is not None:
             return err
         zone = request.match_info["zone"]
-        items = [self._machine_type(zone, n) for n in range(len(self.machine_types))]
-        page, nxt = self._page(request, items)
-        body: dict[str, Any] = {"kind": "compute#machineTypeList", "items": page}
-        if nxt:
-            body["nextPageToken"] = nxt
-        return json_response(200, body)
+        return self._paged(request, "compute#machineTypeList",
+                           [self._machine_type(zone, n) for n in range(len(self.machine_types))])
 
     async def _list(self, request: web.Request) -> web.StreamResponse:
         if (err := self._gate(request, "list")) is not None:
@@ -534,11 +535,7 @@ class GceEmulator(HttpServer):
         found = self._filtered(request, request.match_info["zone"])
         if isinstance(found, web.Response):
             return found
-        page, nxt = self._page(request, [self._public(i) for i in found])
-        body: dict[str, Any] = {"kind": "compute#instanceList", "items": page}
-        if nxt:
-            body["nextPageToken"] = nxt
-        return json_response(200, body)
+        return self._paged(request, "compute#instanceList", [self._public(i) for i in found])
 
     async def _aggregated(self, request: web.Request) -> web.StreamResponse:
         if (err := self._gate(request, "aggregatedList")) is not None:
@@ -647,13 +644,9 @@ class GceEmulator(HttpServer):
         with self._lock:
             ops = [self._op_json(op) for op in self._ops.values()
                    if op.zone == zone and (match is None or (op.group is not None and match(op.group)))]
-        page, nxt = self._page(request, ops)
-        body: dict[str, Any] = {"kind": "compute#operationList", "items": page,
-                                "id": f"projects/{self.project}/zones/{zone}/operations",
-                                "selfLink": f"{API}/projects/{self.project}/zones/{zone}/operations"}
-        if nxt:
-            body["nextPageToken"] = nxt
-        return json_response(200, body)
+        return self._paged(request, "compute#operationList", ops,
+                           id=f"projects/{self.project}/zones/{zone}/operations",
+                           selfLink=f"{API}/projects/{self.project}/zones/{zone}/operations")
 
     async def _wait(self, request: web.Request) -> web.StreamResponse:
         if (err := self._gate(request, "wait")) is not None:
