@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     n, minutes = args.tasks, args.minutes
     base = dict(mode="persistent", infra=("north", "east", "west"), sandbox_size=SANDBOX, concurrency=n,
-                policy="cost", warm_per_image=0, idle_timeout_s=IDLE_S, task_attempts=10,
+                policy="cost", warm_per_image=0, idle_timeout_s=IDLE_S, retry_infra_failures=9,
                 instance=InstanceSpec(cpus=2, memory_gb=4, disk_gb=200))
     cheapest = min((t for c in clouds() for t in c.types), key=lambda t: t.price_per_hour)
     home_cloud = next(c for c in clouds() if cheapest in c.types)
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                                    instance=InstanceSpec(cpus=cheapest.cpus, memory_gb=cheapest.memory_gb,
                                                          disk_gb=200),
                                    sandboxes_per_instance=1, max_instances=n, warm_per_image=0,
-                                   idle_timeout_s=IDLE_S, task_attempts=10, policy="cost"),
+                                   idle_timeout_s=IDLE_S, retry_infra_failures=9, policy="cost"),
     }
     opt_cost, opt_mix = optimum(n, minutes)
     out = {}

@@ -20,7 +20,7 @@ from .fleet import Fleet
 from .pools import AutoPool, EphemeralPool, PersistentPool, Pool
 from .pools.bootstrap import BootstrapPolicy
 from .sandbox import Sandbox
-from .specs import Provenance, ReuseKind
+from .specs import InfraFailure, Provenance, ReuseKind
 from .reuse import ResultReuse, ReusePolicy
 from .workflows import Workflow
 from .workers import InferenceEndpoint, InferenceSpec, InferenceWorker, TrainingSpec, TrainingWorker
@@ -31,7 +31,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BootstrapPolicy",
-    "Provenance", "ResultReuse", "ReuseKind", "ReusePolicy", "Workflow",
+    "InfraFailure", "Provenance", "ResultReuse", "ReuseKind", "ReusePolicy", "Workflow",
     "InferenceEndpoint", "InferenceSpec", "InferenceWorker", "TrainingSpec", "TrainingWorker",
     "AuthError", "AutoPool", "BudgetExceededError", "CapacityError", "EphemeralPool", "EventKind", "ExecResult", "Fleet", "FlowMeshError",
     "ImageNotFoundError", "InstanceLost", "InstanceSpec", "NotFoundError", "Offer", "PersistentPool",

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import secrets
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,3 +58,9 @@ class Owner:
         if self.host != socket.gethostname():
             return None
         return _proc_start_ticks(self.pid) == self.start
+
+
+def new_run_id() -> str:
+    """A fresh run id: this moment (UTC, sortable) and 6 random hex digits,
+    e.g. ``20261203-121503-5f0c2a``."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import gc
 from .catalog.loader import Catalog
-from .config import Owner, home_dir
+from .config import Owner, home_dir, new_run_id
 from .control.backend import ControlBackend, open_backend
 from .control.events import Event, EventBus, EventKind
 from .control.limits import QuotaLimits
@@ -84,6 +84,9 @@ class Fleet:
     ``metrics_port`` serves the fleet's Prometheus metrics on ``127.0.0.1:PORT/metrics``
     (0: any free port, see ``fleet.metrics.port``; the ``[metrics]`` extra;
     :mod:`.observe.metrics`).
+    ``run`` names this run of the fleet (default: a fresh id, ``fleet.run``): every
+    instance, container, event, store row and result carries it, and ``flowmesh gc --run``
+    reaps what one run left behind.
     """
 
     def __init__(self, name: str = "default", *, home: str | Path | None = None,
@@ -101,8 +104,10 @@ class Fleet:
                  catalog: Catalog | None = None,
                  budget_per_hour: float | None = None, budget_total: float | None = None,
                  reconcile_interval_s: float | None = 60.0,
-                 metrics_port: int | None = None) -> None:
+                 metrics_port: int | None = None, run: str | None = None) -> None:
         check_name("fleet.name", name)
+        if run is not None:
+            check_name("fleet.run", run)
         if control is not None and control.fleet not in (None, name):
             raise SpecError("fleet.control", f"the control backend keeps fleet {control.fleet!r}'s state, not "
                                              f"{name!r}'s: make it for this fleet (RedisBackend(url, fleet={name!r}))")
@@ -119,10 +124,11 @@ class Fleet:
         self.reconcile_interval_s = reconcile_interval_s
         self._reconciler: asyncio.Future[None] | None = None
         self.name = name
+        self.run_id = run or new_run_id()
         self.home = Path(home) if home else home_dir()
         self.home.mkdir(parents=True, exist_ok=True)
         self.owner = str(Owner.current())
-        self.bus = EventBus()
+        self.bus = EventBus(run=self.run_id)
         self.store = MetadataStore(self.home / "flowmesh.db")
         self.store.attach(self.bus)
         # the control state: in this process, or shared with other coordinators (Redis)
@@ -164,7 +170,7 @@ class Fleet:
             self.metrics.serve(int(metrics_port))
 
     def __repr__(self) -> str:
-        return f"Fleet({self.name!r}, pools={sorted(self.pools)})"
+        return f"Fleet({self.name!r}, run={self.run_id!r}, pools={sorted(self.pools)})"
 
     def _pull_retry(self, what: str, attempt: int, exc: BaseException, wait_s: float) -> None:
         self.bus.publish(Event(EventKind.IMAGE_PULL_RETRY, fleet=self.name,
@@ -247,7 +253,7 @@ class Fleet:
                           authfile_for=self.authfile_for, runtime_for=self.runtime_for,
                           bootstrap_timeout_s=self.bootstrap_timeout_s, bootstrap=self.bootstrap,
                           spend=self.ledger, fleet_budget_per_hour=self.budget_per_hour,
-                          fleet_budget_total=self.budget_total)
+                          fleet_budget_total=self.budget_total, run=self.run_id)
         cls = {PoolMode.PERSISTENT: PersistentPool, PoolMode.EPHEMERAL: EphemeralPool,
                PoolMode.AUTO: AutoPool}[spec.mode]
         if cls is PersistentPool and not any(p.capabilities.nested_containers for p in providers.values()):

@@ -14,7 +14,10 @@ provider keeps its instances under ``FLOWMESH_HOME``); a container is a candidat
 its instance is one of those providers' instances or one this home's metadata store has
 recorded (``known_instances``), so the containers of another ``FLOWMESH_HOME`` on the same
 machine -- whose instances this home never launched -- are left alone, whoever their owner.
-``fleet`` narrows both to one fleet.  :func:`execute` records each confirmed termination
+``fleet`` narrows both to one fleet, ``run`` to one run of a fleet (``Fleet(run=...)``: the
+``flowmesh:run`` tag, the ``flowmesh.run`` label); naming the run also takes what its
+coordinators on other hosts left (an owner this host cannot check), never what a live
+owner or, on a shared fleet, a live coordinator holds.  :func:`execute` records each confirmed termination
 in the metadata store it is given (``INSTANCE_TERMINATED``), so ``flowmesh status`` no
 longer lists what gc removed.
 
@@ -43,8 +46,8 @@ from .control.backend import InProcessBackend
 from .control.events import Event, EventKind
 from .control.shared import SharedHolders, SharedInstance
 from .control.store import MetadataStore
-from .provider import (LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, TAG_FLEET, TAG_OWNER, TAG_POOL, Leftover,
-                       LeftoverScan, Provider, ProviderState)
+from .provider import (LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, LABEL_RUN, TAG_FLEET, TAG_OWNER, TAG_POOL,
+                       TAG_RUN, Leftover, LeftoverScan, Provider, ProviderState)
 from .provisioning import Provisioner
 from .remote.runtime import ContainerInfo, ContainerRuntime
 
@@ -113,7 +116,7 @@ def _owner_gone(owner_text: str) -> tuple[bool | None, str]:
 async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, *,
                older_than_s: float | None = None, include_live: bool = False,
                known_instances: Iterable[str] = (), fleet: str | None = None,
-               shared: SharedHolders | None = None, leftovers: bool = False) -> GcPlan:
+               shared: SharedHolders | None = None, leftovers: bool = False, run: str | None = None) -> GcPlan:
     """What is left behind.  ``known_instances``: ids of instances this home launched
     (its metadata store's records); with ``providers``' own listings they decide which
     containers are this home's.  ``fleet``: only that fleet's instances and containers.
@@ -131,6 +134,8 @@ async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, 
             live_ids.add(inst.id)
             if fleet is not None and inst.tags.get(TAG_FLEET, "") != fleet:
                 continue
+            if run is not None and inst.tags.get(TAG_RUN, "") != run:
+                continue
             owner = inst.tags.get(TAG_OWNER, "")
             gone, why = _owner_gone(owner)
             listed = listed_by_id.get(inst.id)
@@ -142,6 +147,8 @@ async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, 
             age = max(0.0, now - inst.launched_at)
             if gone is True:
                 reason = why
+            elif gone is None and inst.id not in held and run is not None:
+                reason = f"{why}, of run {run}"
             elif gone is None and inst.id not in held and older_than_s is not None and age >= older_than_s:
                 reason = f"{why}, older than {older_than_s:g} s"
             elif include_live:
@@ -159,6 +166,8 @@ async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, 
             if inst not in ours:
                 continue        # another home's (or nobody's we know): not ours to take
             if fleet is not None and c.labels.get(LABEL_FLEET, "") != fleet:
+                continue
+            if run is not None and c.labels.get(LABEL_RUN, "") != run:
                 continue
             if inst in held and not include_live:
                 continue

@@ -71,6 +71,7 @@ ENTRY_POINT_GROUP = backends.GROUP
 TAG_FLEET = "flowmesh:fleet"
 TAG_POOL = "flowmesh:pool"
 TAG_OWNER = "flowmesh:owner"
+TAG_RUN = "flowmesh:run"       # the fleet's run id (Fleet(run=...)): what flowmesh gc --run reaps
 TAG_REQUEST = "flowmesh:request"
 
 # Labels on every sandbox container, so ``gc`` can find them on the machine itself.
@@ -78,6 +79,7 @@ LABEL_FLEET = "flowmesh.fleet"
 LABEL_POOL = "flowmesh.pool"
 LABEL_INSTANCE = "flowmesh.instance"
 LABEL_OWNER = "flowmesh.owner"
+LABEL_RUN = "flowmesh.run"
 LABEL_TASK = "flowmesh.task"
 
 

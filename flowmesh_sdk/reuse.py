@@ -272,7 +272,7 @@ class ResultReuse:
         return TaskResult(task_id=request_id, name=task.name, pool=pool_name, result=result,
                           phases=PhaseTimings(), error=None, instance_id=None,
                           image_digest=str(rec.get("image_digest") or digest), reuse=outcome,
-                          provenance=prov)
+                          provenance=prov, attempts=0, run=self.bus.run if self.bus else "")
 
     async def _bypass(self, task: Task, pool: TaskRunner, request_id: str,
                       workflow: str | None) -> TaskResult:

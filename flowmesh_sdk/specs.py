@@ -256,7 +256,7 @@ class PoolSpec:
     warm_images: tuple[str, ...] = ()
     region: str | None = None
     image_cache_gb: float | None = None
-    task_attempts: int = 3   # dispatches of a Task when its instance is lost under it
+    retry_infra_failures: int = 2   # re-dispatches of a Task whose instance is lost under it
     heartbeat_s: float | None = 10.0   # probe each machine this often; None: no heartbeat
     heartbeat_misses: int = 2          # probes in a row without an answer before it is given up
     # ---- where, on what, at what price (flowmesh_sdk.placement) ----
@@ -274,7 +274,7 @@ class PoolSpec:
     def __post_init__(self) -> None:
         check_name("pool.name", self.name)
         check_choice("pool.kernel", self.kernel, KERNELS)
-        check_number("pool.task_attempts", self.task_attempts, lo=1, hi=100, integer=True)
+        check_number("pool.retry_infra_failures", self.retry_infra_failures, lo=0, hi=100, integer=True)
         if self.heartbeat_s is not None:
             check_number("pool.heartbeat_s", self.heartbeat_s, lo=0.1, hi=3600)
         check_number("pool.heartbeat_misses", self.heartbeat_misses, lo=1, hi=100, integer=True)
@@ -611,6 +611,26 @@ class Provenance:
     published: bool = True      # False: shared with requests in flight only, not stored
 
 
+class InfraFailure(str, enum.Enum):
+    """Why the infrastructure, not the task's own command, ended a task (docs/api.md).
+    A task whose command ran to its end (any exit code, or its timeout) has none."""
+
+    PREEMPTED = "preempted"                # its spot instance was reclaimed by the cloud
+    INSTANCE_LOST = "instance_lost"        # its machine went away (heartbeat, reconcile, node or pod gone)
+    IMAGE_PULL = "image_pull"              # its image did not resolve or could not be pulled
+    CAPACITY = "capacity"                  # no capacity, or a cloud or tenant quota exhausted
+    BUDGET = "budget"                      # a launch for it would have exceeded a budget
+    COORDINATOR_LOST = "coordinator_lost"  # (shared fleet) the coordinators running it died, past its retries
+    SANDBOX_START = "sandbox_start"        # its sandbox (or the machine under it) did not start
+    POOL_CLOSED = "pool_closed"            # the pool was draining
+    PROVIDER = "provider"                  # a provider call failed otherwise (refused credential, API down)
+
+    @property
+    def retried(self) -> bool:
+        """Whether a pool dispatches a task again after this (``retry_infra_failures``)."""
+        return self in (InfraFailure.PREEMPTED, InfraFailure.INSTANCE_LOST, InfraFailure.COORDINATOR_LOST)
+
+
 @dataclass(frozen=True, slots=True)
 class TaskResult:
     task_id: str
@@ -623,6 +643,10 @@ class TaskResult:
     image_digest: str | None = None   # the image the task ran, pinned
     reuse: ReuseKind | None = None    # set when the task went through the reuse layer
     provenance: Provenance | None = None
+    infra_failure: InfraFailure | None = None   # set when the infrastructure ended it (``error`` says how)
+    attempts: int = 1                 # dispatches it took (0: answered without running, a reuse hit)
+    cost: float = 0.0                 # $: its share of its instances' cost while it held them (docs/cost-model.md)
+    run: str = ""                     # the fleet's run id (Fleet(run=...))
 
     @property
     def ok(self) -> bool:

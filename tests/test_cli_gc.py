@@ -16,8 +16,9 @@ CRASHER = textwrap.dedent("""
     from flowmesh_sdk import EventKind, Fleet, InstanceSpec, PoolSpec, Task
     IMG = sys.argv[1]
     FLEET = sys.argv[2] if len(sys.argv) > 2 else "crash"
+    RUN = sys.argv[3] if len(sys.argv) > 3 else None
     async def main():
-        fleet = Fleet(FLEET)
+        fleet = Fleet(FLEET, run=RUN)
         pool = await fleet.pool(PoolSpec(name="doomed", instance=InstanceSpec(cpus=1, memory_gb=2),
                                          min_instances=1, warm_per_image=1, warm_images=(IMG,)))
         spec = pool.default_sandbox(IMG)  # the warm shape: no warm eviction in flight at the kill
@@ -39,11 +40,12 @@ def _flowmesh(*args, env=None):
                           text=True, env=env, timeout=300)
 
 
-def _start_coordinator(env, image, tmp_path, fleet="crash") -> tuple[subprocess.Popen, str]:
+def _start_coordinator(env, image, tmp_path, fleet="crash", run=None) -> tuple[subprocess.Popen, str]:
     """Start CRASHER; returns the process (holding a sandbox) and its owner id."""
     script = tmp_path / "coordinator.py"
     script.write_text(CRASHER)
-    proc = subprocess.Popen([sys.executable, str(script), image, fleet], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(script), image, fleet, *([run] if run else [])],
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()
     if not line.startswith("READY"):
@@ -201,3 +203,26 @@ async def test_restarted_coordinator_reconciles(fm_home, busybox_image, tmp_path
         assert again.terminated == () and again.forgotten == ()
     _flowmesh("gc", "--yes", env=env)  # containers of the dead owner
     assert podman_names(f"flowmesh.owner={owner}") == []
+
+
+def test_gc_run_reaps_one_run_and_leaves_another_runs_on_the_same_home(fm_home, busybox_image, tmp_path):
+    env = dict(os.environ, FLOWMESH_HOME=str(fm_home), COLUMNS="200")
+    procs = [_start_coordinator(env, busybox_image, tmp_path, run=run) for run in ("run-a", "run-b")]
+    for proc, _ in procs:
+        _kill(proc)
+    (_, owner_a), (_, owner_b) = procs
+    left_a, left_b = podman_names("flowmesh.run=run-a"), podman_names("flowmesh.run=run-b")
+    assert len(left_a) >= 2 and len(left_b) >= 2
+    assert left_a == podman_names(f"flowmesh.owner={owner_a}")   # each container carries its run
+    dry = _flowmesh("gc", "--run", "run-a", "--json", env=env)
+    assert dry.returncode == 0, dry.stderr
+    found = json.loads(dry.stdout)["found"]
+    assert len(found["instances"]) == 1 and sorted(c["name"] for c in found["containers"]) == sorted(left_a)
+    real = _flowmesh("gc", "--run", "run-a", "--yes", env=env)
+    assert real.returncode == 0, real.stdout + real.stderr
+    assert "terminated 1 instance(s)" in real.stdout
+    assert podman_names("flowmesh.run=run-a") == []
+    assert podman_names("flowmesh.run=run-b") == left_b           # the other run's, untouched
+    b = _flowmesh("gc", "--run", "run-b", "--yes", env=env)
+    assert b.returncode == 0 and "terminated 1 instance(s)" in b.stdout, b.stdout + b.stderr
+    assert podman_names(f"flowmesh.owner={owner_b}") == []

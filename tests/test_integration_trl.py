@@ -15,7 +15,7 @@ import pytest
 from flowmesh_sdk import SandboxSpec
 from flowmesh_sdk.errors import SpecError
 from flowmesh_sdk.integrations.trl import CodeReward, code_reward, extract_code
-from flowmesh_sdk.specs import ReuseKind
+from flowmesh_sdk.specs import InfraFailure, ReuseKind
 from flowmesh_sdk.testing.tiny_model import OFFLINE_ENV, build_tiny_lm
 from conftest import local_pool  # noqa: E402
 
@@ -65,11 +65,17 @@ async def test_rewards_reuse_timeouts_and_infra_failures(fleet_pool, swe_image, 
                                               ReuseKind.HIT, ReuseKind.HIT]
     assert reward.stats.completions == 12 and reward.stats.executed == 6 and reward.stats.timeouts == 2
 
-    # infrastructure failure (the image does not exist): reward 0 with the reason, no exception
+    # infrastructure failure (the image does not exist): no reward (TRL's None: masked), the reason, no exception
     broken = code_reward(fleet, pool, spec=_spec("localhost/flowmesh/no-such-image:1"), timeout_s=2)
-    assert await broken(prompts=["p", "p"], completions=["VALUE = 2", "x"], tests=[TESTS, TESTS]) == [0.0, 0.0]
-    assert all(o.infra_failure and "ImageNotFoundError" in o.reason for o in broken.last)
+    assert await broken(prompts=["p", "p"], completions=["VALUE = 2", "x"], tests=[TESTS, TESTS]) == [None, None]
+    assert all(o.infra_failure and o.infra_kind is InfraFailure.IMAGE_PULL and "ImageNotFoundError" in o.reason
+               for o in broken.last)
     assert "ImageNotFoundError" in caplog.text
+    # or a value of the caller's choosing: scored as a failure
+    scored = code_reward(fleet, pool, spec=_spec("localhost/flowmesh/no-such-image:1"), timeout_s=2,
+                         infra_reward=0.0)
+    assert await scored(prompts=["p"], completions=["VALUE = 2"], tests=[TESTS]) == [0.0]
+    assert scored.stats.infra_failures == 1
 
     with pytest.raises(SpecError, match="reward.tests"):
         await reward(prompts=["p"], completions=["x"])

@@ -234,7 +234,7 @@ def test_2000_tasks_across_three_clouds_with_capacity_limits_and_spot_interrupti
     async def main():
         async with sim_clouds_fleet(clouds(cap_a=400, cap_b=400, cap_c=400, spot_rate_c=0.5), SIZES,
                                     home=str(tmp_path)) as (fleet, provs):
-            pool = await fleet.pool(spec(max_instances=1000, spot="prefer", task_attempts=10))
+            pool = await fleet.pool(spec(max_instances=1000, spot="prefer", retry_infra_failures=9))
             res = await pool.map(tasks(2000, 1800))
             assert sum(r.ok for r in res) == 2000, [r.error for r in res if not r.ok][:3]
             vms = {n: p.stats()["vms"] for n, p in provs.items()}

@@ -276,6 +276,8 @@ def gc(provider: list[str] = typer.Option(["local"], "--provider", "-p",
        all_: bool = typer.Option(False, "--all", help="take every SDK instance, even of live owners"),
        fleet: Optional[str] = typer.Option(None, "--fleet", help="only this fleet's instances and "
                                            "containers (default: every fleet of this FLOWMESH_HOME)"),
+       run: Optional[str] = typer.Option(None, "--run", help="only what this run left (Fleet(run=...)), "
+                                         "its coordinators on other hosts included, never what a live one holds"),
        yes: bool = typer.Option(False, "--yes", "-y", help="act; without it, only list (dry run)"),
        json_out: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
     """Find instances and containers this FLOWMESH_HOME left behind (by their tags and its
@@ -289,23 +291,23 @@ def gc(provider: list[str] = typer.Option(["local"], "--provider", "-p",
                                      param_hint="--provider")
     age = parse_duration(older_than) if older_than else None
     try:
-        asyncio.run(_gc(_store(), provider, age, all_, yes, fleet, json_out))
+        asyncio.run(_gc(_store(), provider, age, all_, yes, fleet, json_out, run))
     except FlowMeshError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from exc
 
 
 async def _gc(store: MetadataStore, names: list[str], age: float | None, all_: bool, yes: bool,
-              fleet: str | None = None, json_out: bool = False) -> None:
+              fleet: str | None = None, json_out: bool = False, run: str | None = None) -> None:
     try:
-        await _gc_with(store, names, age, all_, yes, fleet, json_out)
+        await _gc_with(store, names, age, all_, yes, fleet, json_out, run)
     finally:
         await store.flush()
         store.close()
 
 
 async def _gc_with(store: MetadataStore, names: list[str], age: float | None, all_: bool, yes: bool,
-                   fleet: str | None, json_out: bool = False) -> None:
+                   fleet: str | None, json_out: bool = False, run: str | None = None) -> None:
     providers = [load_provider(n) for n in names]
     runtime = ContainerRuntime(LocalRunner()) if "local" in names else None
     if runtime is not None:
@@ -318,7 +320,7 @@ async def _gc_with(store: MetadataStore, names: list[str], age: float | None, al
     async with shared_gc(fleet) as shared:
         the_plan = await gc_mod.plan(providers, runtime, older_than_s=age, include_live=all_,
                                      known_instances=known, fleet=fleet, shared=shared.holders,
-                                     leftovers=True)
+                                     leftovers=True, run=run)
         if json_out:
             await _gc_json(the_plan, providers, runtime, store, yes, shared)
         else:

@@ -7,6 +7,7 @@ predicate with a deadline.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import logging
 import time
@@ -92,6 +93,10 @@ class Event:
     phases: PhaseTimings | None = None
     bootstrap: BootstrapReport | None = None   # on instance.ready and instance.failed
     at: float = field(default_factory=time.time)
+    run: str = ""                              # the fleet's run id (the bus stamps it)
+    tenant: str | None = None                  # on a task's end: whose task
+    cost: float | None = None                  # on a task's end: TaskResult.cost ($)
+    infra_failure: str | None = None           # on a task's end: TaskResult.infra_failure's value
 
 
 Handler = Callable[[Event], None]
@@ -118,7 +123,10 @@ class Subscription:
 
 
 class EventBus:
-    def __init__(self) -> None:
+    """``run``: stamped on every event published without one (the fleet's run id)."""
+
+    def __init__(self, run: str = "") -> None:
+        self.run = run
         self._subs: set[Subscription] = set()
         self._handlers: list[tuple[frozenset[EventKind] | None, Handler]] = []
 
@@ -132,6 +140,8 @@ class EventBus:
         self._handlers.append((frozenset(kinds) or None, handler))
 
     def publish(self, event: Event) -> None:
+        if self.run and not event.run:
+            event = dataclasses.replace(event, run=self.run)
         for kinds, handler in list(self._handlers):
             if kinds is None or event.kind in kinds:
                 try:

@@ -159,6 +159,21 @@ class SpendLedger:
         c = self._charges.get(instance_id)
         return 0.0 if c is None else c.cost(clock.monotonic())
 
+    def share(self, instance_id: str, since: float, slots: int) -> float:
+        """A task's share of one instance ($) for the slot it held from ``since`` until now
+        (or until the instance's charge ended, if earlier): the price for that time divided
+        by the instance's ``slots``.  An instance of one slot launched for the task
+        (started at or after ``since``) is the task's whole: its billing minimum counts."""
+        c = self._charges.get(instance_id)
+        if c is None:
+            return 0.0
+        now = clock.monotonic()
+        end = now if c.ended is None else min(c.ended, now)
+        held = max(0.0, end - max(c.started, since))
+        if slots == 1 and c.started >= since:
+            held = max(held, c.billing_min_s)
+        return c.price_per_hour * held / 3600.0 / max(1, slots)
+
     def summary(self, *, pool: str | Collection[str] | None = None, provider: str | None = None) -> SpendSummary:
         """Spend and burn of one pool (or several, or the whole fleet: None)."""
         pools = (pool,) if isinstance(pool, str) else pool

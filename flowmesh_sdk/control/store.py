@@ -61,6 +61,14 @@ MIGRATIONS: tuple[str, ...] = (
     # 1 -> 2: what the live view (flowmesh top) reads at 10,000 instances: live instances, recent tasks
     """CREATE INDEX IF NOT EXISTS instances_state ON instances (state);
 CREATE INDEX IF NOT EXISTS tasks_finished ON tasks (finished_at);""",
+    # 2 -> 3: run scope (Fleet(run=...)) and per-task accounting (TaskResult.cost, .infra_failure)
+    """ALTER TABLE tasks ADD COLUMN run TEXT;
+ALTER TABLE tasks ADD COLUMN tenant TEXT;
+ALTER TABLE tasks ADD COLUMN cost REAL;
+ALTER TABLE tasks ADD COLUMN infra_failure TEXT;
+ALTER TABLE instances ADD COLUMN run TEXT;
+ALTER TABLE charges ADD COLUMN run TEXT;
+CREATE INDEX IF NOT EXISTS tasks_run ON tasks (run);""",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -102,6 +110,7 @@ class InstanceRow:
     ready_at: float | None
     terminated_at: float | None
     detail: str
+    run: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +130,10 @@ class TaskRow:
     submitted_at: float | None
     finished_at: float | None
     detail: str | None
+    run: str | None = None
+    tenant: str | None = None
+    cost: float | None = None             # $ (TaskResult.cost)
+    infra_failure: str | None = None      # TaskResult.infra_failure's value
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,17 +280,18 @@ class MetadataStore:
                       (ev.at, ev.fleet, ev.pool))
         elif ev.kind in _INSTANCE_STATE:
             state = _INSTANCE_STATE[ev.kind]
-            c.execute("INSERT OR IGNORE INTO instances (id, fleet, pool, state, requested_at, detail)"
-                      " VALUES (?,?,?,?,?,'')", (ev.instance_id, ev.fleet, ev.pool, state, ev.at))
+            c.execute("INSERT OR IGNORE INTO instances (id, fleet, pool, state, requested_at, detail, run)"
+                      " VALUES (?,?,?,?,?,'',?)", (ev.instance_id, ev.fleet, ev.pool, state, ev.at, ev.run))
             c.execute("UPDATE instances SET state=?, detail=? WHERE id=?",
                       (state, ev.detail, ev.instance_id))
             if ev.kind is EventKind.INSTANCE_REQUESTED and ev.detail.startswith("{"):
                 d = json.loads(ev.detail)
                 provider = str(d.get("provider", ""))
-                c.execute("INSERT OR REPLACE INTO charges VALUES (?,?,?,?,?,?,?,?,?)",
+                c.execute("INSERT OR REPLACE INTO charges (id, fleet, pool, provider, region, type, spot,"
+                          " price_per_hour, billing_min_s, run) VALUES (?,?,?,?,?,?,?,?,?,?)",
                           (ev.instance_id, ev.fleet, ev.pool, provider, d.get("region"), d.get("type"),
                            int(bool(d.get("spot"))), float(d.get("price_per_hour") or 0.0),
-                           profile(provider).billing_min_s))
+                           profile(provider).billing_min_s, ev.run))
             if ev.kind is EventKind.INSTANCE_READY:
                 c.execute("UPDATE instances SET ready_at=? WHERE id=?", (ev.at, ev.instance_id))
             elif ev.kind is EventKind.INSTANCE_TERMINATED:
@@ -286,25 +300,26 @@ class MetadataStore:
             c.execute("INSERT INTO decisions VALUES (?,?,?,?,?)",
                       (ev.fleet, ev.pool, _DECISIONS[ev.kind], ev.detail, ev.at))
         elif ev.kind is EventKind.TASK_SUBMITTED:
-            c.execute("INSERT OR REPLACE INTO tasks (id, fleet, pool, name, state, submitted_at)"
-                      " VALUES (?,?,?,?,'submitted',?)",
-                      (ev.task_id, ev.fleet, ev.pool, ev.task_name, ev.at))
+            c.execute("INSERT OR REPLACE INTO tasks (id, fleet, pool, name, state, submitted_at, run)"
+                      " VALUES (?,?,?,?,'submitted',?,?)",
+                      (ev.task_id, ev.fleet, ev.pool, ev.task_name, ev.at, ev.run))
         elif ev.kind is EventKind.TASK_STARTED:
             c.execute("UPDATE tasks SET state='running', instance_id=? WHERE id=?",
                       (ev.instance_id, ev.task_id))
         elif ev.kind in TASK_END:
             p = ev.phases
             c.execute(
-                "INSERT OR IGNORE INTO tasks (id, fleet, pool, name, state, submitted_at)"
-                " VALUES (?,?,?,?,'submitted',?)", (ev.task_id, ev.fleet, ev.pool, ev.task_name, ev.at))
+                "INSERT OR IGNORE INTO tasks (id, fleet, pool, name, state, submitted_at, run)"
+                " VALUES (?,?,?,?,'submitted',?,?)", (ev.task_id, ev.fleet, ev.pool, ev.task_name, ev.at, ev.run))
             c.execute(
                 "UPDATE tasks SET state=?, instance_id=COALESCE(?, instance_id), exit_code=?,"
                 " queued_s=?, scheduling_s=?, env_startup_s=?, execution_s=?, teardown_s=?,"
-                " finished_at=?, detail=? WHERE id=?",
+                " finished_at=?, detail=?, tenant=?, cost=?, infra_failure=? WHERE id=?",
                 (_TASK_STATE[ev.kind], ev.instance_id, ev.exit_code,
                  p.queued if p else None, p.scheduling if p else None,
                  p.env_startup if p else None, p.execution if p else None,
-                 p.teardown if p else None, ev.at, ev.detail, ev.task_id))
+                 p.teardown if p else None, ev.at, ev.detail, ev.tenant, ev.cost, ev.infra_failure,
+                 ev.task_id))
         elif ev.kind in _REUSE_OUTCOME:
             d = json.loads(ev.detail or "{}")
             c.execute("INSERT OR REPLACE INTO reuse VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",

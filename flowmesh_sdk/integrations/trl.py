@@ -7,9 +7,12 @@ says).  The completions of a step run concurrently (the pool's capacity bounds h
 once), each under its own timeout, through the fleet's result reuse: an identical
 completion for the same tests (the same ``H_task``) runs once -- joined while in flight,
 answered from the store afterwards, in this step or a later one.  A completion whose
-sandbox times out, or whose run fails for an infrastructure reason (image missing, pool
-closed, instance lost, no answer), gets reward 0 and a logged reason instead of crashing
-the training step.
+sandbox times out gets reward 0.  One whose run the infrastructure ended
+(``TaskResult.infra_failure``: preempted, instance lost, image pull, capacity, budget, ...;
+or no answer within ``wait_s``) gets ``infra_reward`` -- by default ``None``, TRL's "no
+reward" (``GRPOTrainer`` turns it into NaN and leaves it out of the group's statistics), so
+a rollout the infrastructure broke is masked, not scored zero -- and a logged reason,
+instead of crashing the training step.
 
     from flowmesh_sdk.integrations.trl import code_reward
     reward = code_reward(fleet, pool, image="localhost/flowmesh/swe-base:bookworm", timeout_s=10)
@@ -33,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FlowMeshError, SpecError
-from ..specs import ExecResult, ReuseKind, SandboxSpec, Task, TaskResult, check_number
+from ..specs import ExecResult, InfraFailure, ReuseKind, SandboxSpec, Task, TaskResult, check_number
 from ._bridge import LoopBridge
 
 __all__ = ["CodeReward", "RewardOutcome", "RewardStats", "code_reward", "extract_code", "passed"]
@@ -67,7 +70,7 @@ class RewardOutcome:
 
     index: int
     answer: str                    # the code that was graded
-    reward: float
+    reward: float | None           # None: masked (an infrastructure failure, with infra_reward=None)
     reason: str                    # "passed", "failed (exit 1)", "timed out after 5 s", "infra: ..."
     reuse: ReuseKind | None = None  # EXECUTED, JOINED (same work in flight) or HIT (from the store)
     h_task: str | None = None
@@ -76,6 +79,7 @@ class RewardOutcome:
     instance_id: str | None = None  # where it ran (None for a hit or a join)
     infra_failure: bool = False
     tests: str = ""                # the row's tests it was graded against
+    infra_kind: InfraFailure | None = None   # what the infrastructure did (None: no answer in time)
 
 
 @dataclass
@@ -97,7 +101,8 @@ class CodeReward:
     def __init__(self, reuse: Any, pool: Any, spec: SandboxSpec, bridge: LoopBridge, *,
                  tests_column: str, answer_path: str, tests_path: str, command: str, timeout_s: float,
                  wait_s: float, tenant: str, extract: Callable[[Any], str],
-                 reward_of: Callable[[ExecResult], float], name: str, history: int) -> None:
+                 reward_of: Callable[[ExecResult], float], name: str, history: int,
+                 infra_reward: float | None = None) -> None:
         self.reuse = reuse
         self.pool = pool
         self.spec = spec
@@ -111,6 +116,7 @@ class CodeReward:
         self.tenant = tenant
         self.extract = extract
         self.reward_of = reward_of
+        self.infra_reward = infra_reward
         self.__name__ = name          # TRL names the reward's metrics after it
         self.stats = RewardStats()
         self.last: list[RewardOutcome] = []
@@ -120,7 +126,8 @@ class CodeReward:
     def __repr__(self) -> str:
         return f"CodeReward({self.__name__}, pool={getattr(self.pool, 'name', '?')}, image={self.spec.image!r})"
 
-    async def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
+    async def __call__(self, prompts: Sequence[Any], completions: Sequence[Any],
+                       **kwargs: Any) -> list[float | None]:
         tests = kwargs.get(self.tests_column)
         if tests is None or len(tests) != len(completions):
             raise SpecError(f"reward.{self.tests_column}", "the dataset needs a column of that name with one "
@@ -163,13 +170,16 @@ class CodeReward:
         except (FlowMeshError, OSError, TimeoutError) as exc:
             what = (f"no result within {self.wait_s:g} s" if isinstance(exc, TimeoutError)
                     else f"{type(exc).__name__}: {exc}")
-            return self._zero(i, answer, f"infra: {what}", infra=True, tests=tests)
+            return self._infra(i, answer, f"infra: {what}", None, tests=tests)
         prov = tr.provenance
         ran: dict[str, Any] = {"reuse": tr.reuse, "h_task": prov.h_task if prov else None,
                                "task_id": prov.task_id if prov else tr.task_id, "instance_id": tr.instance_id}
         r = tr.result
-        if tr.error is not None or r is None:
-            return self._zero(i, answer, f"infra: {tr.error or 'no result'}", infra=True, tests=tests, **ran)
+        if tr.infra_failure is not None:
+            return self._infra(i, answer, f"infra: {tr.infra_failure.value}: {tr.error}", tr.infra_failure,
+                               tests=tests, **ran)
+        if tr.error is not None or r is None:   # its sandbox failed under its own command: its outcome
+            return self._zero(i, answer, f"error: {tr.error or 'no result'}", tests=tests, **ran)
         if r.timed_out:
             return self._zero(i, answer, f"timed out after {self.timeout_s:g} s", exit_code=r.exit_code,
                               tests=tests, **ran)
@@ -177,9 +187,13 @@ class CodeReward:
         reason = "passed" if r.exit_code == 0 else f"failed (exit {r.exit_code})"
         return RewardOutcome(i, answer, reward, reason, exit_code=r.exit_code, tests=tests, **ran)
 
-    def _zero(self, i: int, answer: str, reason: str, *, infra: bool = False, **base: Any) -> RewardOutcome:
+    def _zero(self, i: int, answer: str, reason: str, **base: Any) -> RewardOutcome:
         log.warning("%s: reward 0 for completion %d: %s", self.__name__, i, reason)
-        return RewardOutcome(i, answer, 0.0, reason, infra_failure=infra, **base)
+        return RewardOutcome(i, answer, 0.0, reason, **base)
+
+    def _infra(self, i: int, answer: str, reason: str, kind: InfraFailure | None, **base: Any) -> RewardOutcome:
+        log.warning("%s: reward %s for completion %d: %s", self.__name__, self.infra_reward, i, reason)
+        return RewardOutcome(i, answer, self.infra_reward, reason, infra_failure=True, infra_kind=kind, **base)
 
 
 def code_reward(fleet: Any, pool: Any, *, image: str | None = None, spec: SandboxSpec | None = None,
@@ -188,7 +202,8 @@ def code_reward(fleet: Any, pool: Any, *, image: str | None = None, spec: Sandbo
                 wait_s: float = 600.0, tenant: str = "default",
                 extract: Callable[[Any], str] = extract_code,
                 reward_of: Callable[[ExecResult], float] = passed,
-                name: str = "flowmesh_code_reward", history: int = 16) -> CodeReward:
+                name: str = "flowmesh_code_reward", history: int = 16,
+                infra_reward: float | None = None) -> CodeReward:
     """A ``GRPOTrainer`` reward function grading each completion in a sandbox of ``pool``.
 
     ``fleet`` gives the result reuse (``fleet.results``); ``fleet`` and ``pool`` may be
@@ -197,7 +212,9 @@ def code_reward(fleet: Any, pool: Any, *, image: str | None = None, spec: Sandbo
     goes to ``answer_path`` and the row's ``tests_column`` to ``tests_path``; ``command``
     (default ``python3 -B TESTS_PATH``: the tests ``import answer``) runs under
     ``timeout_s``; ``wait_s`` bounds the whole request (queueing included).  ``reward_of``
-    maps a finished run's ``ExecResult`` to the reward (default: 1.0 if exit 0).  The
+    maps a finished run's ``ExecResult`` to the reward (default: 1.0 if exit 0);
+    ``infra_reward`` is what a completion the infrastructure failed gets (default None:
+    masked, TRL's convention; 0.0 scores it as a failure).  The
     function keeps ``stats`` (totals), ``last`` (the last batch's :class:`RewardOutcome` records)
     and ``history`` (the last ``history`` batches)."""
     inner_pool, inner_fleet = getattr(pool, "pool", pool), getattr(fleet, "fleet", fleet)
@@ -211,13 +228,14 @@ def code_reward(fleet: Any, pool: Any, *, image: str | None = None, spec: Sandbo
     check_number("reward.timeout_s", timeout_s, lo=0, hi=7 * 86400, lo_open=True)
     check_number("reward.wait_s", wait_s, lo=0, lo_open=True)
     check_number("reward.history", history, lo=1, integer=True)
+    if infra_reward is not None:
+        check_number("reward.infra_reward", infra_reward, lo=-1e9, hi=1e9)
     for fname, path in (("reward.answer_path", answer_path), ("reward.tests_path", tests_path)):
         if not isinstance(path, str) or not path.startswith("/"):
             raise SpecError(fname, f"must be an absolute path, got {path!r}")
     sb_spec = spec if spec is not None else inner_pool.default_sandbox(image)
-    sync_loop = getattr(getattr(pool, "_loop", None), "loop", None)
-    bridge = LoopBridge(sync_loop) if sync_loop is not None else LoopBridge.current()
+    bridge = LoopBridge.of(pool)
     return CodeReward(reuse, inner_pool, sb_spec, bridge, tests_column=tests_column, answer_path=answer_path,
                       tests_path=tests_path, command=command or f"python3 -B {tests_path}", timeout_s=timeout_s,
                       wait_s=wait_s, tenant=tenant, extract=extract, reward_of=reward_of, name=name,
-                      history=history)
+                      history=history, infra_reward=infra_reward)

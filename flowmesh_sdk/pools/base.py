@@ -31,14 +31,15 @@ from ..images import ImageInfo, ImageResolver, PullBudget
 from ..lifecycle import InstanceState, Lifecycle, TaskState, task_lifecycle
 from ..observe import tracing
 from ..placement.ranking import Placement
-from ..provider import LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, LABEL_POOL, LABEL_TASK, Offer, Provider
+from ..provider import LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, LABEL_POOL, LABEL_RUN, LABEL_TASK, Offer, Provider
 from ..provisioning import Provisioner
 from ..remote.runner import Runner
 from ..remote.direct import InstanceRuntime
 from ..remote.runtime import ContainerRuntime
 from ..sandbox import Sandbox
-from ..specs import ExecResult, PhaseTimings, PoolSpec, SandboxSpec, Task, TaskResult
+from ..specs import ExecResult, InfraFailure, PhaseTimings, PoolSpec, SandboxSpec, Task, TaskResult
 from .bootstrap import BootstrapPolicy, Bootstrapper, RegistryLogins
+from .failures import infra_failure
 from .images import InstanceImages
 from .instance import ManagedInstance
 from .machines import Machines, ReconcileResult
@@ -67,6 +68,7 @@ class PoolContext:
     spend: SpendLedger = field(default_factory=SpendLedger)
     fleet_budget_per_hour: float | None = None
     fleet_budget_total: float | None = None
+    run: str = ""   # the fleet's run id: on every instance, container, event and result
 
 
 @dataclass(slots=True)
@@ -84,6 +86,9 @@ class TaskRun:
     cancelled: bool = False
     image_digest: str | None = None
     attempts_left: int = 0   # further dispatches allowed if its instance is lost under it
+    attempts: int = 0        # dispatches so far
+    failure: InfraFailure | None = None   # what ended it, when the infrastructure did
+    cost: float = 0.0        # $ of the slots its dispatches held (SpendLedger.share)
     trace: tracing.Journey | None = None   # its spans, when a tracer is configured
 
     def mark(self, what: str) -> None:
@@ -221,9 +226,10 @@ class Pool(abc.ABC):
         run = self._new_run(task.name, task.tenant)
         if run.trace is not None:
             run.trace.task = task   # for its H_task
-        run.attempts_left = self.spec.task_attempts
+        run.attempts_left = self.spec.retry_infra_failures + 1
         while True:
             run.attempts_left -= 1
+            run.attempts += 1
             try:
                 async with self._lease(task.sandbox, run) as sb:
                     for path, data in task.files.items():
@@ -236,7 +242,8 @@ class Pool(abc.ABC):
                 break          # recorded in run.error by _lease
         return TaskResult(task_id=run.id, name=task.name, pool=self.name, result=run.result,
                           phases=run.phases(), error=run.error, instance_id=run.instance_id,
-                          image_digest=run.image_digest)
+                          image_digest=run.image_digest, infra_failure=run.failure, attempts=run.attempts,
+                          cost=run.cost, run=self.ctx.run)
 
     async def map(self, tasks: Iterable[Task], *,
                   on_result: Callable[[TaskResult], None] | None = None) -> list[TaskResult]:
@@ -351,11 +358,14 @@ class Pool(abc.ABC):
         sandbox: Sandbox | None = None
         admitted = False
         redispatch = False
+        started = False
+        since = clock.monotonic()
         try:
             if lc.state is not TaskState.QUEUED:   # a re-dispatch is queued already
                 lc.to(TaskState.QUEUED)
             await self._sem.acquire()
             admitted = True
+            since = clock.monotonic()
             run.mark("admitted")
             lc.to(TaskState.SCHEDULED)
             inst = await self._place(spec, info, run)
@@ -366,6 +376,7 @@ class Pool(abc.ABC):
             run.instance_id = sandbox.instance_id
             run.image_digest = sandbox.image_id
             run.mark("started")
+            started = True
             lc.to(TaskState.RUNNING)
             self._publish(EventKind.TASK_STARTED, task_id=run.id, task_name=name,
                           instance_id=run.instance_id)
@@ -382,6 +393,8 @@ class Pool(abc.ABC):
             redispatch = lost and run.attempts_left > 0
             if not redispatch:
                 run.error = run.error or ("cancelled" if run.cancelled else f"{type(exc).__name__}: {exc}")
+                if not run.cancelled:
+                    run.failure = infra_failure(exc, inst, started=started)
             if lost:
                 raise InstanceLost(f"instance {inst.id} was lost under task {name}: {exc}") from exc
             raise
@@ -394,6 +407,8 @@ class Pool(abc.ABC):
                 log.info("pool %s: teardown on lost instance %s: %s", self.name, inst.id, exc)
             finally:
                 run.mark("torn_down")
+                if inst is not None:
+                    run.cost += self.ctx.spend.share(inst.id, since, inst.slots)
                 cancelled: asyncio.CancelledError | None = None
                 try:   # shielded: a task cancelled here still gives its permit and tenant slot back
                     await asyncio.shield(self._release(tenant, admitted))
@@ -406,7 +421,7 @@ class Pool(abc.ABC):
                     self._idle.set()
                 if redispatch and (cancelled is not None or asyncio.current_task().cancelling()):
                     # cancelled while its lost instance was torn down: it ends cancelled, not queued again
-                    redispatch, run.cancelled, run.error = False, True, "cancelled"
+                    redispatch, run.cancelled, run.error, run.failure = False, True, "cancelled", None
                 if redispatch:
                     run.result, run.instance_id, run.image_digest = None, None, None
                     lc.to(TaskState.QUEUED)
@@ -426,9 +441,11 @@ class Pool(abc.ABC):
     def _reject(self, run: TaskRun, exc: FlowMeshError) -> None:
         run.lifecycle.to(TaskState.REJECTED)
         run.error = f"{type(exc).__name__}: {exc}"
+        run.failure = infra_failure(exc, None, started=False)
         run.mark("torn_down")
         self._publish(EventKind.TASK_REJECTED, task_id=run.id, task_name=run.name,
-                      detail=run.error, phases=run.phases())
+                      detail=run.error, phases=run.phases(), tenant=run.tenant, cost=0.0,
+                      infra_failure=run.failure.value if run.failure else None)
         raise exc
 
     def _finish(self, run: TaskRun) -> None:
@@ -449,7 +466,8 @@ class Pool(abc.ABC):
             kind = EventKind.TASK_FAILED
         self._publish(kind, task_id=run.id, task_name=run.name, instance_id=run.instance_id,
                       exit_code=res.exit_code if res else None, detail=run.error or "",
-                      phases=run.phases())
+                      phases=run.phases(), tenant=run.tenant, cost=run.cost,
+                      infra_failure=run.failure.value if run.failure else None)
 
     async def _close_sandbox(self, sandbox: Sandbox | None) -> None:
         if sandbox is None:
@@ -465,7 +483,7 @@ class Pool(abc.ABC):
         """A container from the pinned image on ``mi``, its channel open."""
         name = f"fm-{self.name}-{uuid.uuid4().hex[:10]}"
         labels = {LABEL_FLEET: self.ctx.fleet, LABEL_POOL: self.name, LABEL_INSTANCE: mi.id,
-                  LABEL_OWNER: self.ctx.owner, LABEL_TASK: task_id}
+                  LABEL_OWNER: self.ctx.owner, LABEL_TASK: task_id, LABEL_RUN: self.ctx.run}
         # wanted from before its pull until its container holds it: eviction never takes an
         # image a sandbox on its way needs (another task's pull may cross the high-water mark)
         direct = isinstance(mi.runtime, InstanceRuntime)   # the instance is this sandbox's container

@@ -12,7 +12,7 @@ from ..lifecycle import InstanceState, Lifecycle, instance_lifecycle
 from ..provider import Instance, Provider
 from ..remote.runtime import ContainerRuntime
 from ..sandbox import Sandbox
-from ..specs import BootstrapReport, Offer, SandboxSpec
+from ..specs import BootstrapReport, InfraFailure, Offer, SandboxSpec
 
 WarmKey = str   # the container's H_exec (flowmesh_sdk.identity.sandbox_h_exec)
 
@@ -54,6 +54,7 @@ class ManagedInstance:
         self.authfiles: dict[str, str] = {}   # registry -> its auth file's path on the machine
         self.wanted: dict[str, int] = {}      # digest -> sandboxes being made from it (not evictable)
         self.bootstrap: BootstrapReport | None = None
+        self.loss: InfraFailure | None = None   # why it was given up, once it was (what its tasks report)
 
     def __repr__(self) -> str:
         return f"ManagedInstance({self.id} {self.state.value} {self.active}/{self.slots})"

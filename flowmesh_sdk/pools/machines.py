@@ -32,11 +32,11 @@ from ..errors import (AuthError, BudgetExceededError, CapacityError, ContainerRu
                       SandboxTimeout, ThrottledError)
 from ..lifecycle import InstanceState
 from ..placement.ranking import Candidate, Placement
-from ..provider import (TAG_FLEET, TAG_OWNER, TAG_POOL, ContainerRequest, FaultKind, Instance, InstanceFault,
+from ..provider import (TAG_FLEET, TAG_OWNER, TAG_POOL, TAG_RUN, ContainerRequest, FaultKind, Instance, InstanceFault,
                         Provider, ProviderState)
 from ..provisioning import Failover, price_delta, reason_of
 from ..remote.direct import InstanceRuntime
-from ..specs import InstanceSpec, Offer, PoolSpec
+from ..specs import InfraFailure, InstanceSpec, Offer, PoolSpec
 from .bootstrap import Bootstrapper
 from .heartbeat import Heartbeat
 from .instance import ManagedInstance
@@ -66,6 +66,15 @@ def fault_error(mi: ManagedInstance, fault: InstanceFault) -> FlowMeshError:
     if fault.kind is FaultKind.CAPACITY:
         return CapacityError(text, provider=mi.provider.name, code="Unschedulable")
     return InstanceLost(text)
+
+
+def preempted_or_lost(mi: ManagedInstance, now: Instance | None) -> InfraFailure:
+    """How a task reports ``mi`` gone (``now``: what its provider lists, None when nothing):
+    a spot instance that its provider ended or stopped was preempted; otherwise it was lost."""
+    ended = now is None or now.state in (*_GONE, ProviderState.STOPPED)
+    if mi.offer is not None and mi.offer.spot and ended:
+        return InfraFailure.PREEMPTED
+    return InfraFailure.INSTANCE_LOST
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +282,7 @@ class Machines:
         """One launch call of ``cand``: the instances it returned, recorded (REQUESTED) and
         accruing cost.  ``container`` goes only to a provider whose instances are containers
         (each is then its sandbox: :class:`~flowmesh_sdk.remote.direct.InstanceRuntime`)."""
-        tags = {TAG_FLEET: self.ctx.fleet, TAG_POOL: self.pool, TAG_OWNER: self.ctx.owner}
+        tags = {TAG_FLEET: self.ctx.fleet, TAG_POOL: self.pool, TAG_OWNER: self.ctx.owner, TAG_RUN: self.ctx.run}
         offer = cand.offer
         provider = self.providers[offer.provider]
         direct = not provider.capabilities.nested_containers
@@ -430,8 +439,21 @@ class Machines:
             return False
         except (FlowMeshError, OSError):
             pass
-        self.give_up(mi, f"lost: {type(exc).__name__}: {exc}")
+        self.give_up(mi, f"lost: {type(exc).__name__}: {exc}", failure=await self._why_gone(mi))
         return True
+
+    async def _why_gone(self, mi: ManagedInstance) -> InfraFailure:
+        """A machine that stopped answering: PREEMPTED when it was spot and its provider
+        lists it terminated (or no longer at all), else INSTANCE_LOST."""
+        if mi.offer is None or not mi.offer.spot:
+            return InfraFailure.INSTANCE_LOST
+        try:
+            described = await self.ctx.provisioner.call(mi.provider, mi.instance.region, "describe",
+                                                        lambda: mi.provider.describe([mi.id]))
+        except FlowMeshError:
+            return InfraFailure.INSTANCE_LOST
+        now = next((i for i in described if i.id == mi.id), None)
+        return preempted_or_lost(mi, now)
 
     def hold(self, sb: Sandbox) -> None:
         """``sb`` is in a task's hands until :meth:`release`: if its instance is given up
@@ -449,12 +471,15 @@ class Machines:
             if not held:
                 del self._held[sb.instance_id]
 
-    def give_up(self, mi: ManagedInstance, detail: str, *, terminate: bool = True) -> None:
-        """Mark ``mi`` failed, abort the sandboxes on it in tasks' hands, tell its provider
-        the machine is unhealthy, and (unless the caller does it) terminate it in the
-        background."""
+    def give_up(self, mi: ManagedInstance, detail: str, *, terminate: bool = True,
+                failure: InfraFailure = InfraFailure.INSTANCE_LOST) -> None:
+        """Mark ``mi`` failed (``failure``: what its tasks report), abort the sandboxes on it
+        in tasks' hands, tell its provider the machine is unhealthy, and (unless the caller
+        does it) terminate it in the background."""
         if mi.lifecycle.can(InstanceState.FAILED):
             mi.lifecycle.to(InstanceState.FAILED)
+        if mi.loss is None:
+            mi.loss = failure
         for sb in self._held.pop(mi.id, ()):
             sb.abort(InstanceLost(f"instance {mi.id} was given up: {detail}"))
         self._publish(EventKind.INSTANCE_FAILED, instance_id=mi.id, detail=detail)
@@ -590,13 +615,13 @@ class Machines:
                 if now is None or now.state in _GONE:
                     gone.append(mi.id)
                     self.give_up(mi, "reconciled: its provider no longer lists it (preempted or removed)",
-                                 terminate=False)
+                                 terminate=False, failure=preempted_or_lost(mi, now))
                     self._gone(mi, "reconciled: no longer listed by its provider")
                 elif now.state is ProviderState.STOPPED and state is not InstanceState.STOPPED:
                     stopped.append(mi.id)
                     mi.lifecycle.to(InstanceState.STOPPED)
                     self._publish(EventKind.INSTANCE_STOPPED, instance_id=mi.id, detail="reported stopped")
-                    self.give_up(mi, "stopped by its provider")
+                    self.give_up(mi, "stopped by its provider", failure=preempted_or_lost(mi, now))
         if retried:
             self._spawn(self.terminate([self.instances[i] for i in retried if i in self.instances]))
         return ReconcileResult(tuple(gone), tuple(stopped), tuple(retried))

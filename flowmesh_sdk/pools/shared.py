@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..cas.base import ContentStore
 from ..errors import FlowMeshError, SpecError
-from ..specs import ExecResult, PhaseTimings, SandboxSpec, Task, TaskResult, check_number
+from ..specs import ExecResult, InfraFailure, PhaseTimings, SandboxSpec, Task, TaskResult, check_number
 
 if TYPE_CHECKING:
     from ..control.redis.dispatch import Job, ServeStats
@@ -63,14 +63,18 @@ def encode_result(res: TaskResult) -> bytes:
     d = {"task_id": res.task_id, "name": res.name, "pool": res.pool, "error": res.error,
          "instance_id": res.instance_id, "image_digest": res.image_digest,
          "phases": dataclasses.asdict(res.phases),
-         "result": None if res.result is None else dataclasses.asdict(res.result)}
+         "result": None if res.result is None else dataclasses.asdict(res.result),
+         "infra_failure": res.infra_failure.value if res.infra_failure else None,
+         "attempts": res.attempts, "cost": res.cost, "run": res.run}
     return json.dumps({"v": _VERSION, "result": d}, sort_keys=True).encode()
 
 
 def decode_result(body: bytes) -> TaskResult:
     d = dict(json.loads(body)["result"])
     r = d.pop("result")
-    return TaskResult(result=None if r is None else ExecResult(**r), phases=PhaseTimings(**d.pop("phases")), **d)
+    failure = d.pop("infra_failure", None)
+    return TaskResult(result=None if r is None else ExecResult(**r), phases=PhaseTimings(**d.pop("phases")),
+                      infra_failure=None if failure is None else InfraFailure(failure), **d)
 
 
 class SharedTasks:
@@ -113,8 +117,15 @@ class SharedTasks:
         except (ValueError, KeyError, TypeError, FlowMeshError) as exc:   # published as a failed result
             return encode_result(TaskResult(job.id, "?", self.pool.name, None, PhaseTimings(),
                                             error=f"the queued task cannot be read: {type(exc).__name__}: {exc}"))
+        retries = self.pool.spec.retry_infra_failures
+        if job.attempt > retries + 1:   # its coordinators died under it more often than its pool retries
+            return encode_result(TaskResult(
+                job.id, task.name, self.pool.name, None, PhaseTimings(), attempts=job.attempt - 1,
+                infra_failure=InfraFailure.COORDINATOR_LOST, run=self.pool.ctx.run,
+                error=f"InstanceLost: the coordinators running it were lost {job.attempt - 1} time(s); "
+                      f"its pool retries infrastructure failures {retries} time(s) (retry_infra_failures)"))
         res = await self.pool.run_task(task)
-        return encode_result(dataclasses.replace(res, task_id=job.id))
+        return encode_result(dataclasses.replace(res, task_id=job.id, attempts=res.attempts + job.attempt - 1))
 
     async def result(self, task_id: str) -> TaskResult | None:
         """The published result of one task (None until it is published)."""

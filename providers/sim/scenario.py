@@ -186,7 +186,7 @@ async def _run(cloud: SimCloud, w: Workload, seed: int, home: str, types: tuple[
                                                                                    * w.image_gb))),
                     max_instances=w.instances, min_instances=w.instances if w.prewarmed else 0,
                     sandboxes_per_instance=w.tasks_per_instance if w.mode == "persistent" else 1,
-                    warm_per_image=0, idle_timeout_s=3600.0, task_attempts=5, spot=str(w.spot))
+                    warm_per_image=0, idle_timeout_s=3600.0, retry_infra_failures=4, spot=str(w.spot))
     counts = {"redispatched": 0, "failovers": 0}
     async with sim_fleet(cloud, {n: size for n in names}, home=home, seed=seed, types=types) as (fleet, prov):
         fleet.bus.on(lambda e: counts.__setitem__("redispatched", counts["redispatched"] + 1),

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("flowmesh.control.redis")
 
-_FIELDS = ("pool", "instance_id", "task_id", "task_name", "detail")
+_FIELDS = ("pool", "instance_id", "task_id", "task_name", "detail", "run", "tenant", "infra_failure")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,8 @@ def encode(ev: Event, coordinator: str) -> dict[str, str]:
             d[f] = str(v)
     if ev.exit_code is not None:
         d["exit_code"] = str(ev.exit_code)
+    if ev.cost is not None:
+        d["cost"] = repr(ev.cost)
     if ev.phases is not None:
         d["phases"] = json.dumps(dataclasses.asdict(ev.phases))
     return d
@@ -53,7 +55,9 @@ def decode(entry_id: bytes | str, fields: dict[bytes, bytes]) -> StreamEvent:
                instance_id=f.get("instance_id"), task_id=f.get("task_id"), task_name=f.get("task_name"),
                detail=f.get("detail", ""),
                exit_code=int(f["exit_code"]) if "exit_code" in f else None, at=float(f["at"]),
-               phases=PhaseTimings(**json.loads(f["phases"])) if "phases" in f else None)
+               phases=PhaseTimings(**json.loads(f["phases"])) if "phases" in f else None,
+               run=f.get("run", ""), tenant=f.get("tenant"), infra_failure=f.get("infra_failure"),
+               cost=float(f["cost"]) if "cost" in f else None)
     return StreamEvent(entry_id.decode() if isinstance(entry_id, bytes) else entry_id, f.get("coord", ""), ev)
 
 
