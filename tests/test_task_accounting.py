@@ -168,3 +168,43 @@ def test_the_trl_reward_masks_what_the_infrastructure_broke_and_scores_what_the_
     masked, why, scored, what = run(main())
     assert masked == [None] and why.infra_kind is InfraFailure.PREEMPTED and why.reason.startswith("infra: preempted")
     assert scored == [0.0] and not what.infra_failure and what.reason == "failed (exit 1)"
+
+
+def test_cost_report_of_a_known_simulated_run(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    async def main():
+        async with sim_fleet(_cloud(), IMAGES, home=str(tmp_path), run="known-run") as (fleet, _):
+            pool = await fleet.pool(_spec(max_instances=2))
+            tasks = [_task("a", 600), _task("b", 1200), _task("c", 600, exit_code=1, tenant="bob"),
+                     _task("d", 60, image=f"{REGISTRY}/sim/missing:1", tenant="bob")]
+            results = await pool.map(tasks)
+            await pool.drain()
+            return results, pool.spend().spent
+    results, spent = run(main())
+    env = dict(os.environ, FLOWMESH_HOME=str(tmp_path), COLUMNS="200")
+    env.pop("FLOWMESH_STATE", None)
+    out = subprocess.run([sys.executable, "-m", "flowmesh_sdk.cli.main", "cost", "report", "--run", "known-run",
+                          "--json"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    rep = doc["report"]
+    assert doc["schema"] == "flowmesh.cost.report/1"
+    assert (rep["tasks"], rep["running"], rep["solved"], rep["infra_failed"]) == (4, 0, 2, 1)
+    assert rep["infra"] == [["image_pull", 1]]
+    assert rep["total_usd"] == pytest.approx(spent, abs=1e-5)            # three instances, ledger's figures
+    assert rep["tasks_usd"] == pytest.approx(sum(r.cost for r in results), abs=1e-9)
+    assert rep["idle_usd"] == pytest.approx(0.0, abs=1e-5)                # ephemeral: every instance a task's
+    assert rep["per_solved_usd"] == pytest.approx(spent / 2, abs=1e-5)
+    assert [(p["provider"], p["type"], p["instances"]) for p in rep["by_place"]] == [("sim", "c.2xlarge", 3)]
+    bob = next(t for t in rep["by_tenant"] if t["tenant"] == "bob")
+    assert (bob["tasks"], bob["solved"], bob["infra_failed"]) == (2, 0, 1)
+    assert bob["usd"] == pytest.approx(results[2].cost, abs=1e-9)
+    # the longest task cost the most: 20 minutes of $0.36/h, plus its boot
+    assert results[1].cost > 0.36 * 1200 / 3600 > results[0].cost
+    missing = subprocess.run([sys.executable, "-m", "flowmesh_sdk.cli.main", "cost", "report", "--run", "nope"],
+                             capture_output=True, text=True, env=env, timeout=120)
+    assert missing.returncode == 1 and "no run 'nope'" in missing.stderr and "known-run" in missing.stderr

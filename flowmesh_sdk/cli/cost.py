@@ -323,8 +323,10 @@ def cost_estimate(tasks: int = typer.Option(..., "--tasks", help="tasks submitte
 
 def register(app: typer.Typer) -> None:
     """Add ``offers``, ``catalog`` and ``cost`` to the main ``flowmesh`` app."""
+    from .cost_report import report
     from .simulate import cost_simulate
     cost_app.command("simulate")(cost_simulate)
+    cost_app.command("report")(report)
     app.command("offers")(offers)
     app.add_typer(catalog_app, name="catalog")
     app.add_typer(cost_app, name="cost")

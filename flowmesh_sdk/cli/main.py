@@ -31,7 +31,7 @@ from ..provider import LABEL_INSTANCE, LABEL_POOL, available_providers, load_pro
 from ..remote.local import LocalRunner
 from ..remote.runtime import ContainerRuntime
 from .output import JSON_HELP, emit
-from .shared import SharedGc, print_shared, shared_gc, shared_status, shared_store
+from .shared import SharedGc, open_store, print_shared, shared_gc, shared_status
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="FlowMesh SDK: sandboxes and GPU workers for RL, on any cloud.")
@@ -76,9 +76,7 @@ def _ms(v: float | None) -> str:
     return f"{v * 1000:.0f}" if v is not None else "-"
 
 
-def _store() -> MetadataStore:
-    # FLOWMESH_STATE=redis://...: the whole shared fleet, replayed from every coordinator's events
-    return shared_store() or MetadataStore(home_dir() / "flowmesh.db")
+_store = open_store
 
 
 def recipe_roots() -> list[Path]:
@@ -398,6 +396,10 @@ _register_observe(app)
 from .config import register as _register_config  # noqa: E402 - config show
 
 _register_config(app)
+
+from .serve import register as _register_serve  # noqa: E402 - serve sandbox-fusion (cli/serve.py)
+
+_register_serve(app)
 
 
 def main() -> None:

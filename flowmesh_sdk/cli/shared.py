@@ -15,12 +15,19 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..config import home_dir
 from ..control.backend import state_url
 from ..control.events import Event
 from ..control.shared import SharedHolders
 from ..control.store import MetadataStore
 
 _VIEW: dict[str, object] = {}
+
+
+def open_store() -> MetadataStore:
+    """The store the CLI reads: with ``FLOWMESH_STATE=redis://...`` the whole shared fleet,
+    replayed from every coordinator's events; else this home's."""
+    return shared_store() or MetadataStore(home_dir() / "flowmesh.db")
 
 
 def shared_store() -> MetadataStore | None:

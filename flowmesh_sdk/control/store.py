@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import sqlite3
@@ -169,6 +170,32 @@ class SpendRow:
     spent: float            # $
     burn_per_hour: float    # $/h of the instances still live
     live: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChargeRow:
+    """One instance with what it cost: ``cost`` as the fleet's ledger recorded it at its
+    confirmed termination (its own clock's), else ``billed(now)`` from its times here."""
+
+    id: str
+    fleet: str
+    pool: str
+    provider: str
+    region: str | None
+    type: str | None
+    spot: bool
+    price_per_hour: float
+    billing_min_s: float
+    run: str | None
+    requested_at: float | None
+    terminated_at: float | None
+    cost: float | None          # $ recorded at termination (None: still live, or not recorded)
+
+    def billed(self, now: float) -> float:
+        if self.cost is not None:
+            return self.cost
+        start = self.requested_at or now
+        return self.price_per_hour * max(self.billing_min_s, (self.terminated_at or now) - start) / 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,6 +409,29 @@ class MetadataStore:
                 a[1] += price
                 a[2] += 1
         return [SpendRow(f, p, prov, v[0], v[1], int(v[2])) for (f, p, prov), v in sorted(acc.items())]
+
+    def tasks_of(self, *, run: str | None = None, pool: str | None = None) -> list[TaskRow]:
+        """Every task of one run (or all) and pool (or all), oldest first."""
+        rows = self._query("SELECT * FROM tasks WHERE (? IS NULL OR run = ?) AND (? IS NULL OR pool = ?)"
+                           " ORDER BY submitted_at", (run, run, pool, pool))
+        return [TaskRow(*r) for r in rows]
+
+    def charges(self, *, run: str | None = None, pool: str | None = None) -> list[ChargeRow]:
+        """Every priced instance of one run (or all) and pool (or all), oldest first."""
+        rows = self._query(
+            "SELECT c.id, c.fleet, c.pool, c.provider, c.region, c.type, c.spot, c.price_per_hour,"
+            " c.billing_min_s, c.run, i.requested_at, i.terminated_at, i.state, i.detail FROM charges c"
+            " JOIN instances i ON i.id = c.id WHERE (? IS NULL OR c.run = ?) AND (? IS NULL OR c.pool = ?)"
+            " ORDER BY i.requested_at", (run, run, pool, pool))
+        out = []
+        for cid, fleet, pool_, prov, region, itype, spot, price, minimum, run_, start, end, state, detail in rows:
+            cost = None
+            if state == "terminated" and (detail or "").startswith("{"):
+                with contextlib.suppress(ValueError, TypeError, KeyError):
+                    cost = float(json.loads(detail)["cost"])
+            out.append(ChargeRow(cid, fleet, pool_, prov, region, itype, bool(spot), float(price or 0.0),
+                                 float(minimum or 0.0), run_, start, end, cost))
+        return out
 
     def instance_places(self, *, fleet: str | None = None) -> list[tuple[str, str, str, int]]:
         """Instances not terminated (of one fleet, or all), counted by (provider, region, state)."""
