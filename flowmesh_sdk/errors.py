@@ -143,7 +143,12 @@ class SandboxTimeout(FlowMeshError):
 
 
 class InstanceLost(FlowMeshError):
-    """An instance disappeared (preempted, terminated outside the SDK, unreachable)."""
+    """An instance disappeared (preempted, terminated outside the SDK, unreachable);
+    ``preempted``: it was a spot instance its provider reclaimed."""
+
+    def __init__(self, message: str, *, preempted: bool = False) -> None:
+        super().__init__(message)
+        self.preempted = preempted
 
 
 class RuntimeMissingError(FlowMeshError):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from flowmesh_sdk import EventKind, Fleet, InstanceSpec, PoolSpec, SandboxSpec, SpecError, Task
+from flowmesh_sdk import EventKind, Fleet, InfraFailure, InstanceSpec, PoolSpec, SandboxSpec, SpecError, Task
 from flowmesh_sdk.registry.local import LocalRegistry
 
 pytest.importorskip("paramiko")
@@ -90,6 +90,7 @@ async def test_a_frozen_host_is_given_up_within_the_bound_and_its_task_runs_once
                 t_done = time.monotonic()
                 assert res.ok, res.error
                 assert res.result.stdout == "first\n"
+                assert (res.attempts, res.infra_failure, res.cost) == (2, None, 0.0)   # SSH hosts: no price
                 survivor = next(mi for mi in pool.instances.values() if mi.instance.address != doomed)
                 assert res.instance_id == survivor.id != first.instance_id
                 failed = [(t, e) for t, e in seen if e.kind is EventKind.INSTANCE_FAILED]
@@ -116,6 +117,36 @@ async def test_a_frozen_host_is_given_up_within_the_bound_and_its_task_runs_once
         finally:
             _signal(frozen, signal.SIGCONT)
             await prov.close()   # each host's containers go with its storage (LoopbackSshd's exit)
+
+
+async def test_a_host_frozen_under_a_task_with_no_retry_left_ends_it_instance_lost(fm_home, busybox_image):
+    with LoopbackSshd("127.0.0.165", startup_timeout_s=30) as d, LocalRegistry() as reg:
+        image = reg.push(busybox_image, "hb/busybox:1")
+        prov = SshProvider([_host("d", d)], state_dir=fm_home / "ssh")
+        frozen: list[int] = []
+        try:
+            async with Fleet("hb", home=fm_home, providers={"ssh": prov}) as fleet:
+                pool = await fleet.pool(PoolSpec(name="p", provider="ssh", min_instances=1, max_instances=1,
+                                                 instance=InstanceSpec(cpus=2, memory_gb=2), warm_per_image=0,
+                                                 warm_images=(image,), heartbeat_s=HEARTBEAT_S,
+                                                 heartbeat_misses=MISSES, retry_infra_failures=0))
+                task = Task(name="t", sandbox=SandboxSpec(image=image, cpus=1, memory_gb=0.25),
+                            command="sleep 30; echo never", timeout_s=300)
+                started = asyncio.ensure_future(fleet.bus.wait_for(lambda e: e.kind is EventKind.TASK_STARTED, 60))
+                running = asyncio.ensure_future(pool.run_task(task))
+                await started
+                frozen = _sshd_tree(d._proc.pid)
+                _signal(frozen, signal.SIGSTOP)
+                res = await asyncio.wait_for(running, 120)
+                assert (res.infra_failure, res.attempts, res.result) == (InfraFailure.INSTANCE_LOST, 1, None), res
+                assert not res.ok and "InstanceLost" in (res.error or "")
+                (row,) = [r for r in fleet.store.tasks() if r.id == res.task_id]
+                _signal(frozen, signal.SIGCONT)
+                frozen = []
+            assert (row.state, row.infra_failure) == ("failed", "instance_lost")
+        finally:
+            _signal(frozen, signal.SIGCONT)
+            await prov.close()
 
 
 @pytest.mark.parametrize("moment", [EventKind.INSTANCE_FAILED, EventKind.SANDBOX_CLOSED])

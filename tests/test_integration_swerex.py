@@ -297,6 +297,7 @@ async def test_sandbox_lost_under_a_session(deployment):
     with pytest.raises(SandboxLostError) as ei:
         await rt.run_in_session(BashAction(command="echo again", timeout=30))
     assert isinstance(ei.value, SwerexException) and isinstance(ei.value.__cause__, FlowMeshError)
+    assert ei.value.infra_failure is None    # the container alone went; its instance is fine
     alive = await deployment.is_alive()
     assert not alive and "sandbox lost" in alive.message
     with pytest.raises(SandboxLostError):

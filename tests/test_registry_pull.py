@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flowmesh_sdk import (AuthError, EventKind, Fleet, ImageNotFoundError, InstanceSpec, PoolSpec,
+from flowmesh_sdk import (AuthError, EventKind, Fleet, ImageNotFoundError, InfraFailure, InstanceSpec, PoolSpec,
                           SandboxSpec, Task)
 from flowmesh_sdk.errors import RegistryUnavailableError
 from flowmesh_sdk.images import PullPolicy
@@ -162,6 +162,11 @@ async def test_missing_image_and_registry_down_fail_before_any_launch(rfleet, re
     assert EventKind.INSTANCE_REQUESTED not in kinds
     assert kinds.count(EventKind.IMAGE_PULL_RETRY) == FAST.attempts - 1   # retried per policy, visibly
     assert kinds.count(EventKind.TASK_REJECTED) == 2
+    # as a task: a result that says the image was the infrastructure's failure, not the task's
+    res = await pool.run_task(Task(name="t", sandbox=_spec(f"{registry.host}/flowmesh/busybox:no-such-tag"),
+                                   command="true"))
+    assert (res.infra_failure, res.result, res.attempts) == (InfraFailure.IMAGE_PULL, None, 1), res
+    assert "ImageNotFoundError" in (res.error or "")
 
 
 async def test_throttled_registry_backs_off_without_failing(rfleet, registry, proxy, busybox_image, tmp_path):

@@ -41,6 +41,7 @@ from minisweagent.utils.serialize import recursive_merge  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 from ..errors import FlowMeshError, SpecError  # noqa: E402
+from ..pools.failures import lost_kind  # noqa: E402
 from ..sandbox import Sandbox  # noqa: E402
 from ..sync import SyncSandbox  # noqa: E402
 from ._bridge import LoopBridge  # noqa: E402
@@ -104,7 +105,8 @@ class FlowMeshEnvironment:
             output: dict[str, Any] = {
                 "output": "", "returncode": -1,
                 "exception_info": f"An error occurred while executing the command: {exc}",
-                "extra": {"exception_type": type(exc).__name__, "exception": str(exc)}}
+                "extra": {"exception_type": type(exc).__name__, "exception": str(exc),
+                          "infra_failure": kind.value if (kind := lost_kind(exc)) else None}}
         else:
             text = r.stdout + r.stderr
             if r.timed_out:
@@ -144,3 +146,4 @@ class FlowMeshEnvironment:
     def close(self) -> None:
         """End the session's shell (the sandbox is its pool's to destroy)."""
         self._bridge.call(self.session.close())
+

@@ -79,7 +79,8 @@ from swerex.runtime.abstract import (AbstractRuntime, BashAction, BashInterruptA
 from ..errors import (ContainerRuntimeError, FlowMeshError, InstanceLost, SandboxClosedError,  # noqa: E402
                       SandboxFileError, SandboxTimeout, SpecError)
 from ..sandbox import Sandbox, Session, Terminal  # noqa: E402
-from ..specs import SandboxSpec  # noqa: E402
+from ..pools.failures import lost_kind  # noqa: E402
+from ..specs import InfraFailure, SandboxSpec  # noqa: E402
 
 __all__ = ["FlowMeshDeployment", "FlowMeshRuntime", "SandboxLostError"]
 
@@ -100,7 +101,13 @@ _LOST = (SandboxClosedError, InstanceLost, SandboxTimeout, ContainerRuntimeError
 
 class SandboxLostError(SwerexException, RuntimeError):
     """The FlowMesh sandbox under the runtime is gone (container removed, instance lost,
-    channel dead).  ``__cause__`` is the FlowMesh error."""
+    channel dead).  ``__cause__`` is the FlowMesh error; ``infra_failure`` is
+    ``PREEMPTED`` or ``INSTANCE_LOST`` when its instance went away (mask that rollout),
+    None when the sandbox alone died under the agent's commands (its own outcome)."""
+
+    def __init__(self, message: str, infra_failure: InfraFailure | None = None) -> None:
+        super().__init__(message)
+        self.infra_failure = infra_failure
 
 
 class FlowMeshRuntime(AbstractRuntime):
@@ -112,6 +119,7 @@ class FlowMeshRuntime(AbstractRuntime):
         self._sessions: dict[str, Session] = {}
         self._terminals: dict[str, Terminal] = {}    # a session's interactive program, while it runs
         self._lost: str = ""
+        self._lost_infra: InfraFailure | None = None
         self._exec_idle: list[Session] = []          # held /bin/sh sessions for execute()
         self._exec_ids = itertools.count(1)
         self._executes = 0
@@ -128,7 +136,7 @@ class FlowMeshRuntime(AbstractRuntime):
     async def _guard(self, what: str) -> AsyncIterator[None]:
         if self._lost:
             raise SandboxLostError(f"{self.sandbox.name}: the sandbox was lost ({self._lost}); {what} "
-                                   "cannot run")
+                                   "cannot run", self._lost_infra)
         try:
             yield
         except _LOST as exc:
@@ -137,9 +145,10 @@ class FlowMeshRuntime(AbstractRuntime):
                 raise SwerexException(f"{self.sandbox.name}: {what} failed, the sandbox is alive: "
                                       f"{exc}") from exc
             self._lost = f"{type(exc).__name__}: {exc}"
+            self._lost_infra = lost_kind(exc)
             self.logger.warning("%s: sandbox lost during %s: %s", self.sandbox.name, what, self._lost)
             raise SandboxLostError(f"{self.sandbox.name}: the sandbox was lost during {what}: "
-                                   f"{self._lost}") from exc
+                                   f"{self._lost}", self._lost_infra) from exc
 
     async def _answers(self) -> bool:
         try:
@@ -158,6 +167,7 @@ class FlowMeshRuntime(AbstractRuntime):
             r = await self.sandbox.exec("true", timeout_s=timeout or _ALIVE_TIMEOUT_S)
         except _LOST as exc:
             self._lost = f"{type(exc).__name__}: {exc}"
+            self._lost_infra = lost_kind(exc)
             return IsAliveResponse(is_alive=False, message=f"sandbox lost: {self._lost}")
         if not r.ok:
             return IsAliveResponse(is_alive=False, message=f"`true` failed in the sandbox: exit {r.exit_code} "

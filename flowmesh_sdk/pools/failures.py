@@ -1,7 +1,8 @@
 """Whose fault a task's end was: the :class:`~flowmesh_sdk.specs.InfraFailure` a pool
 records in ``TaskResult.infra_failure`` (None: the task's own command decided it).
 
-The error that ended the task says it, with one exception: the instance it ran on was
+The error that ended the task says it (an ``InstanceLost`` says whether its instance was
+preempted), with one exception: the instance it ran on was
 given up (heartbeat, reconcile, a failed probe after an error), and then the reason the
 instance was given up (:attr:`ManagedInstance.loss`: preempted or lost) is the answer.
 A sandbox that died under its command while its instance stayed up is the command's own
@@ -30,6 +31,15 @@ _BY_CLASS: tuple[tuple[type[FlowMeshError] | tuple[type[FlowMeshError], ...], In
 )
 
 
+def lost_kind(exc: BaseException) -> InfraFailure | None:
+    """What an error under a sandbox says of its instance: ``PREEMPTED`` or
+    ``INSTANCE_LOST`` for an :class:`InstanceLost`, else None (the sandbox alone failed).
+    What the sandbox-level integrations (SWE-ReX, mini-swe-agent) report."""
+    if isinstance(exc, InstanceLost):
+        return InfraFailure.PREEMPTED if exc.preempted else InfraFailure.INSTANCE_LOST
+    return None
+
+
 def infra_failure(exc: BaseException, inst: ManagedInstance | None, *, started: bool) -> InfraFailure | None:
     """What ended a task that raised ``exc`` on ``inst`` (None when nothing was placed);
     ``started``: its sandbox was running its command by then."""
@@ -39,6 +49,8 @@ def infra_failure(exc: BaseException, inst: ManagedInstance | None, *, started: 
         return None
     if started and not isinstance(exc, InstanceLost):
         return None   # its sandbox failed under its command, the instance still up
+    if isinstance(exc, InstanceLost):
+        return lost_kind(exc)
     for classes, kind in _BY_CLASS:
         if isinstance(exc, classes):
             return kind

@@ -422,7 +422,7 @@ class Machines:
                 exc = SandboxTimeout(f"instance {mi.id} bootstrap exceeded "
                                      f"{self.ctx.bootstrap_timeout_s:g} s")
             log.warning("instance %s failed bootstrap: %s", mi.id, exc)
-            self.give_up(mi, f"{type(exc).__name__}: {exc}", terminate=False)
+            self.give_up(mi, f"{type(exc).__name__}: {exc}", terminate=False, failure=InfraFailure.SANDBOX_START)
             await self.terminate([mi])
             raise exc
 
@@ -431,6 +431,8 @@ class Machines:
         """After an error under a task: is ``mi`` gone?  It is when a trivial command no
         longer runs there; then it is given up (failed, reported, terminated)."""
         if mi.state is InstanceState.FAILED or mi.lifecycle.entered(InstanceState.FAILED) is not None:
+            if mi.loss_check is not None:   # is it preempted?  (what the task will report)
+                await asyncio.shield(mi.loss_check)
             return True   # given up already (by another task, the reconciler, a failed bootstrap)
         if mi.state is not InstanceState.READY or not isinstance(exc, _MAYBE_LOST):
             return False
@@ -460,7 +462,7 @@ class Machines:
         meanwhile (or was already), ``sb`` is aborted, so the call waiting on it raises."""
         mi = self.instances.get(sb.instance_id)
         if mi is not None and mi.lifecycle.entered(InstanceState.FAILED) is not None:
-            sb.abort(InstanceLost(f"instance {mi.id} was given up"))
+            sb.abort(InstanceLost(f"instance {mi.id} was given up", preempted=mi.loss is InfraFailure.PREEMPTED))
             return
         self._held.setdefault(sb.instance_id, set()).add(sb)
 
@@ -472,21 +474,34 @@ class Machines:
                 del self._held[sb.instance_id]
 
     def give_up(self, mi: ManagedInstance, detail: str, *, terminate: bool = True,
-                failure: InfraFailure = InfraFailure.INSTANCE_LOST) -> None:
-        """Mark ``mi`` failed (``failure``: what its tasks report), abort the sandboxes on it
-        in tasks' hands, tell its provider the machine is unhealthy, and (unless the caller
-        does it) terminate it in the background."""
+                failure: InfraFailure | None = None) -> None:
+        """Mark ``mi`` failed (``failure``: what its tasks report; None: a machine that
+        stopped answering, which a spot instance's provider is asked about first -- see
+        :meth:`_why_gone` -- before it is terminated), abort the sandboxes on it in tasks'
+        hands, tell its provider the machine is unhealthy, and (unless the caller does it)
+        terminate it in the background."""
         if mi.lifecycle.can(InstanceState.FAILED):
             mi.lifecycle.to(InstanceState.FAILED)
+        ask = failure is None and mi.loss is None and mi.offer is not None and mi.offer.spot
         if mi.loss is None:
-            mi.loss = failure
+            mi.loss = failure or InfraFailure.INSTANCE_LOST
         for sb in self._held.pop(mi.id, ()):
-            sb.abort(InstanceLost(f"instance {mi.id} was given up: {detail}"))
+            sb.abort(InstanceLost(f"instance {mi.id} was given up: {detail}",
+                                  preempted=mi.loss is InfraFailure.PREEMPTED))
         self._publish(EventKind.INSTANCE_FAILED, instance_id=mi.id, detail=detail)
         mi.provider.mark_unhealthy([mi.instance], detail)
-        if terminate:
+        if ask:
+            mi.loss_check = self._spawn(self._ask_then_end(mi, terminate))
+        elif terminate:
             self._spawn(self.terminate([mi]))
         self._on_failed()
+
+    async def _ask_then_end(self, mi: ManagedInstance, terminate: bool) -> None:
+        """A spot instance given up for not answering: was it preempted?  Asked before our
+        own terminate, which would make its provider list it terminated either way."""
+        mi.loss = await self._why_gone(mi)
+        if terminate:
+            await self.terminate([mi])
 
     # ---- terminating -----------------------------------------------------------------
     async def terminate(self, insts: list[ManagedInstance]) -> None:

@@ -53,3 +53,38 @@ async def test_pool_on_ec2_instances_reached_over_ssh(fm_home, moto_ec2, busybox
             for r in runners.values():
                 await r.close()
             await ec2.close()
+
+
+async def test_a_spot_instance_reclaimed_under_a_task_ends_it_preempted(fm_home, moto_ec2, busybox_image):
+    """The cloud takes a spot instance back (terminated in moto behind the pool's back, its
+    machine gone): the task on it ends PREEMPTED (no retry left), not a zero of its own."""
+    import asyncio
+
+    from flowmesh_sdk import EventKind, InfraFailure, Task
+    from flowmesh_sdk.catalog import Catalog
+
+    with LoopbackSshd("127.0.0.6") as host, LocalRegistry() as reg:
+        image = reg.push(busybox_image, "ssh/busybox:1")
+        runner = SshRunner(SshTarget(host.host, host.port, host.user, host.client_key_path, host.host_public_key))
+        ec2 = moto_ec2.provider(runner_factory=lambda inst: runner, instance_types=["c5.large"])
+        catalog = Catalog.load(["ec2"], warn=False).with_prices({"c5.large": 0.03}, market="spot")
+        try:
+            async with Fleet("spot", home=fm_home, providers={"ec2": ec2}, catalog=catalog,
+                             reconcile_interval_s=None) as fleet:
+                pool = await fleet.pool(PoolSpec(name="spot", provider="ec2", mode="ephemeral", spot="only",
+                                                 warm_per_image=0, heartbeat_s=None, retry_infra_failures=0,
+                                                 instance=InstanceSpec(cpus=2, memory_gb=4)))
+                started = asyncio.ensure_future(fleet.bus.wait_for(lambda e: e.kind is EventKind.TASK_STARTED, 120))
+                running = asyncio.ensure_future(pool.run_task(Task(
+                    name="victim", sandbox=SandboxSpec(image=image, cpus=1, memory_gb=0.25),
+                    command="sleep 60", timeout_s=120)))
+                ev = await started
+                assert pool.instances[ev.instance_id].offer.spot
+                moto_ec2.client().terminate_instances(InstanceIds=[ev.instance_id])   # the spot reclaim ...
+                host.stop()                                                # ... and its machine gone
+                res = await asyncio.wait_for(running, 120)
+            assert (res.infra_failure, res.attempts, res.result) == (InfraFailure.PREEMPTED, 1, None), res
+            assert res.cost > 0
+        finally:
+            await runner.close()
+            await ec2.close()

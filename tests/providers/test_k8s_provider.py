@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from flowmesh_sdk import EventKind, Fleet, ImageNotFoundError, PoolSpec, SandboxSpec, Task
+from flowmesh_sdk import EventKind, Fleet, ImageNotFoundError, InfraFailure, PoolSpec, SandboxSpec, Task
 from flowmesh_sdk.errors import InstanceLost, QuotaError
 from flowmesh_sdk.provider import TAG_FLEET, ContainerRequest, LaunchRequest, ProviderState
 from flowmesh_sdk.remote.direct import InstanceRuntime
@@ -116,6 +116,8 @@ async def test_an_image_the_kubelet_cannot_pull_fails_the_task_at_once(fm_home, 
                 async with pool.sandbox(_sandbox(image)):
                     pass
             assert emu.count("create", "pods") - creates == 1      # no retry storm: one pod, given up
+            res = await pool.run_task(Task(name="unpullable", sandbox=_sandbox(image), command="true"))
+            assert (res.infra_failure, res.result) == (InfraFailure.IMAGE_PULL, None), res
         assert await prov.list_tagged({"flowmesh:pool": "p"}) == []
     finally:
         emu.fail_pulls(False)
@@ -133,6 +135,21 @@ async def test_an_evicted_pod_ends_its_sandbox_with_instance_lost(fm_home, emu, 
                 await asyncio.wait_for(running, 90)
         (seen,) = await prov.describe([inst.id])
         assert seen.state is ProviderState.TERMINATED
+
+
+async def test_a_task_whose_pod_is_evicted_with_no_retry_left_ends_instance_lost(fm_home, emu, image, prov):
+    async with Fleet("k8s-evict2", home=fm_home, providers={"k8s": prov}) as fleet:
+        pool = await fleet.pool(PoolSpec(name="e", mode="ephemeral", provider="k8s", instance=SPEC,
+                                         retry_infra_failures=0))
+        started = asyncio.ensure_future(fleet.bus.wait_for(lambda e: e.kind is EventKind.TASK_STARTED, 90))
+        running = asyncio.ensure_future(pool.run_task(Task(name="victim", sandbox=_sandbox(image),
+                                                           command="sleep 60", timeout_s=90)))
+        ev = await started
+        await asyncio.sleep(1)
+        emu.evict("default", pool.instances[ev.instance_id].instance.address)
+        res = await asyncio.wait_for(running, 90)
+    assert (res.infra_failure, res.attempts, res.result) == (InfraFailure.INSTANCE_LOST, 1, None), res
+    assert "Evicted" in (res.error or "")
 
 
 async def test_leftover_pods_are_found_by_label_and_terminated(emu, image, prov):
