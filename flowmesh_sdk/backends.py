@@ -62,6 +62,7 @@ def _registry() -> tuple[Mapping[str, ProviderDescriptor], Mapping[str, str], Ma
 def reload() -> None:
     """Read the installed descriptors again on next use."""
     _registry.cache_clear()
+    metadata_networks.cache_clear()
 
 
 def descriptors() -> Mapping[str, ProviderDescriptor]:
@@ -101,8 +102,10 @@ def provider_settings() -> tuple[Setting, ...]:
     return tuple(s for d in descriptors().values() for s in d.settings)
 
 
+@functools.cache
 def metadata_networks() -> tuple[str, ...]:
-    """Every installed cloud's instance-metadata addresses (blocked in every sandbox)."""
+    """Every installed cloud's instance-metadata addresses (blocked in every sandbox);
+    computed once (every instance's runtime config asks), again after :func:`reload`."""
     seen: dict[str, None] = {}
     for d in descriptors().values():
         seen.update(dict.fromkeys(d.metadata_networks))

@@ -140,7 +140,7 @@ class EventBus:
         self._handlers.append((frozenset(kinds) or None, handler))
 
     def publish(self, event: Event) -> None:
-        if self.run and not event.run:
+        if self.run and not event.run:   # the pools stamp their own; this is for the rest
             event = dataclasses.replace(event, run=self.run)
         for kinds, handler in list(self._handlers):
             if kinds is None or event.kind in kinds:

@@ -543,7 +543,8 @@ class Pool(abc.ABC):
             log.warning("pool %s background work failed: %s", self.name, task.exception())
 
     def _publish(self, kind: EventKind, **kw: object) -> None:
-        self.ctx.bus.publish(Event(kind=kind, fleet=self.ctx.fleet, pool=self.name, **kw))  # type: ignore[arg-type]
+        self.ctx.bus.publish(Event(kind=kind, fleet=self.ctx.fleet, pool=self.name, run=self.ctx.run,
+                                   **kw))  # type: ignore[arg-type]
 
 
 async def run_tasks(run_task: Callable[[Task], Awaitable[TaskResult]], tasks: Iterable[Task],
