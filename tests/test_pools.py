@@ -52,6 +52,25 @@ async def test_warm_acquire_skips_container_start(fleet, busybox_image):
         assert (await sb.exec("echo hi")).stdout == "hi\n"
 
 
+async def test_warm_per_image_stocks_that_many_and_a_burst_takes_them_all(fleet, busybox_image):
+    """warm_per_image=3 means three started containers of the shape, not one (a defect
+    found by bench/sandbox_burst.py: each refill started one, so the stock stayed at 1)."""
+    pool = await fleet.pool(PoolSpec(name="w3", instance=InstanceSpec(cpus=1, memory_gb=3),
+                                     min_instances=1, max_instances=1, sandboxes_per_instance=3,
+                                     warm_per_image=3, warm_images=(busybox_image,)))
+    ready = fleet.bus.subscribe(EventKind.SANDBOX_READY)
+    while pool.stats().warm < 3:
+        await ready.next(60)
+    spec = pool.default_sandbox(busybox_image)
+    made_before = ready.queue.qsize()
+    async with pool.sandbox(spec) as a, pool.sandbox(spec) as b, pool.sandbox(spec) as c:
+        assert ready.queue.qsize() == made_before          # all three from the stock: none started for them
+        assert len({a.container_id, b.container_id, c.container_id}) == 3
+    while pool.stats().warm < 3:                            # and the stock is back to three
+        await ready.next(60)
+    assert pool.stats().warm == 3
+
+
 async def test_map_scales_up_to_max_and_never_exceeds_capacity(fleet, busybox_image):
     pool = await fleet.pool(PoolSpec(name="elastic", instance=InstanceSpec(cpus=1, memory_gb=2),
                                      min_instances=0, max_instances=2, sandboxes_per_instance=2,

@@ -34,6 +34,9 @@ class CachedImage:
     fetched: bool = False   # pulled from its registry now (not already in the machine's store)
 
 
+WARM_STARTS = 2   # warm containers one instance starts at once (each is a container runtime call)
+
+
 class ManagedInstance:
     def __init__(self, instance: Instance, runtime: ContainerRuntime, slots: int, *,
                  provider: Provider, offer: Offer | None = None) -> None:
@@ -49,6 +52,7 @@ class ManagedInstance:
         self.images: dict[str, CachedImage] = {}    # digest -> what this instance holds
         self.warm: dict[WarmKey, list[Sandbox]] = {}
         self.warming: dict[WarmKey, int] = {}
+        self.warm_starts = asyncio.Semaphore(WARM_STARTS)   # warm containers being started at once
         self.last_used = clock.monotonic()
         self.pulls: dict[str, asyncio.Future[CachedImage]] = {}   # digest -> pull in flight
         self.authfiles: dict[str, str] = {}   # registry -> its auth file's path on the machine

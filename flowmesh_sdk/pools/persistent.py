@@ -200,15 +200,15 @@ class PersistentPool(Pool):
         if self._closing or not self.spec.warm_per_image:
             return
         key = warm_key(spec, info.digest)
-        if mi.warm_count(key) >= self.spec.warm_per_image:
-            return
-        mi.warming[key] = mi.warming.get(key, 0) + 1
-        self._spawn(self._make_warm(mi, key, spec, info))
+        for _ in range(self.spec.warm_per_image - mi.warm_count(key)):   # every one missing, not one a call
+            mi.warming[key] = mi.warming.get(key, 0) + 1
+            self._spawn(self._make_warm(mi, key, spec, info))
 
     async def _make_warm(self, mi: ManagedInstance, key: WarmKey, spec: SandboxSpec,
                          info: ImageInfo) -> None:
         try:
-            sb = await self._new_sandbox(mi, spec, info, "warm")
+            async with mi.warm_starts:   # a few at a time: a burst's takes are not starved by its refills
+                sb = await self._new_sandbox(mi, spec, info, "warm")
         finally:
             mi.warming[key] -= 1
         if self._closing or mi.state is not InstanceState.READY:

@@ -37,6 +37,7 @@ A sandbox with ``kernel="gvisor"`` runs under gVisor's ``runsc`` (``--runtime ru
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shlex
@@ -238,6 +239,8 @@ class ContainerRuntime:
         self.runner = runner
         self.config = config or RuntimeConfig()
         self._info: RuntimeInfo | None = None
+        self._removals: list[tuple[list[str], asyncio.Future[None]]] = []   # waiting for the next rm
+        self._remover: asyncio.Future[None] | None = None
 
     # ---- detection -------------------------------------------------------------
     async def probe(self) -> RuntimeInfo:
@@ -602,9 +605,36 @@ class ContainerRuntime:
                                      input=input)
 
     async def remove(self, containers: Sequence[str]) -> None:
-        """Force-remove containers (batched); a container already gone is not an error."""
+        """Force-remove containers; a container already gone is not an error.  Calls that
+        come while a removal runs wait and go together in the next one (one ``rm`` for a
+        burst of sandboxes ending, not one process each); the removal happens even if the
+        caller is cancelled."""
         if not containers:
             return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())   # retrieved, if the caller left
+        self._removals.append((list(containers), fut))
+        if self._remover is None or self._remover.done():
+            self._remover = asyncio.ensure_future(self._remove_batches())
+        await asyncio.shield(fut)
+
+    async def _remove_batches(self) -> None:
+        while self._removals:
+            batch, self._removals = self._removals, []
+            try:
+                await self._remove_now([c for cs, _ in batch for c in cs])
+            except BaseException as exc:
+                for _, f in batch:
+                    if not f.done():
+                        f.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+            else:
+                for _, f in batch:
+                    if not f.done():
+                        f.set_result(None)
+
+    async def _remove_now(self, containers: Sequence[str]) -> None:
         info = await self.probe()
         res = await self._run([info.binary, "rm", "-f", "-t", "0", "--ignore", *containers],
                               check=False)
