@@ -10,7 +10,8 @@ cd "$(dirname "$0")"
 
 extra=""
 # --dev: the test dependencies, the training role's (torch, trl) for its CPU test, and the
-# integrations' packages (swe-rex, mini-swe-agent) that their tests drive
+# integrations' packages (swe-rex, mini-swe-agent) that their tests drive; verl and Harbor are
+# installed after it (see below: verl without its pins, Harbor in .venv312)
 [ "${1:-}" = "--dev" ] && extra="[dev,train,swerex,minisweagent]"
 
 SUDO=""
@@ -40,4 +41,27 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "[setup] pip install -e .${extra}" >&2
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extra}"
+if [ "${1:-}" = "--dev" ]; then
+    # verl (tests/test_integration_verl.py): verl 0.9.1 without its declared dependencies (they pin
+    # transformers<5.11, below the [train] tests', and pull ray[default], wandb, tensorboard...), plus
+    # what importing verl.tools takes: ray's core, tensordict, omegaconf (about 80 MB to download)
+    echo "[setup] pip install --no-deps verl==0.9.1 tensordict==0.10.0; ray==2.60.0 omegaconf==2.3.1" >&2
+    .venv/bin/python -m pip install -q --disable-pip-version-check "ray==2.60.0" "omegaconf==2.3.1" \
+        cloudpickle orjson pyvers
+    .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "verl==0.9.1" "tensordict==0.10.0"
+    # Harbor (tests/test_integration_harbor.py) requires Python >= 3.12: the SDK and harbor in .venv312
+    py312=""
+    for cand in python3.14 python3.13 python3.12 "$HOME"/.pyenv/versions/3.1[2-9]*/bin/python3; do
+        if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null
+        then py312="$(command -v "$cand")"; break; fi
+    done
+    if [ -n "$py312" ]; then
+        [ -x .venv312/bin/python ] || { echo "[setup] creating .venv312 with $py312" >&2; "$py312" -m venv .venv312; }
+        echo "[setup] .venv312: pip install -e .[harbor] harbor==0.25.0" >&2
+        .venv312/bin/python -m pip install -q --disable-pip-version-check -e ".[harbor]" "harbor==0.25.0"
+    else
+        echo "[setup] NOTE: no Python >= 3.12 here (python3.12, python3.13, python3.14, ~/.pyenv/versions/3.12+):" \
+             "Harbor requires it, so tests/test_integration_harbor.py will SKIP (no Python >= 3.12)" >&2
+    fi
+fi
 echo "[setup] ready: .venv/bin/flowmesh --help" >&2

@@ -13,6 +13,13 @@ Two base images, both built without a registry or a Dockerfile:
     debootstrap tree is cached as a tarball so a later import (for example after
     ``podman rmi``) skips debootstrap.
 
+one for the languages of the SandboxFusion-compatible server
+(``flowmesh serve sandbox-fusion``), built with ``podman build`` from
+``code-runner.Containerfile`` (the only build here that needs the network: apt-get):
+
+``localhost/flowmesh/code-runner:bookworm``
+    swe-base plus Debian's g++ (python3, bash and g++: python, bash and cpp).
+
 and one image per SWE-style task repository (like SWE-bench's per-instance
 images), built with ``podman build`` from ``swe-task.Containerfile`` (next to this file):
 
@@ -26,7 +33,7 @@ An image that already exists in podman storage is left alone unless
 
 Usage::
 
-    python -m flowmesh_sdk.imagebuild [busybox|swe-base|all] [--force] [--push REGISTRY]
+    python -m flowmesh_sdk.imagebuild [busybox|swe-base|code-runner|all] [--force] [--push REGISTRY]
     python -m flowmesh_sdk.imagebuild push REGISTRY [busybox|swe-base|all|swe-tasks] [--tls-verify true|false]
     python -m flowmesh_sdk.imagebuild task NAME DIR [--tag TAG] [--force] [--push REGISTRY]
 
@@ -63,11 +70,15 @@ from ..remote.runtime import runtime_flags, ulimit_flags
 
 BUSYBOX_IMAGE = "localhost/flowmesh/busybox:1"
 SWE_BASE_IMAGE = "localhost/flowmesh/swe-base:bookworm"
+#: swe-base plus g++: python, bash and cpp for flowmesh serve sandbox-fusion; see build_code_runner()
+CODE_RUNNER_IMAGE = "localhost/flowmesh/code-runner:bookworm"
+CODE_RUNNER_CONTAINERFILE = Path(__file__).resolve().parent / "code-runner.Containerfile"
 
 #: short name used in the CLI, in the ``io.flowmesh.image`` label and when pushing
 IMAGES = {
     "busybox": BUSYBOX_IMAGE,
     "swe-base": SWE_BASE_IMAGE,
+    "code-runner": CODE_RUNNER_IMAGE,
 }
 
 LABEL_IMAGE = "io.flowmesh.image"
@@ -715,6 +726,43 @@ def list_task_images() -> list[str]:
 
 
 # --------------------------------------------------------------------------- #
+# code-runner (podman build FROM swe-base, g++ from the Debian mirror)
+# --------------------------------------------------------------------------- #
+
+
+def build_code_runner(force: bool = False) -> str:
+    """Build ``localhost/flowmesh/code-runner:bookworm``: swe-base plus Debian's g++ (one
+    squashed layer, ``code-runner.Containerfile``), the default image of the
+    SandboxFusion-compatible server's languages (python, bash, cpp).  Unlike the task
+    images its RUN step needs the network (apt-get from swe-base's Debian mirror).
+    swe-base is built first if it is missing.  Returns the image reference."""
+    podman = _podman()
+    with _lock("code-runner"):
+        if not force and image_exists(CODE_RUNNER_IMAGE):
+            _log(f"{CODE_RUNNER_IMAGE} already present (use --force to rebuild)")
+            return CODE_RUNNER_IMAGE
+        if not image_exists(SWE_BASE_IMAGE):
+            build_swe_base()
+        t0 = time.monotonic()
+        previous = _image_id(CODE_RUNNER_IMAGE)
+        with _workdir("flowmesh-code-runner-") as ctx:
+            text = CODE_RUNNER_CONTAINERFILE.read_text().replace("@@BASE_IMAGE@@", SWE_BASE_IMAGE)
+            (ctx / "Containerfile").write_text(text)
+            cmd = [podman, "build", "--squash", "--pull=never", *podman_runtime_args(), *podman_run_ulimit_args(),
+                   "-f", str(ctx / "Containerfile"), "-t", CODE_RUNNER_IMAGE, str(ctx)]
+            proc = subprocess.run(cmd, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            if proc.returncode != 0:
+                tail = [ln.strip() for ln in proc.stdout.strip().splitlines() if ln.strip()][-3:]
+                raise ImageBuildError(f"podman build {CODE_RUNNER_IMAGE} failed (exit {proc.returncode}): "
+                                      f"{' | '.join(tail)}")
+        new_id = _image_id(CODE_RUNNER_IMAGE)
+        if previous and new_id and previous != new_id:
+            subprocess.run([podman, "image", "rm", previous], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _log(f"built {CODE_RUNNER_IMAGE} in {time.monotonic() - t0:.1f}s")
+    return CODE_RUNNER_IMAGE
+
+
+# --------------------------------------------------------------------------- #
 # push / CLI
 # --------------------------------------------------------------------------- #
 
@@ -793,7 +841,8 @@ def push(ref: str, registry: str, *, tls_verify: bool | None = None) -> str:
     return target
 
 
-_BUILDERS = {"busybox": build_busybox, "swe-base": build_swe_base}
+_BUILDERS = {"busybox": build_busybox, "swe-base": build_swe_base, "code-runner": build_code_runner}
+_ALL = ("busybox", "swe-base")   # what "all" builds (code-runner needs the network: by name only)
 
 
 def _tls_arg(value: str) -> bool | None:
@@ -849,7 +898,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.add_argument("--force", action="store_true", help="rebuild before pushing")
             _add_tls_flag(p)
             a = p.parse_args(argv[1:])
-            names = list(_BUILDERS) if a.image == "all" else [a.image]
+            names = list(_ALL) if a.image == "all" else [a.image]
             _build_and_push(names, force=a.force, registry=a.registry, tls_verify=a.tls_verify)
         elif argv and argv[0] == "task":
             p = argparse.ArgumentParser(
@@ -882,7 +931,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "REGISTRY/flowmesh/NAME:TAG")
             _add_tls_flag(p)
             a = p.parse_args(argv)
-            names = list(_BUILDERS) if a.image == "all" else [a.image]
+            names = list(_ALL) if a.image == "all" else [a.image]
             _build_and_push(names, force=a.force, registry=a.push, tls_verify=a.tls_verify)
     except ImageBuildError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)

@@ -21,8 +21,9 @@ import importlib
 from types import ModuleType
 
 from ..errors import IntegrationMissingError
+from ._pools import close_shared_fleets, register_pool, unregister_pool
 
-__all__ = ["require"]
+__all__ = ["close_shared_fleets", "register_pool", "require", "unregister_pool"]
 
 
 def require(module: str, *, package: str, extra: str) -> ModuleType:

@@ -33,6 +33,13 @@ class LoopBridge:
                                     "async code (the loop its sandbox or pool runs on), or pass "
                                     "a flowmesh_sdk.sync object") from exc
 
+    @classmethod
+    def of(cls, obj: Any) -> LoopBridge:
+        """The bridge to the loop ``obj`` lives on: a ``flowmesh_sdk.sync`` object's private
+        loop, else the loop running here (an async object is made and used on it)."""
+        sync_loop = getattr(getattr(obj, "_loop", None), "loop", None)
+        return cls(sync_loop) if isinstance(sync_loop, asyncio.AbstractEventLoop) else cls.current()
+
     def on_loop(self) -> bool:
         try:
             return asyncio.get_running_loop() is self.loop

@@ -170,6 +170,12 @@ class Pool(abc.ABC):
         return tuple(self.placement.offers())
 
     @property
+    def capacity(self) -> int:
+        """Most tasks (sandboxes) in flight at once: ``concurrency``, else its instances
+        times the slots of each (the best-ranked offer's, for a bidder-shaped pool)."""
+        return self._capacity()
+
+    @property
     def provider(self) -> Provider:
         """The provider of the best-ranked offer (a pool may span several: :attr:`providers`)."""
         return self.providers[self.placement.candidates[0].offer.provider]
