@@ -120,3 +120,29 @@ def test_a_multi_zone_list_and_a_multi_name_delete_go_through_the_batch_endpoint
     assert res.returncode == 0, res.stderr[-2000:]
     assert not {"gb-1", "gb-2"} & _names(gce)
     assert sum(1 for kind, _ in gce.calls if kind == "batch") > batches   # they came as batch requests
+
+
+def test_instances_create_resolves_its_image_family_and_inserts_one_vm(gce, gcloud):
+    res = gcloud("compute", "instances", "create", "gi-1", f"--zone={ZONE}", "--machine-type=e2-standard-4",
+                 "--image-family=debian-12", "--image-project=debian-cloud", "--labels=flowmesh-pool=p1",
+                 "--format=value(name,status)")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["gi-1", "RUNNING"], res.stdout
+    kinds = [kind for kind, _ in gce.calls]
+    assert "projectsGet" in kinds and "insert" in kinds and "notServed" not in kinds, gce.calls
+    (made,) = [i for i in gce.instances if i["name"] == "gi-1"]
+    assert made["machineType"].endswith("/machineTypes/e2-standard-4") and made["labels"] == {"flowmesh-pool": "p1"}
+    # gcloud sends the family itself as the boot disk's source image (gcloud 528: an imageFamilyViews
+    # link, which Compute Engine resolves); the emulator keeps what it was given
+    source = made["disks"][0]["initializeParams"]["sourceImage"]
+    assert "/projects/debian-cloud/" in source and source.endswith("/debian-12"), source
+    img = gcloud("compute", "images", "describe-from-family", "debian-12", "--project=debian-cloud",
+                 "--format=value(name,status)")
+    assert img.returncode == 0 and img.stdout.split() == ["debian-12-v20261201", "READY"], img.stderr[-2000:]
+    again = gcloud("compute", "instances", "create", "gi-1", f"--zone={ZONE}", "--machine-type=e2-standard-4",
+                   "--image-family=debian-12", "--image-project=debian-cloud")
+    assert again.returncode == 1 and "already exists" in again.stderr, again.stderr[-2000:]
+    bad = gcloud("compute", "instances", "create", "gi-2", f"--zone={ZONE}", "--machine-type=e9-huge",
+                 "--image-family=debian-12", "--image-project=debian-cloud")
+    assert bad.returncode == 1 and "e9-huge" in bad.stderr, bad.stderr[-2000:]
+    assert "gi-2" not in _names(gce)

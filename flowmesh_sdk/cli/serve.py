@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 from typing import Any, Optional
@@ -70,6 +71,7 @@ def sandbox_fusion(
 async def _serve(fleet_name: str, spec: Any, config: Any, images: dict[str, str], metrics_port: int | None) -> None:
     from ..fleet import Fleet
     from ..imagebuild import build
+    from ..specs import PoolMode
     from ..integrations.sandbox_fusion import SandboxFusionServer, with_images
 
     languages = with_images(config.languages, images)
@@ -81,6 +83,10 @@ async def _serve(fleet_name: str, spec: Any, config: Any, images: dict[str, str]
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if spec.mode is PoolMode.PERSISTENT:   # a request starts on a container that is up already
+        warm = tuple(sorted({lang.image for lang in languages.values()}))   # the slots shared among the images
+        spec = dataclasses.replace(spec, warm_images=warm,
+                                   warm_per_image=max(1, spec.sandboxes_per_instance // len(warm)))
     fleet = Fleet(fleet_name, metrics_port=metrics_port)
     try:
         pool = await fleet.pool(spec)

@@ -1,232 +1,28 @@
-"""A TEST FIXTURE emulating the Compute Engine REST API (v1) on 127.0.0.1, for the ``gce``
-provider and for users' own offline tests.  It is not Compute Engine: it answers exactly the
-calls the provider makes, in the real JSON shapes (int64 fields as strings, ``Operation``
-resources, ``{"error": {"code", "message", "errors": [{"reason", ...}]}}`` bodies), and the
-real ``google-cloud-compute`` client is pointed at it::
-
-    with GceEmulator() as gce:
-        provider = gce.provider(ssh=True)      # GceProvider(endpoint=gce.url, AnonymousCredentials)
-        ...
-
-Calls: ``GET .../zones`` and ``.../zones/Z``; ``GET .../zones/Z/machineTypes``,
-``.../zones/Z/machineTypes/NAME`` and ``.../aggregated/machineTypes``; ``POST .../zones/Z/instances/bulkInsert``
-(``count``, ``minCount``, ``namePattern``, ``instanceProperties``; ``requestId``
-idempotent); ``GET .../zones/Z/instances`` and ``GET .../aggregated/instances`` with
-``filter`` (``(labels.k = "v") AND ...``, ``(id = N) OR ...``, ``labels.k:*``),
-``maxResults`` and ``pageToken``; ``GET``/``DELETE .../zones/Z/instances/NAME``;
-``GET .../zones/Z/operations`` (``filter=operationGroupId=ID``, paged), ``GET
-.../zones/Z/operations/OP`` and ``POST .../operations/OP/wait`` (held until done or
-``wait_hold_s``); ``POST /batch/compute/v1`` (``multipart/mixed``: each part served here);
-operations keep the times they were stamped with, and a bulkInsert's has
-an ``operationGroupId``.  A bulkInsert names its instances by ``namePattern``, by the keys
-of ``perInstanceProperties``, or both; a bad body is a 400 naming the field.  Any call not
-served is a 404 with Google's JSON error body.  Another project answers 404 ``The resource 'projects/X' was not found``;
-labels are validated as Compute Engine does (lowercase letters, digits, ``_`` and ``-``,
-keys starting with a letter, 63 characters), so an unencoded SDK tag fails here too.
-
-Every created instance can be a real machine: :meth:`address` (the provider's
-``SshMode(address_map=...)`` hook) boots it, once, from its ``user-data`` metadata (the
-``#cloud-config`` cloud-init would read) as a loopback sshd host
-(:class:`~flowmesh_sdk.testing.cloudinit.CloudInitHosts`); deleting it stops that sshd.
-
-Switchable per test: :meth:`exhaust` (bulkInsert operations end in
-``ZONE_RESOURCE_POOL_EXHAUSTED``), :meth:`set_cpu_quota` (``QUOTA_EXCEEDED``, with its
-region), :meth:`fail` (an HTTP error with a reason, e.g. 403 ``rateLimitExceeded``),
-:meth:`slow_operations` (operations done after N seconds, or never), :meth:`delete_behind`
-(an instance deleted behind the SDK's back) and :meth:`deny` (403 on every call).
-Sources for the shapes: the Compute Engine API reference (instances, zoneOperations,
-machineTypes) and "Troubleshooting bulk VM creation"
-(cloud.google.com/compute/docs/troubleshooting/troubleshooting-bulk-vm-creation).
-"""
+"""The Compute Engine emulator's server: its state, switches and handlers (the package
+docstring says what it serves)."""
 
 from __future__ import annotations
 
 import asyncio
-import datetime as _dt
-import email.parser
-import email.policy
 import itertools
 import json
 import re
 import threading
 import time
-import urllib.parse
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import zlib
+from collections.abc import Sequence
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
-from .cloudinit import CloudInitHosts
-from .httpserver import HttpServer, json_response
+from ..cloudinit import CloudInitHosts
+from ..httpserver import HttpServer, json_response
+from .batch import serve_batch
+from .wire import (API, DEFAULT_MACHINE_TYPES, LABEL_KEY, LABEL_VALUE, NAME, Fault, Op, bulk_request, error,
+                   error_body_of, matches, now_iso, parse_filter)
 
-__all__ = ["GceEmulator", "DEFAULT_MACHINE_TYPES"]
-
-API = "https://www.googleapis.com/compute/v1"
-_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
-_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
-
-# (name, vCPUs, memory MiB, accelerator type or None, accelerator count)
-DEFAULT_MACHINE_TYPES: tuple[tuple[str, int, int, str | None, int], ...] = (
-    ("e2-standard-2", 2, 8192, None, 0),
-    ("e2-standard-4", 4, 16384, None, 0),
-    ("e2-standard-8", 8, 32768, None, 0),
-    ("n2-standard-2", 2, 8192, None, 0),
-    ("n2-standard-4", 4, 16384, None, 0),
-    ("n2-standard-8", 8, 32768, None, 0),
-    ("n2-standard-16", 16, 65536, None, 0),
-    ("g2-standard-4", 4, 16384, "nvidia-l4", 1),
-    ("a2-highgpu-1g", 12, 87040, "nvidia-tesla-a100", 1),
-)
-
-
-@dataclass
-class _Op:
-    name: str
-    id: str
-    zone: str
-    kind: str                       # bulkInsert, delete
-    target: str
-    created: float
-    done_at: float | None           # monotonic; None: never
-    apply: Any = None               # called once when done: returns error entries or []
-    errors: list[dict[str, str]] = field(default_factory=list)
-    http_status: int = 0
-    applied: bool = False
-    inserted: str = field(default_factory=lambda: _now_iso())   # stamped once, as Compute Engine does
-    ended: str | None = None
-    group: str | None = None        # bulkInsert: its operationGroupId
-    target_id: str | None = None    # the instance's id (insert, delete)
-
-    def done(self, now: float) -> bool:
-        return self.done_at is not None and now >= self.done_at
-
-
-@dataclass
-class _Fault:
-    method: str
-    status: int
-    reason: str
-    message: str
-    times: int | None
-
-
-def _now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
-
-
-def _error_body(status: int, reason: str, message: str) -> dict[str, Any]:
-    return {"error": {"code": status, "message": message,
-                      "errors": [{"message": message, "domain": "global", "reason": reason}]}}
-
-
-def _error(status: int, reason: str, message: str) -> web.Response:
-    return json_response(status, _error_body(status, reason, message))
-
-
-def _bulk_request(body: Any) -> tuple[int, int, str | None, list[str], dict[str, Any]] | str:
-    """A bulkInsert body as Compute Engine reads it: (count, minCount, namePattern, the names of
-    ``perInstanceProperties``, instanceProperties), or the 400 message naming the field."""
-    if not isinstance(body, dict):
-        return "Invalid value for the request body: it must be a JSON object."
-    props = body.get("instanceProperties")
-    if not isinstance(props, dict) or not props.get("machineType"):
-        return "Invalid value for field 'resource.instanceProperties.machineType': ''. A machine type is required."
-    named = body.get("perInstanceProperties") or {}
-    if not isinstance(named, dict):
-        return "Invalid value for field 'resource.perInstanceProperties': it must map instance names to properties."
-    pattern = body.get("namePattern")
-    if pattern is not None and (not isinstance(pattern, str) or pattern.count("#") < 1
-                                or "#" * pattern.count("#") not in pattern):
-        return (f"Invalid value for field 'resource.namePattern': '{pattern}'. The pattern must contain one run "
-                "of '#' characters.")
-    try:
-        count = int(body.get("count") or len(named))
-        min_count = int(body.get("minCount") or count)
-    except (TypeError, ValueError):
-        return f"Invalid value for field 'resource.count': '{body.get('count')}'. It must be an integer."
-    if not 1 <= min_count <= count <= 1000:
-        return (f"Invalid value for field 'resource.count': '{count}'. It must be between 1 and 1000, and at least "
-                f"minCount ({min_count}).")
-    if pattern is None and len(named) < count:
-        return ("Invalid value for field 'resource.namePattern': ''. A name pattern is required when "
-                "perInstanceProperties names fewer instances than count.")
-    return count, min_count, pattern, list(named), dict(props)
-
-
-# ---- list filters -------------------------------------------------------------------
-_TOKEN = re.compile(r'\s*(?:(\()|(\))|(AND|OR)\b|([A-Za-z_][\w.]*)\s*(!=|=|:)\s*("(?:[^"\\]|\\.)*"|[^\s()]+))')
-
-
-def _parse_filter(text: str) -> list[Any]:
-    """Tokens of a Compute Engine list filter: '(', ')', 'AND', 'OR', or (field, op, value)."""
-    out: list[Any] = []
-    pos = 0
-    text = text.strip()
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if not m or m.end() == pos:
-            raise ValueError(f"Invalid list filter expression near {text[pos:pos + 20]!r}")
-        pos = m.end()
-        if m.group(1):
-            out.append("(")
-        elif m.group(2):
-            out.append(")")
-        elif m.group(3):
-            out.append(m.group(3))
-        else:
-            value = m.group(6)
-            if value.startswith('"'):
-                value = json.loads(value)
-            out.append((m.group(4), m.group(5), value))
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-    return out
-
-
-def _field(inst: Mapping[str, Any], name: str) -> str | None:
-    if name.startswith("labels."):
-        return (inst.get("labels") or {}).get(name[7:])
-    value = inst.get(name)
-    return None if value is None else str(value)
-
-
-def _eval(tokens: list[Any], inst: Mapping[str, Any]) -> bool:
-    pos = 0
-
-    def term() -> bool:
-        nonlocal pos
-        tok = tokens[pos]
-        pos += 1
-        if tok == "(":
-            value = expr()
-            pos += 1   # ')'
-            return value
-        name, op, want = tok
-        have = _field(inst, name)
-        if op == ":":
-            return have is not None if want == "*" else have is not None and want in have
-        if op == "=":
-            return have == want
-        return have != want
-
-    def expr() -> bool:
-        nonlocal pos
-        value = term()
-        while pos < len(tokens) and tokens[pos] != ")":
-            op = tokens[pos]
-            if op in ("AND", "OR"):
-                pos += 1
-            else:
-                op = "AND"   # juxtaposition is AND
-            rhs = term()
-            value = (value and rhs) if op == "AND" else (value or rhs)
-        return value
-
-    return True if not tokens else expr()
-
+__all__ = ["DEFAULT_MACHINE_TYPES", "GceEmulator"]
 
 class GceEmulator(HttpServer):
     """A TEST FIXTURE: Compute Engine's REST API for the calls the ``gce`` provider makes."""
@@ -246,12 +42,12 @@ class GceEmulator(HttpServer):
         self.hosts = CloudInitHosts(first_host=first_host, **sshd_kwargs)
         self._lock = threading.Lock()
         self._instances: dict[str, dict[str, Any]] = {}     # id -> instance resource
-        self._ops: dict[str, _Op] = {}
+        self._ops: dict[str, Op] = {}
         self._request_ops: dict[str, str] = {}              # requestId -> op name
         self._ids = itertools.count(4_200_000_000_000_000_001)
         self._exhausted: list[tuple[str | None, str | None]] = []
         self._cpu_quota: dict[str, int] = {}
-        self._faults: list[_Fault] = []
+        self._faults: list[Fault] = []
         self._op_delay: dict[str, float | None] = {}
         self._deny = 0
         self.calls: list[tuple[str, str]] = []              # (method name, path)
@@ -280,7 +76,7 @@ class GceEmulator(HttpServer):
         """Answer the next ``times`` calls of ``method`` (bulkInsert, list, aggregatedList,
         get, delete, machineTypes, wait, operation) with an HTTP error."""
         with self._lock:
-            self._faults.append(_Fault(method, status, reason, message or f"injected: {reason}", times))
+            self._faults.append(Fault(method, status, reason, message or f"injected: {reason}", times))
 
     def slow_operations(self, seconds: float | None, kinds: Sequence[str] = ("bulkInsert", "delete")) -> None:
         """Operations of ``kinds`` are done ``seconds`` after they start (None: never; 0: at once)."""
@@ -363,12 +159,16 @@ class GceEmulator(HttpServer):
     def routes(self, app: web.Application) -> None:
         base = "/compute/v1/projects/{project}"
         r = app.router
+        r.add_get(base, self._project)
         r.add_get(base + "/zones", self._zones)
         r.add_get(base + "/zones/{zone}", self._zone_get)
         r.add_get(base + "/zones/{zone}/machineTypes", self._machine_types)
         r.add_get(base + "/zones/{zone}/machineTypes/{name}", self._machine_type_get)
         r.add_get(base + "/aggregated/machineTypes", self._machine_types_aggregated)
         r.add_post(base + "/zones/{zone}/instances/bulkInsert", self._bulk_insert)
+        r.add_post(base + "/zones/{zone}/instances", self._insert)
+        r.add_get(base + "/global/images/family/{family}", self._image_from_family)
+        r.add_get(base + "/global/images/{image}", self._image_get)
         r.add_get(base + "/zones/{zone}/instances", self._list)
         r.add_get(base + "/zones/{zone}/instances/{name}", self._get)
         r.add_delete(base + "/zones/{zone}/instances/{name}", self._delete)
@@ -380,49 +180,18 @@ class GceEmulator(HttpServer):
         r.add_route("*", "/{tail:.*}", self._not_served)   # last: Google's JSON error body, never plain text
 
     async def _batch(self, request: web.Request) -> web.StreamResponse:
-        """The batch endpoint (``multipart/mixed`` of ``application/http`` parts, as gcloud
-        sends a multi-zone list or a multi-name delete): each part served by this emulator,
-        over loopback, and answered as a part with ``Content-ID: <response-ID>``."""
+        """The batch endpoint: each part served by this emulator (:func:`.batch.serve_batch`)."""
         with self._lock:
             self.calls.append(("batch", request.path))
-        ctype = request.headers.get("Content-Type", "")
-        raw = await request.read()
-        msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-            b"Content-Type: " + ctype.encode() + b"\r\n\r\n" + raw)
-        if not msg.is_multipart():
-            return _error(400, "invalid", "A batch request must be multipart/mixed.")
-        boundary = f"batch_{uuid.uuid4().hex}"
-        out: list[bytes] = []
-        async with aiohttp.ClientSession() as http:
-            for part in msg.iter_parts():
-                payload = part.get_payload(decode=True)
-                inner = payload if isinstance(payload, bytes) else b""
-                head, _, body = inner.replace(b"\r\n", b"\n").partition(b"\n\n")
-                lines = head.decode("utf-8", "replace").split("\n")
-                method, target = lines[0].split(" ")[:2]
-                url = urllib.parse.urlsplit(target)
-                path = url.path + (f"?{url.query}" if url.query else "")
-                headers = {k.strip(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ":" in ln)
-                           if k.strip().lower() in ("content-type", "authorization")}
-                async with http.request(method, self.url + path, data=body or None, headers=headers) as resp:
-                    answer = await resp.read()
-                    status = f"{resp.status} {resp.reason}"
-                cid = str(part.get("Content-ID", "")).strip("<>")
-                out.append((f"--{boundary}\r\nContent-Type: application/http\r\n"
-                            f"Content-ID: <response-{cid}>\r\n\r\n"
-                            f"HTTP/1.1 {status}\r\nContent-Type: application/json; charset=UTF-8\r\n"
-                            f"Content-Length: {len(answer)}\r\n\r\n").encode() + answer + b"\r\n")
-        payload = b"".join(out) + f"--{boundary}--\r\n".encode()
-        return web.Response(status=200, body=payload,
-                            headers={"Content-Type": f"multipart/mixed; boundary={boundary}"})
+        return await serve_batch(self.url, request)
 
     def error_body(self, status: int, message: str) -> dict[str, Any]:
-        return _error_body(status, "backendError", message)
+        return error_body_of(status, "backendError", message)
 
     async def _not_served(self, request: web.Request) -> web.StreamResponse:
         with self._lock:
             self.calls.append(("notServed", request.path))
-        return _error(404, "notFound", f"The emulator does not serve {request.method} {request.path} (a TEST "
+        return error(404, "notFound", f"The emulator does not serve {request.method} {request.path} (a TEST "
                                        "FIXTURE of the calls the gce provider makes; docs/providers/gce.md)")
 
     def _gate(self, request: web.Request, method: str) -> web.Response | None:
@@ -433,18 +202,18 @@ class GceEmulator(HttpServer):
             self.calls.append((method, request.path))
             self._tick()
             if self._deny:
-                return _error(self._deny, "forbidden",
+                return error(self._deny, "forbidden",
                               f"Required 'compute.instances.{method}' permission for 'projects/{project}'")
             for f in self._faults:
                 if f.method == method and (f.times is None or f.times > 0):
                     if f.times is not None:
                         f.times -= 1
                     self._faults = [x for x in self._faults if x.times is None or x.times > 0]
-                    return _error(f.status, f.reason, f.message)
+                    return error(f.status, f.reason, f.message)
         if project != self.project:
-            return _error(404, "notFound", f"The resource 'projects/{project}' was not found")
+            return error(404, "notFound", f"The resource 'projects/{project}' was not found")
         if zone is not None and zone not in self.zones:
-            return _error(404, "notFound", f"The resource 'projects/{project}/zones/{zone}' was not found")
+            return error(404, "notFound", f"The resource 'projects/{project}/zones/{zone}' was not found")
         return None
 
     def _paged(self, request: web.Request, kind: str, items: list[Any], **fields: str) -> web.Response:
@@ -464,12 +233,12 @@ class GceEmulator(HttpServer):
 
     def _filtered(self, request: web.Request, zone: str | None) -> list[dict[str, Any]] | web.Response:
         try:
-            tokens = _parse_filter(request.query.get("filter", ""))
+            tokens = parse_filter(request.query.get("filter", ""))
         except ValueError as exc:
-            return _error(400, "invalid", str(exc))
+            return error(400, "invalid", str(exc))
         with self._lock:
             return [json.loads(json.dumps(i)) for i in self._instances.values()
-                    if (zone is None or i["_zone"] == zone) and _eval(tokens, i)]
+                    if (zone is None or i["_zone"] == zone) and matches(tokens, i)]
 
     @staticmethod
     def _public(inst: dict[str, Any]) -> dict[str, Any]:
@@ -508,7 +277,7 @@ class GceEmulator(HttpServer):
         zone, name = request.match_info["zone"], request.match_info["name"]
         n = next((i for i, m in enumerate(self.machine_types) if m[0] == name), None)
         if n is None:
-            return _error(404, "notFound", f"The resource 'projects/{self.project}/zones/{zone}/machineTypes/"
+            return error(404, "notFound", f"The resource 'projects/{self.project}/zones/{zone}/machineTypes/"
                                            f"{name}' was not found")
         return json_response(200, self._machine_type(zone, n))
 
@@ -567,15 +336,15 @@ class GceEmulator(HttpServer):
         with self._lock:
             inst = self._by_name(zone, name)
             if inst is None:
-                return _error(404, "notFound", f"The resource 'projects/{self.project}/zones/{zone}/instances/"
+                return error(404, "notFound", f"The resource 'projects/{self.project}/zones/{zone}/instances/"
                                                f"{name}' was not found")
             return json_response(200, self._public(inst))
 
     # ---- operations ------------------------------------------------------------------
-    def _new_op(self, zone: str, kind: str, target: str, apply: Any) -> _Op:
+    def _new_op(self, zone: str, kind: str, target: str, apply: Any) -> Op:
         delay = self._op_delay.get(kind, 0.0)
         now = time.monotonic()
-        op = _Op(name=f"operation-{int(time.time() * 1000)}-{uuid.uuid4().hex[:12]}", id=str(next(self._ids)),
+        op = Op(name=f"operation-{int(time.time() * 1000)}-{uuid.uuid4().hex[:12]}", id=str(next(self._ids)),
                  zone=zone, kind=kind, target=target, created=now,
                  done_at=None if delay is None else now + delay, apply=apply)
         self._ops[op.name] = op
@@ -587,10 +356,10 @@ class GceEmulator(HttpServer):
         for op in list(self._ops.values()):   # applying one may add operations (a bulk's inserts)
             if not op.applied and op.done(now):
                 op.applied = True
-                op.ended = _now_iso()
+                op.ended = now_iso()
                 op.errors, op.http_status = op.apply() if op.apply else ([], 0)
 
-    def _op_json(self, op: _Op) -> dict[str, Any]:
+    def _op_json(self, op: Op) -> dict[str, Any]:
         done = op.applied
         body: dict[str, Any] = {
             "kind": "compute#operation", "id": op.id, "name": op.name, "operationType": op.kind,
@@ -610,10 +379,10 @@ class GceEmulator(HttpServer):
             body["httpErrorMessage"] = "SERVICE UNAVAILABLE" if op.http_status == 503 else "FORBIDDEN"
         return body
 
-    def _find_op(self, request: web.Request) -> _Op | web.Response:
+    def _find_op(self, request: web.Request) -> Op | web.Response:
         op = self._ops.get(request.match_info["op"])
         if op is None or op.zone != request.match_info["zone"]:
-            return _error(404, "notFound", f"The resource 'projects/{self.project}/zones/"
+            return error(404, "notFound", f"The resource 'projects/{self.project}/zones/"
                                            f"{request.match_info['zone']}/operations/{request.match_info['op']}' "
                                            "was not found")
         return op
@@ -636,7 +405,7 @@ class GceEmulator(HttpServer):
         if want:
             m = re.fullmatch(r"\(?\s*operationGroupId\s*(=|eq)\s*\"?(.*?)\"?\s*\)?", want)
             if m is None:
-                return _error(400, "invalid", f"Invalid value for field 'filter': '{want}'. The emulator filters "
+                return error(400, "invalid", f"Invalid value for field 'filter': '{want}'. The emulator filters "
                                               "operations by operationGroupId only (= VALUE, or eq REGEX).")
             value = m.group(2)
             # `eq` takes a regular expression matched against the whole value (the syntax gcloud sends)
@@ -670,21 +439,21 @@ class GceEmulator(HttpServer):
         try:
             body = await request.json()
         except ValueError:
-            return _error(400, "parseError", "Invalid JSON payload received.")
-        parsed = _bulk_request(body)
+            return error(400, "parseError", "Invalid JSON payload received.")
+        parsed = bulk_request(body)
         if isinstance(parsed, str):
-            return _error(400, "invalid", parsed)
+            return error(400, "invalid", parsed)
         count, min_count, pattern, names, props = parsed
         mtype = str(props["machineType"]).rsplit("/", 1)[-1]
         labels = dict(props.get("labels") or {})
         for k, v in labels.items():
-            if not _LABEL_KEY.match(k) or not _LABEL_VALUE.match(str(v)):
-                return _error(400, "invalid", f"Invalid value for field 'resource.instanceProperties.labels': "
+            if not LABEL_KEY.match(k) or not LABEL_VALUE.match(str(v)):
+                return error(400, "invalid", f"Invalid value for field 'resource.instanceProperties.labels': "
                                               f"'{k}={v}'. Label keys and values may contain only lowercase "
                                               "letters, digits, '_' and '-', and keys must start with a letter")
         mt = next((m for m in self.machine_types if m[0] == mtype), None)
         if mt is None:
-            return _error(400, "invalid", f"Invalid value for field 'resource.instanceProperties.machineType': "
+            return error(400, "invalid", f"Invalid value for field 'resource.instanceProperties.machineType': "
                                           f"'{mtype}'. Machine type with name '{mtype}' does not exist in zone '{zone}'.")
         request_id = request.query.get("requestId")
         with self._lock:
@@ -700,11 +469,87 @@ class GceEmulator(HttpServer):
             self._tick()
             return json_response(200, self._op_json(op))
 
+    async def _insert(self, request: web.Request) -> web.StreamResponse:
+        """``instances.insert``: one instance, its body an Instance resource (what ``gcloud
+        compute instances create`` sends); an operation of kind ``insert`` for it."""
+        if (err := self._gate(request, "insert")) is not None:
+            return err
+        zone = request.match_info["zone"]
+        try:
+            body = await request.json()
+        except ValueError:
+            return error(400, "parseError", "Invalid JSON payload received.")
+        name = body.get("name") if isinstance(body, dict) else None
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            return error(400, "invalid", f"Invalid value for field 'resource.name': '{name or ''}'. Must be a match "
+                                          "of regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?|[1-9][0-9]{0,19})'")
+        mtype = str(body.get("machineType") or "").rsplit("/", 1)[-1]
+        mt = next((m for m in self.machine_types if m[0] == mtype), None)
+        if mt is None:
+            return error(400, "invalid", f"Invalid value for field 'resource.machineType': '{mtype}'. Machine type "
+                                          f"with name '{mtype}' does not exist in zone '{zone}'.")
+        props = {k: body[k] for k in ("labels", "metadata", "networkInterfaces", "disks", "scheduling",
+                                      "guestAccelerators") if k in body}
+        request_id = request.query.get("requestId")
+        with self._lock:
+            if request_id and request_id in self._request_ops:
+                return json_response(200, self._op_json(self._ops[self._request_ops[request_id]]))
+            if self._by_name(zone, name) is not None:
+                return error(409, "alreadyExists", f"The resource 'projects/{self.project}/zones/{zone}/instances/"
+                                                    f"{name}' already exists")
+
+            def apply() -> tuple[list[dict[str, str]], int]:
+                errors, status = self._create(zone, mt, 1, None, props, [name], inserts=False)
+                if not errors and (made := self._by_name(zone, name)) is not None:
+                    op.target_id = made["id"]
+                return errors, status
+            op = self._new_op(zone, "insert", f"{API}/projects/{self.project}/zones/{zone}/instances/{name}", apply)
+            if request_id:
+                self._request_ops[request_id] = op.name
+            self._tick()
+            return json_response(200, self._op_json(op))
+
+    def _image(self, project: str, name: str, family: str) -> dict[str, Any]:
+        """An image record of this emulator (a fixture's, not one of Google's): every family
+        resolves to one image named ``<family>-v20261201``."""
+        return {"kind": "compute#image", "id": str(zlib.crc32(f"{project}/{name}".encode())), "name": name,
+                "family": family, "status": "READY", "diskSizeGb": "10", "architecture": "X86_64",
+                "selfLink": f"{API}/projects/{project}/global/images/{name}"}
+
+    async def _project(self, request: web.Request) -> web.StreamResponse:
+        """``projects.get`` (gcloud asks it on create): the project, its common metadata and
+        its CPUS quota per region where one is set (:meth:`set_cpu_quota`)."""
+        if (err := self._gate(request, "projectsGet")) is not None:
+            return err
+        with self._lock:
+            quotas = [{"metric": "CPUS", "limit": float(limit), "region": region,
+                       "usage": float(sum(int(i["_cpus"]) for i in self._instances.values()
+                                          if i["_zone"].startswith(region + "-")))}
+                      for region, limit in sorted(self._cpu_quota.items())]
+        return json_response(200, {
+            "kind": "compute#project", "id": str(zlib.crc32(self.project.encode())), "name": self.project,
+            "commonInstanceMetadata": {"kind": "compute#metadata", "fingerprint": "Zm0tZW11", "items": []},
+            "quotas": quotas, "selfLink": f"{API}/projects/{self.project}"})
+
+    async def _image_from_family(self, request: web.Request) -> web.StreamResponse:
+        """``images.getFromFamily`` of any project (public images live in others: debian-cloud)."""
+        with self._lock:
+            self.calls.append(("imagesGetFromFamily", request.path))
+        family = request.match_info["family"]
+        return json_response(200, self._image(request.match_info["project"], f"{family}-v20261201", family))
+
+    async def _image_get(self, request: web.Request) -> web.StreamResponse:
+        with self._lock:
+            self.calls.append(("imagesGet", request.path))
+        name = request.match_info["image"]
+        return json_response(200, self._image(request.match_info["project"], name, name.rsplit("-v", 1)[0]))
+
     def _create(self, zone: str, mt: tuple[str, int, int, str | None, int], count: int, pattern: str | None,
                 props: dict[str, Any], named: list[str] | None = None,
-                group: str | None = None) -> tuple[list[dict[str, str]], int]:
+                group: str | None = None, inserts: bool = True) -> tuple[list[dict[str, str]], int]:
         """What a bulkInsert operation does when it runs (under the lock): the instances, and
-        per instance a done ``insert`` operation in the bulk's group (what gcloud counts)."""
+        (``inserts``) per instance a done ``insert`` operation in the bulk's group (what
+        gcloud counts); an ``instances.insert`` is its own operation."""
         name, cpus, mem, acc, acc_count = mt
         region = zone.rsplit("-", 1)[0]
         if any((z is None or z == zone) and (t is None or t == name) for z, t in self._exhausted):
@@ -739,7 +584,7 @@ class GceEmulator(HttpServer):
                 "kind": "compute#instance", "id": iid, "name": iname, "status": "RUNNING",
                 "zone": f"{API}/projects/{self.project}/zones/{zone}",
                 "machineType": f"{API}/projects/{self.project}/zones/{zone}/machineTypes/{name}",
-                "creationTimestamp": _now_iso(), "labels": dict(props.get("labels") or {}),
+                "creationTimestamp": now_iso(), "labels": dict(props.get("labels") or {}),
                 "metadata": {"kind": "compute#metadata", "fingerprint": uuid.uuid4().hex[:12],
                              "items": list((props.get("metadata") or {}).get("items") or [])},
                 "networkInterfaces": [nic], "disks": props.get("disks") or [],
@@ -747,8 +592,9 @@ class GceEmulator(HttpServer):
                 "guestAccelerators": props.get("guestAccelerators") or [],
                 "selfLink": f"{API}/projects/{self.project}/zones/{zone}/instances/{iname}",
                 "_zone": zone, "_cpus": cpus}
-            insert = self._new_op(zone, "insert", self._instances[iid]["selfLink"], None)
-            insert.applied, insert.ended, insert.group, insert.target_id = True, _now_iso(), group, iid
+            if inserts:
+                insert = self._new_op(zone, "insert", self._instances[iid]["selfLink"], None)
+                insert.applied, insert.ended, insert.group, insert.target_id = True, now_iso(), group, iid
         return [], 0
 
     async def _delete(self, request: web.Request) -> web.StreamResponse:
@@ -761,7 +607,7 @@ class GceEmulator(HttpServer):
                 return json_response(200, self._op_json(self._ops[self._request_ops[request_id]]))
             inst = self._by_name(zone, name)
             if inst is None:
-                return _error(404, "notFound", f"The resource 'projects/{self.project}/zones/{zone}/instances/"
+                return error(404, "notFound", f"The resource 'projects/{self.project}/zones/{zone}/instances/"
                                                f"{name}' was not found")
             iid = inst["id"]
             inst["status"] = "STOPPING"
