@@ -432,14 +432,20 @@ class GceEmulator(HttpServer):
             await asyncio.sleep(0.02)
 
     # ---- mutations -------------------------------------------------------------------
-    async def _bulk_insert(self, request: web.Request) -> web.StreamResponse:
-        if (err := self._gate(request, "bulkInsert")) is not None:
+    async def _body(self, request: web.Request, method: str) -> Any:
+        """A mutation's JSON body once the call passed :meth:`_gate`, or the answer to give."""
+        if (err := self._gate(request, method)) is not None:
             return err
-        zone = request.match_info["zone"]
         try:
-            body = await request.json()
+            return await request.json()
         except ValueError:
             return error(400, "parseError", "Invalid JSON payload received.")
+
+    async def _bulk_insert(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request, "bulkInsert")
+        if isinstance(body, web.Response):
+            return body
+        zone = request.match_info["zone"]
         parsed = bulk_request(body)
         if isinstance(parsed, str):
             return error(400, "invalid", parsed)
@@ -472,13 +478,10 @@ class GceEmulator(HttpServer):
     async def _insert(self, request: web.Request) -> web.StreamResponse:
         """``instances.insert``: one instance, its body an Instance resource (what ``gcloud
         compute instances create`` sends); an operation of kind ``insert`` for it."""
-        if (err := self._gate(request, "insert")) is not None:
-            return err
+        body = await self._body(request, "insert")
+        if isinstance(body, web.Response):
+            return body
         zone = request.match_info["zone"]
-        try:
-            body = await request.json()
-        except ValueError:
-            return error(400, "parseError", "Invalid JSON payload received.")
         name = body.get("name") if isinstance(body, dict) else None
         if not isinstance(name, str) or not NAME.fullmatch(name):
             return error(400, "invalid", f"Invalid value for field 'resource.name': '{name or ''}'. Must be a match "
