@@ -20,9 +20,12 @@ import asyncio
 import concurrent.futures
 import json
 import logging
+import shutil
 import ssl
+import subprocess
 import threading
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -30,7 +33,7 @@ from aiohttp import web
 T = TypeVar("T")
 log = logging.getLogger("flowmesh.testing")
 
-__all__ = ["HttpServer", "LoopThread", "json_response"]
+__all__ = ["HttpServer", "LoopThread", "json_response", "self_signed_tls"]
 
 
 class LoopThread:
@@ -92,6 +95,27 @@ class LoopThread:
         self._thread.join(timeout)
         self._thread = None
         self.loop = None
+
+
+def self_signed_tls(directory: Path, common_name: str) -> ssl.SSLContext:
+    """A server context with a fresh self-signed certificate for 127.0.0.1 and localhost,
+    made with the ``openssl`` CLI in ``directory`` (created 0700): ``server.crt`` is the CA
+    a client verifies the server with (``REQUESTS_CA_BUNDLE``, a kubeconfig's
+    ``certificate-authority-data``)."""
+    directory.mkdir(mode=0o700)
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise RuntimeError("a TLS fixture needs the openssl command: apt-get install -y openssl")
+    proc = subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                           "-nodes", "-sha256", "-days", "7", "-subj", f"/CN={common_name}",
+                           "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                           "-keyout", str(directory / "server.key"), "-out", str(directory / "server.crt")],
+                          capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise RuntimeError(f"openssl req failed: {proc.stderr.strip()[-500:]}")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(directory / "server.crt", directory / "server.key")
+    return ctx
 
 
 def json_response(status: int, body: Any, headers: Mapping[str, str] | None = None,

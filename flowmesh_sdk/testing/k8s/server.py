@@ -16,7 +16,6 @@ import os
 import secrets
 import shutil
 import ssl
-import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -26,7 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import hygiene
-from ..httpserver import HttpServer, json_response
+from ..httpserver import HttpServer, json_response, self_signed_tls
 from ..sshd import LoopbackSshd
 from .api import KubeApi
 from .kubelet import DEFAULT_NODES, Kubelet, Node, node_object
@@ -89,25 +88,6 @@ class KubeEmulator(HttpServer):
             raise RuntimeError(f"{self.name} is not running with TLS")
         return self._tmp / "tls" / "server.crt"
 
-    def _make_cert(self) -> ssl.SSLContext:
-        """A self-signed certificate for 127.0.0.1 and localhost (the ``openssl`` CLI)."""
-        assert self._tmp is not None
-        tls = self._tmp / "tls"
-        tls.mkdir(mode=0o700)
-        openssl = shutil.which("openssl")
-        if openssl is None:
-            raise RuntimeError("the k8s emulator's TLS needs the openssl command: apt-get install -y openssl")
-        proc = subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                               "-nodes", "-sha256", "-days", "7", "-subj", "/CN=flowmesh-k8s-emulator",
-                               "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-                               "-keyout", str(tls / "server.key"), "-out", str(tls / "server.crt")],
-                              capture_output=True, text=True, timeout=60)
-        if proc.returncode != 0:
-            raise RuntimeError(f"openssl req failed: {proc.stderr.strip()[-500:]}")
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.load_cert_chain(tls / "server.crt", tls / "server.key")
-        return ctx
-
     @property
     def kubelet(self) -> Kubelet:
         if self._kubelet is None:
@@ -125,7 +105,7 @@ class KubeEmulator(HttpServer):
         hygiene.STORES.add(root)
         try:
             if self.tls:
-                self.ssl_context = self._make_cert()
+                self.ssl_context = self_signed_tls(self._tmp / "tls", "flowmesh-k8s-emulator")
             super().start()
         except BaseException:
             self._wipe()

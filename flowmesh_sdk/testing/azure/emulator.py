@@ -1,37 +1,9 @@
-"""A TEST FIXTURE emulating Azure Resource Manager (compute, network, resources) on
-127.0.0.1, for the ``azure`` provider and for users' own offline tests.  It is not Azure: it
-answers exactly the calls the provider makes, in ARM's JSON shapes, and the real
-``azure-mgmt-*`` clients are pointed at it::
-
-    with AzureEmulator() as az:
-        provider = az.provider(ssh=True)    # AzureProvider(base_url=az.url, a static test token)
-        ...
-
-Calls (``api-version`` required on each, as ARM does): ``PUT .../resourcegroups/RG``;
-``GET /subscriptions/S/providers/Microsoft.Compute/skus?$filter=location eq 'L'``;
-``PUT``/``GET .../Microsoft.Network/virtualNetworks/V``; ``GET .../networkInterfaces/N``;
-``PUT``/``GET``/``DELETE .../Microsoft.Compute/virtualMachines/NAME`` and ``GET`` of the
-resource group's VM list.  PUT and DELETE are long-running: ``201``/``202`` with an
-``Azure-AsyncOperation`` URL (no ``Retry-After``) whose status goes ``InProgress`` ->
-``Succeeded`` | ``Failed`` (with ``error``); a VM PUT of an existing name updates it (ARM's
-idempotent PUT).  The bearer token must be :attr:`AzureEmulator.token`
-(:class:`StaticTokenCredential` presents it); another subscription answers 404
-``SubscriptionNotFound``.
-
-A created VM can be a real machine: :meth:`address` (the provider's
-``SshMode(address_map=...)`` hook) boots it, once, from its ``customData`` (the
-``#cloud-config`` cloud-init would read) as a loopback sshd host; deleting it stops that
-sshd.  Switchable per test: :meth:`exhaust` (VM creations fail with ``AllocationFailed``
-in the operation, or ``SkuNotAvailable`` at once), :meth:`set_core_quota`
-(``OperationNotAllowed`` ... exceeding approved ... Cores quota), :meth:`fail` (an HTTP
-error for a call, e.g. 429 ``TooManyRequests``), :meth:`slow_operations`,
-:meth:`delete_behind` and :meth:`deny` (403 ``AuthorizationFailed``).
-"""
+"""The ARM emulator (see the package docstring): its switches, views and the handlers of
+the resources the ``azure`` provider uses."""
 
 from __future__ import annotations
 
 import base64
-import datetime as _dt
 import itertools
 import json
 import re
@@ -39,15 +11,16 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from .cloudinit import CloudInitHosts
-from .httpserver import HttpServer, json_response
+from ..cloudinit import CloudInitHosts
+from ..httpserver import HttpServer, json_response
+from .credential import StaticTokenCredential
+from .wire import ROUTES, Op, arm_error, now_iso
 
-__all__ = ["AzureEmulator", "StaticTokenCredential", "DEFAULT_SIZES", "SUBSCRIPTION"]
+__all__ = ["AzureEmulator", "DEFAULT_SIZES", "SUBSCRIPTION"]
 
 SUBSCRIPTION = "00000000-0000-4000-8000-00000000f10e"
 # (name, vCPUs, memory GB, GPUs)
@@ -58,64 +31,6 @@ DEFAULT_SIZES: tuple[tuple[str, int, float, int], ...] = (
     ("Standard_F2s_v2", 2, 4.0, 0),
     ("Standard_NC4as_T4_v3", 4, 28.0, 1),
 )
-
-
-class StaticTokenCredential:
-    """A credential that presents one fixed bearer token (for the emulator only)."""
-
-    def __init__(self, token: str) -> None:
-        self._token = token
-
-    def __repr__(self) -> str:
-        return "StaticTokenCredential(<token>)"
-
-    def get_token(self, *scopes: str, **kwargs: Any) -> Any:
-        from azure.core.credentials import AccessToken
-        return AccessToken(self._token, int(time.time()) + 3600)
-
-    def get_token_info(self, *scopes: str, options: Any = None) -> Any:
-        from azure.core.credentials import AccessTokenInfo
-        return AccessTokenInfo(self._token, int(time.time()) + 3600)
-
-    def close(self) -> None:
-        return None
-
-
-@dataclass
-class _Op:
-    id: str
-    location: str
-    done_at: float | None
-    apply: Any
-    status: str = "InProgress"
-    error: dict[str, str] | None = None
-
-    def due(self, now: float) -> bool:
-        return self.status == "InProgress" and self.done_at is not None and now >= self.done_at
-
-
-def _err(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return json_response(status, {"error": {"code": code, "message": message}}, headers)
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-_ROUTES = [
-    ("rg", re.compile(r"^/subscriptions/([^/]+)/resourcegroups/([^/]+)$", re.I)),
-    ("skus", re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.compute/skus$", re.I)),
-    ("op", re.compile(r"^/subscriptions/([^/]+)/providers/microsoft\.(?:compute|network)/locations/([^/]+)/"
-                      r"(?:operations|operationresults)/([^/]+)$", re.I)),
-    ("vms", re.compile(r"^/subscriptions/([^/]+)/resourcegroups/([^/]+)/providers/microsoft\.compute/"
-                       r"virtualmachines$", re.I)),
-    ("vm", re.compile(r"^/subscriptions/([^/]+)/resourcegroups/([^/]+)/providers/microsoft\.compute/"
-                      r"virtualmachines/([^/]+)$", re.I)),
-    ("vnet", re.compile(r"^/subscriptions/([^/]+)/resourcegroups/([^/]+)/providers/microsoft\.network/"
-                        r"virtualnetworks/([^/]+)$", re.I)),
-    ("nic", re.compile(r"^/subscriptions/([^/]+)/resourcegroups/([^/]+)/providers/microsoft\.network/"
-                       r"networkinterfaces/([^/]+)$", re.I)),
-]
 
 
 class AzureEmulator(HttpServer):
@@ -138,7 +53,7 @@ class AzureEmulator(HttpServer):
         self._custom: dict[str, str] = {}                             # vmId -> customData (never returned)
         self._nics: dict[tuple[str, str], dict[str, Any]] = {}
         self._vnets: dict[tuple[str, str], dict[str, Any]] = {}
-        self._ops: dict[str, _Op] = {}
+        self._ops: dict[str, Op] = {}
         self._ip = itertools.count(4)
         self._exhausted: list[tuple[str | None, str]] = []            # (size or None, how)
         self._core_quota: dict[str, int] = {}
@@ -255,14 +170,14 @@ class AzureEmulator(HttpServer):
     # ---- HTTP ------------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
         path = request.path.rstrip("/")
-        for kind, rx in _ROUTES:
+        for kind, rx in ROUTES:
             m = rx.match(path)
             if m:
                 break
         else:
-            return _err(404, "InvalidResourceType", f"no route for {request.method} {path}")
+            return arm_error(404, "InvalidResourceType", f"no route for {request.method} {path}")
         if "api-version" not in request.query:
-            return _err(400, "MissingApiVersionParameter", "The api-version query parameter (?api-version=) is "
+            return arm_error(400, "MissingApiVersionParameter", "The api-version query parameter (?api-version=) is "
                                                            "required for all requests.")
         body = await request.read()
         with self._lock:
@@ -270,18 +185,18 @@ class AzureEmulator(HttpServer):
             self._tick()
             auth = request.headers.get("Authorization", "")
             if auth != f"Bearer {self.token}":
-                return _err(401, "InvalidAuthenticationToken", "The access token is invalid.")
+                return arm_error(401, "InvalidAuthenticationToken", "The access token is invalid.")
             if self._deny:
-                return _err(403, "AuthorizationFailed", "The client does not have authorization to perform action "
+                return arm_error(403, "AuthorizationFailed", "The client does not have authorization to perform action "
                                                         f"over scope '{path}'.")
             for f in self._faults:
                 if f[0] == kind and f[1] == request.method and (f[4] is None or f[4] > 0):
                     if f[4] is not None:
                         f[4] -= 1
                     headers = {"Retry-After": "1"} if f[2] == 429 else None
-                    return _err(f[2], f[3], f"injected: {f[3]}", headers)
+                    return arm_error(f[2], f[3], f"injected: {f[3]}", headers)
             if m.group(1) != self.subscription:
-                return _err(404, "SubscriptionNotFound", f"The subscription '{m.group(1)}' could not be found.")
+                return arm_error(404, "SubscriptionNotFound", f"The subscription '{m.group(1)}' could not be found.")
             args = m.groups()[1:]
             return getattr(self, f"_h_{kind}")(request, body, *args)
 
@@ -298,7 +213,7 @@ class AzureEmulator(HttpServer):
     def _lro(self, request: web.Request, location: str, kind: str, apply: Any, status: int,
              body: Any) -> web.Response:
         delay = self._op_delay.get(kind, 0.0)
-        op = _Op(uuid.uuid4().hex, location, None if delay is None else time.monotonic() + delay, apply)
+        op = Op(uuid.uuid4().hex, location, None if delay is None else time.monotonic() + delay, apply)
         self._ops[op.id] = op
         base = f"{self.url}/subscriptions/{self.subscription}/providers/Microsoft.Compute/locations/{location}"
         api = request.query["api-version"]
@@ -311,12 +226,12 @@ class AzureEmulator(HttpServer):
     def _h_op(self, request: web.Request, body: bytes, location: str, op_id: str) -> web.Response:
         op = self._ops.get(op_id)
         if op is None:
-            return _err(404, "NotFound", f"operation {op_id} not found")
+            return arm_error(404, "NotFound", f"operation {op_id} not found")
         if "operationresults" in request.path.lower():
             return web.Response(status=204 if op.status != "InProgress" else 202)
-        out: dict[str, Any] = {"name": op.id, "status": op.status, "startTime": _now()}
+        out: dict[str, Any] = {"name": op.id, "status": op.status, "startTime": now_iso()}
         if op.status != "InProgress":
-            out["endTime"] = _now()
+            out["endTime"] = now_iso()
         if op.error:
             out["error"] = op.error
         return json_response(200, out)
@@ -331,7 +246,7 @@ class AzureEmulator(HttpServer):
                                  "tags": doc.get("tags") or {}, "properties": {"provisioningState": "Succeeded"}}
             return json_response(201 if created else 200, self._groups[key])
         if key not in self._groups:
-            return _err(404, "ResourceGroupNotFound", f"Resource group '{rg}' could not be found.")
+            return arm_error(404, "ResourceGroupNotFound", f"Resource group '{rg}' could not be found.")
         return json_response(200, self._groups[key])
 
     def _h_skus(self, request: web.Request, body: bytes) -> web.Response:
@@ -354,7 +269,7 @@ class AzureEmulator(HttpServer):
 
     def _need_rg(self, rg: str) -> web.Response | None:
         if rg.lower() not in self._groups:
-            return _err(404, "ResourceGroupNotFound", f"Resource group '{rg}' could not be found.")
+            return arm_error(404, "ResourceGroupNotFound", f"Resource group '{rg}' could not be found.")
         return None
 
     def _h_vnet(self, request: web.Request, body: bytes, rg: str, name: str) -> web.Response:
@@ -373,14 +288,14 @@ class AzureEmulator(HttpServer):
                                                "provisioningState": "Succeeded"}}
             return self._lro(request, str(doc.get("location")), "vnet", lambda: None, 201, self._vnets[key])
         if key not in self._vnets:
-            return _err(404, "ResourceNotFound", f"The Resource 'Microsoft.Network/virtualNetworks/{name}' under "
+            return arm_error(404, "ResourceNotFound", f"The Resource 'Microsoft.Network/virtualNetworks/{name}' under "
                                                  f"resource group '{rg}' was not found.")
         return json_response(200, self._vnets[key])
 
     def _h_nic(self, request: web.Request, body: bytes, rg: str, name: str) -> web.Response:
         nic = self._nics.get((rg.lower(), name.lower()))
         if nic is None:
-            return _err(404, "ResourceNotFound", f"The Resource 'Microsoft.Network/networkInterfaces/{name}' under "
+            return arm_error(404, "ResourceNotFound", f"The Resource 'Microsoft.Network/networkInterfaces/{name}' under "
                                                  f"resource group '{rg}' was not found.")
         return json_response(200, nic)
 
@@ -402,7 +317,7 @@ class AzureEmulator(HttpServer):
         if request.method == "GET":
             vm = self._vms.get(key)
             if vm is None:
-                return _err(404, "ResourceNotFound", f"The Resource 'Microsoft.Compute/virtualMachines/{name}' under "
+                return arm_error(404, "ResourceNotFound", f"The Resource 'Microsoft.Compute/virtualMachines/{name}' under "
                                                      f"resource group '{rg}' was not found.")
             return json_response(200, vm)
         if request.method == "DELETE":
@@ -426,12 +341,12 @@ class AzureEmulator(HttpServer):
         spec = next((s for s in self.sizes if s[0] == size), None)
         if loc not in self.locations or spec is None or any(
                 (s is None or s == size) and how == "SkuNotAvailable" for s, how in self._exhausted):
-            return _err(409, "SkuNotAvailable", f"The requested VM size '{size}' is currently not available in "
+            return arm_error(409, "SkuNotAvailable", f"The requested VM size '{size}' is currently not available in "
                                                 f"location '{loc}'. Please try another size or deploy to a "
                                                 "different location or different zone.")
         for k, v in (doc.get("tags") or {}).items():
             if re.search(r"[<>%&\\?/]", k) or len(k) > 512 or len(str(v)) > 256:
-                return _err(400, "InvalidTagNameCharacters", f"The tag name '{k}' has invalid characters")
+                return arm_error(400, "InvalidTagNameCharacters", f"The tag name '{k}' has invalid characters")
         existing = self._vms.get(key)
         vm_id = existing["properties"]["vmId"] if existing else str(uuid.uuid4())
         os_profile = dict(props.get("osProfile") or {})
@@ -444,7 +359,7 @@ class AzureEmulator(HttpServer):
         vm = {"id": f"{base}/Microsoft.Compute/virtualMachines/{name}", "name": name,
               "type": "Microsoft.Compute/virtualMachines", "location": loc, "tags": doc.get("tags") or {},
               "properties": {**props, "osProfile": os_profile, "vmId": vm_id, "provisioningState": "Creating",
-                             "timeCreated": existing["properties"]["timeCreated"] if existing else _now(),
+                             "timeCreated": existing["properties"]["timeCreated"] if existing else now_iso(),
                              "networkProfile": {**(props.get("networkProfile") or {}), "networkInterfaces": [
                                  {"id": f"{base}/Microsoft.Network/networkInterfaces/{nic_name}",
                                   "properties": {"primary": True, "deleteOption": nic_conf.get(
