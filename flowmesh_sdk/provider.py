@@ -110,10 +110,13 @@ class ProviderState(str, enum.Enum):
 class ContainerRequest:
     """What an instance that is a container runs (``nested_containers=False``): the task's
     image, pinned by digest (``ImageInfo.run_ref``), and its sandbox spec (limits, network,
-    kernel, workdir, env)."""
+    kernel, workdir, env).  ``stock``: how many instances of it a persistent pool keeps warm
+    (:mod:`flowmesh_sdk.pools.warm_pods`; 0: a one-off), which a provider may use to keep a
+    warm pool of its own behind them (``k8s``: agent-sandbox's SandboxWarmPool)."""
 
     image: str
     sandbox: SandboxSpec
+    stock: int = 0
 
     @property
     def key(self) -> tuple[object, ...]:

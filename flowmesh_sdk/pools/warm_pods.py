@@ -73,7 +73,7 @@ class WarmPodPool(EphemeralPool):
         is READY; a stock that cannot be launched is an error here, not at the first task."""
         for image in self.spec.warm_images:
             info = await self.ctx.images.resolve(image, arch=self.spec.instance.arch)
-            request = ContainerRequest(info.run_ref, self.default_sandbox(image))
+            request = ContainerRequest(info.run_ref, self.default_sandbox(image), stock=self.spec.warm_per_image)
             self._shapes.setdefault(request.key, _Shape(request, info))
         first = []
         for shape in self._shapes.values():

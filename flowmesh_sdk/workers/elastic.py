@@ -31,8 +31,10 @@ are waited for (:func:`~flowmesh_sdk.workers.health.wait_until_healthy`), and on
 it READY.  The rent-to-ready lag is measured in its parts (:class:`WorkerLag`) and
 published on ``WORKER_READY``.
 
-Only the provider contract is used: any provider whose offers have GPUs works; Vast.ai
-is where the tests run it (``flowmesh_sdk.testing.vast``).  See docs/workers.md.
+Only the provider contract is used: any provider whose offers have GPUs works; the tests
+run it on Vast.ai (``flowmesh_sdk.testing.vast``) and on Kubernetes GPU pods
+(``flowmesh_sdk.testing.k8s``, reached through port-forwards: docs/providers/k8s.md).  See
+docs/workers.md.
 """
 
 from __future__ import annotations
@@ -410,7 +412,9 @@ class ElasticWorkers:
             w.pid = int(res.stdout.strip())
 
             async def dead() -> str | None:
-                r = await runner.run(["kill", "-0", str(w.pid)], timeout_s=30)
+                # the shell's kill: an instance that is a container may have no kill binary (a pod's
+                # exec runs argv as it is, with no shell, where SSH runs it through the login shell)
+                r = await runner.run(["sh", "-c", f"kill -0 {w.pid}"], timeout_s=30)
                 if r.ok:
                     return None
                 tail = await runner.run(["tail", "-n", "15", self.engine.log_path.format(name=w.name)], timeout_s=30)
@@ -478,7 +482,7 @@ class ElasticWorkers:
         prov = self.providers[w.instance.provider]
         if w.pid is not None:
             try:
-                await prov.runner(w.instance).run(["kill", str(w.pid)], timeout_s=10)
+                await prov.runner(w.instance).run(["sh", "-c", f"kill {w.pid}"], timeout_s=10)
             except FlowMeshError as exc:
                 log.info("elastic %s: could not stop the engine of %s (%s): %s", self.role, w.name, reason, exc)
         inst_id = w.instance.id

@@ -5,20 +5,24 @@ ended (``spec.nodeName`` set, phase neither Succeeded nor Failed) gives what eac
 schedulable node still holds; a shape fits a node as many times as its cpu, memory,
 ``nvidia.com/gpu`` and pod count allow (GPU shapes only on nodes with GPUs, of the named
 product when ``gpu_name`` is set: the ``nvidia.com/gpu.product`` label).  The namespace's
-ResourceQuotas (``hard`` minus ``used``) bound it further.  Quantities are parsed by the
+ResourceQuotas (``hard`` minus ``used``) bound it further.  A node with a ``NoSchedule`` or
+``NoExecute`` taint the pod's tolerations do not tolerate holds none
+(:func:`.tolerations.untolerated`, kube-scheduler's filter): a CPU shape does not count the
+room of tainted GPU nodes.  Quantities are parsed by the
 official client's ``kubernetes.utils.quantity.parse_quantity``.  ``None``: the cluster-wide
 pod list is forbidden to these credentials, so only the quota bounds it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
 from flowmesh_sdk.specs import InstanceSpec
 
 from .pods import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from .tolerations import GPU_TOLERATION, Toleration, untolerated
 
 _ENDED = ("Succeeded", "Failed")
 
@@ -44,7 +48,12 @@ def _need(spec: InstanceSpec, sandbox_cpus: float | None, sandbox_gb: float | No
 
 
 def node_fits(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], spec: InstanceSpec,
-              sandbox_cpus: float | None = None, sandbox_gb: float | None = None) -> int:
+              sandbox_cpus: float | None = None, sandbox_gb: float | None = None, *,
+              tolerations: Sequence[Toleration] | None = None, gpu_label: str = GPU_PRODUCT_LABEL) -> int:
+    """``tolerations``: the pod's (None: :data:`~.tolerations.GPU_TOLERATION` for a GPU shape,
+    as :func:`.pods.sandbox_pod` gives it); ``gpu_label``: the label ``gpu_name`` is matched on."""
+    if tolerations is None:
+        tolerations = (GPU_TOLERATION,) if spec.gpus else ()
     need = _need(spec, sandbox_cpus, sandbox_gb)
     used: dict[str, dict[str, Decimal]] = {}
     count: dict[str, int] = {}
@@ -62,8 +71,10 @@ def node_fits(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, An
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ())
         if not ready or (node.get("spec") or {}).get("unschedulable"):
             continue
+        if untolerated((node.get("spec") or {}).get("taints") or (), tolerations) is not None:
+            continue
         alloc = status.get("allocatable") or {}
-        if spec.gpus and spec.gpu_name and (meta.get("labels") or {}).get(GPU_PRODUCT_LABEL) != spec.gpu_name:
+        if spec.gpus and spec.gpu_name and (meta.get("labels") or {}).get(gpu_label) != spec.gpu_name:
             continue
         name = str(meta.get("name"))
         mine = used.get(name, {})

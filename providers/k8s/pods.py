@@ -4,7 +4,9 @@ A sandbox pod (:func:`sandbox_pod`): one container named ``sandbox`` running the
 image, pinned by digest, whose PID 1 idles until the agent's shell is exec'd into it
 (:data:`flowmesh_sdk.remote.runtime.IDLE_PID1`).  Requests and limits are the sandbox's
 cpus and memory (``nvidia.com/gpu`` for a GPU shape, with a node selector on the
-``nvidia.com/gpu.product`` label GPU Feature Discovery writes); the SDK's tags are labels
+``nvidia.com/gpu.product`` label GPU Feature Discovery writes, or the label the provider is
+given); its tolerations are :mod:`.tolerations`' (by default, a GPU shape's tolerate the
+``nvidia.com/gpu`` NoSchedule taint of GPU node pools); the SDK's tags are labels
 (:class:`~flowmesh_sdk.tags.KubeLabels`), so gc finds pods by label selector.  Hardening, as
 the container runtime does on a VM (docs/security.md): no service-account token mounted, no
 service links, ``allowPrivilegeEscalation: false``, every capability dropped but the
@@ -41,6 +43,7 @@ from flowmesh_sdk.tags import KubeLabels
 
 from .config import Target
 from .errors import PROVIDER
+from .tolerations import GPU_TOLERATION, Toleration
 
 TAGS = KubeLabels()
 CONTAINER = "sandbox"
@@ -74,8 +77,12 @@ def quantity_memory(gb: float) -> str:
 def sandbox_pod(name: str, *, request_tags: Mapping[str, str], spec: InstanceSpec,
                 container: ContainerRequest | None, image: str, instance_type: str, price_per_hour: float,
                 runtime_class: str | None, pull_secrets: Sequence[str] = (),
-                resolved: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
-    """``resolved``: the addresses of an allow-list's host names (:func:`allow_list_policy`)."""
+                resolved: Mapping[str, Sequence[str]] | None = None,
+                tolerations: Sequence[Toleration] | None = None,
+                gpu_label: str = GPU_PRODUCT_LABEL) -> dict[str, Any]:
+    """``resolved``: the addresses of an allow-list's host names (:func:`allow_list_policy`);
+    ``tolerations``: the pod's (None: :data:`~.tolerations.GPU_TOLERATION` for a GPU shape);
+    ``gpu_label``: the node label whose value a GPU shape's ``gpu_name`` must be."""
     sandbox = container.sandbox if container is not None else None
     cpus = sandbox.cpus if sandbox is not None else float(spec.cpus)
     memory = sandbox.memory_gb if sandbox is not None else spec.memory_gb
@@ -98,8 +105,11 @@ def sandbox_pod(name: str, *, request_tags: Mapping[str, str], spec: InstanceSpe
         for part in ("requests", "limits"):
             pod_spec["containers"][0]["resources"][part][GPU_RESOURCE] = str(spec.gpus)
         if spec.gpu_name:
-            pod_spec["nodeSelector"] = {GPU_PRODUCT_LABEL: spec.gpu_name}
-        pod_spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+            pod_spec["nodeSelector"] = {gpu_label: spec.gpu_name}
+    if tolerations is None:
+        tolerations = (GPU_TOLERATION,) if spec.gpus else ()
+    if tolerations:
+        pod_spec["tolerations"] = [t.to_json() for t in tolerations]
     if runtime_class:
         pod_spec["runtimeClassName"] = runtime_class
     if pull_secrets:

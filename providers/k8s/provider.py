@@ -43,14 +43,17 @@ from typing import Any, TypeVar
 from flowmesh_sdk import backends
 from flowmesh_sdk.errors import CapacityError, FlowMeshError, InstanceLost, NotFoundError, ProviderError, SpecError
 from flowmesh_sdk.offloop import OffLoop
-from flowmesh_sdk.provider import TAG_FLEET, Capabilities, Instance, LaunchRequest, Provider, ProviderState
+from flowmesh_sdk.provider import TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest, Provider, ProviderState
 from flowmesh_sdk.remote.runner import Runner
 from flowmesh_sdk.specs import InstanceSpec, Offer, check_number
 
 from . import capacity, config, pods
 from .client import RATES
 from .errors import PROVIDER, map_api_error, unreachable
+from .agent_sandbox import AgentSandbox, AgentSandboxSupport
+from .portforward import Forwarded, PodPorts
 from .stream import PodRunner
+from .tolerations import GPU_TOLERATION, Toleration, pod_tolerations, tolerations_of
 from .watch import PodWatch
 
 log = logging.getLogger("flowmesh.providers.k8s")
@@ -72,10 +75,30 @@ class K8sProvider(Provider):
                  price_per_gib_hour: float = 0.0, price_per_gpu_hour: float = 0.0,
                  schedule_timeout_s: float = 60.0, runtime_classes: Mapping[str, str] | None = None,
                  image_pull_secrets: Sequence[str] = (), metadata_networks: Sequence[str] | None = None,
-                 image: str | None = None, max_workers: int = 16) -> None:
+                 image: str | None = None, max_workers: int = 16, agent_sandbox: bool = False,
+                 tolerations: Sequence[Toleration | Mapping[str, Any]] = (),
+                 gpu_tolerations: Sequence[Toleration | Mapping[str, Any]] | None = None,
+                 gpu_label: str = pods.GPU_PRODUCT_LABEL, forward_ports: Sequence[int] = ()) -> None:
         """``image``: what a pod runs when the launch names no container (a GPU worker's, a
-        test's); an ephemeral pool's launches always name their task's."""
+        test's); an ephemeral pool's launches always name their task's.  ``tolerations``: on
+        every pod; ``gpu_tolerations``: on GPU shapes' pods too (None: ``nvidia.com/gpu`` Exists
+        NoSchedule, :mod:`.tolerations` says why); ``gpu_label``: the node label a GPU shape's
+        ``gpu_name`` selects on (GPU Feature Discovery's ``nvidia.com/gpu.product``; GKE without
+        it: ``cloud.google.com/gke-accelerator``); ``forward_ports``: pod ports the coordinator
+        reaches on the pod's own loopback address once it runs (:mod:`.portforward`; the
+        runner's ``target.host``).  ``agent_sandbox``: where
+        a context serves agent-sandbox's CRDs, a persistent pool's warm pods are SandboxClaims on a
+        SandboxWarmPool the provider makes (:mod:`.agent_sandbox`); off by default: that pool keeps
+        pods of its own beyond the pool's cap, and needs the controller and RBAC on its CRDs."""
+        if not isinstance(agent_sandbox, bool):
+            raise SpecError("k8s.agent_sandbox", f"must be True or False, got {agent_sandbox!r}")
         self.image = image
+        self.tolerations = tolerations_of(tolerations)
+        self.gpu_tolerations = (GPU_TOLERATION,) if gpu_tolerations is None else tolerations_of(gpu_tolerations)
+        self.gpu_label = gpu_label
+        for port in forward_ports:
+            check_number("k8s.forward_ports", port, lo=1, hi=65535, integer=True)
+        self.forward_ports = tuple(forward_ports)
         self._kubeconfig, self._contexts, self._namespaces = kubeconfig, contexts, namespaces
         for field, value in (("price_per_cpu_hour", price_per_cpu_hour), ("price_per_gib_hour", price_per_gib_hour),
                              ("price_per_gpu_hour", price_per_gpu_hour)):
@@ -97,6 +120,8 @@ class K8sProvider(Provider):
         self._runners: dict[str, PodRunner] = {}
         self._policies: set[str | tuple[str, str]] = set()   # namespaces; (namespace, allow-list label)
         self._deleting: set[str] = set()                            # uids whose delete the server accepted
+        self._agent = AgentSandbox(enabled=agent_sandbox, call=self._call, timeout_s=self.schedule_timeout_s,
+                                   api_client=lambda ctx: self._off.run(lambda: self._off.client(ctx)))
 
     # ---- plumbing --------------------------------------------------------------------
     def _make_client(self, context: str) -> Any:
@@ -203,7 +228,11 @@ class K8sProvider(Provider):
             if getattr(exc, "code", "") not in ("Forbidden", "403"):
                 raise
             return None
-        return capacity.node_fits(nodes.get("items") or (), bound.get("items") or (), spec)
+        return capacity.node_fits(nodes.get("items") or (), bound.get("items") or (), spec,
+                                  tolerations=self._tolerations(spec), gpu_label=self.gpu_label)
+
+    def _tolerations(self, spec: InstanceSpec) -> tuple[Toleration, ...]:
+        return pod_tolerations(spec.gpus, self.tolerations, self.gpu_tolerations)
 
     def explain_misfit(self, spec: InstanceSpec) -> str:
         return "no (context, namespace) of the kubeconfig matches; set K8sProvider(contexts=..., namespaces=...)"
@@ -232,6 +261,8 @@ class K8sProvider(Provider):
         await self._ensure_policies(target)
         network = request.container.sandbox.network if request.container is not None else False
         resolved = await self._allow_list(target, network) if isinstance(network, tuple) else None
+        if request.container is not None and request.container.stock and await self._agent.usable(target):
+            return await self._launch_claims(target, watch, request, image, runtime_class, resolved)
         names = [pods.pod_name(request.request_id, i) for i in range(request.count)]
         try:
             for name in names:
@@ -240,7 +271,8 @@ class K8sProvider(Provider):
                                             container=request.container, image=image,
                                             instance_type=offer.instance_type,
                                             price_per_hour=offer.price_per_hour or 0.0, runtime_class=runtime_class,
-                                            pull_secrets=self.pull_secrets, resolved=resolved)
+                                            pull_secrets=self.pull_secrets, resolved=resolved,
+                                            tolerations=self._tolerations(request.spec), gpu_label=self.gpu_label)
                     await self._create(target, name, body)
         except BaseException:
             # a launch is all or nothing: the pods this call made go before its error does
@@ -257,6 +289,27 @@ class K8sProvider(Provider):
             self._remember(inst.id, target, name)
             out.append(inst)
         return out
+
+    async def _launch_claims(self, target: config.Target, watch: PodWatch, request: LaunchRequest, image: str,
+                             runtime_class: str | None, resolved: dict[str, list[str]] | None) -> list[Instance]:
+        """A warm stock's pods as SandboxClaims (:mod:`.agent_sandbox`): the template's pod has the
+        pool's fixed tags; each instance has the launch's."""
+        fixed = {k: v for k, v in request.tags.items() if k != TAG_REQUEST}
+        body = pods.sandbox_pod("template", request_tags=fixed, spec=request.spec, container=request.container,
+                                image=image, instance_type=request.offer.instance_type,
+                                price_per_hour=request.offer.price_per_hour or 0.0, runtime_class=runtime_class,
+                                pull_secrets=self.pull_secrets, resolved=resolved)
+        out = []
+        for claimed, pod in await self._agent.launch(target, watch, request, body):
+            inst = replace(pods.instance_of(pod, target), tags=dict(request.tags))
+            self._remember(inst.id, target, claimed.pod)
+            out.append(inst)
+        return out
+
+    async def agent_sandbox_support(self, context: str | None = None) -> AgentSandboxSupport:
+        """Whether ``context`` (default: the first target's) serves agent-sandbox's CRDs at v1beta1."""
+        targets, _ = await self._targets()
+        return await self._agent.support(context or targets[0].context)
 
     async def _create(self, target: config.Target, name: str, body: dict[str, Any]) -> None:
         try:
@@ -353,7 +406,8 @@ class K8sProvider(Provider):
         for t in targets:
             for pod in (await self._watch(t)).live():
                 inst = pods.instance_of(pod, t)
-                if inst.id in self._deleting or (inst.state is ProviderState.TERMINATED and inst.fault is None):
+                if inst.id in self._deleting or (inst.state is ProviderState.TERMINATED and inst.fault is None) \
+                        or self._agent.unclaimed(pod):
                     continue   # being deleted
                 have = inst.tags
                 if (want and all(have.get(k) == v for k, v in want.items())) or (not want and TAG_FLEET in have):
@@ -372,6 +426,10 @@ class K8sProvider(Provider):
 
     async def terminate(self, ids: Sequence[str]) -> None:
         found = [f for f in await asyncio.gather(*(self._find(uid) for uid in ids)) if f is not None]
+        claimed = [f for f in found if self._agent.owns(f[2]) and (f[2].get("metadata") or {}).get("uid") in ids]
+        await asyncio.gather(*(self._agent.release(t, pod) for t, _, pod in claimed))   # the pod goes with its claim
+        self._deleting.update(str(pod["metadata"]["uid"]) for _, _, pod in claimed)
+        found = [f for f in found if f not in claimed]
         await asyncio.gather(*(self._delete(t, name, uid) for t, name, pod in found
                                if (uid := (pod.get("metadata") or {}).get("uid")) in ids))
         for uid in ids:
@@ -420,6 +478,8 @@ class K8sProvider(Provider):
         target, name = where
         assert self._setup is not None and self._setup.done()
         cfg = self._setup.result()[1][target.context]
+        path = f"/api/v1/namespaces/{target.namespace}/pods/{name}"
+        ports = PodPorts(label=f"k8s:{target.key}/{name}", path=path, configuration=cfg, send=self._send)
 
         async def ready(timeout_s: float) -> None:
             watch = await self._watch(target)
@@ -435,6 +495,8 @@ class K8sProvider(Provider):
             if inst is None or inst.state is not ProviderState.RUNNING:
                 why = inst.fault.message if inst is not None and inst.fault else "it is gone"
                 raise InstanceLost(f"pod {target.key}/{name} does not run: {why}")
+            if self.forward_ports:
+                await ports.open(self.forward_ports)
 
         async def why_cut() -> Exception | None:
             """A stream ended without an exit status: the pod's loss, if the watch reports one
@@ -450,14 +512,25 @@ class K8sProvider(Provider):
 
         runner = PodRunner(label=f"k8s:{target.key}/{name}",
                            path=f"/api/v1/namespaces/{target.namespace}/pods/{name}", configuration=cfg,
-                           loop_send=self._send, ready=ready, why_cut=why_cut)
+                           loop_send=self._send, ready=ready, why_cut=why_cut, target=ports)
         self._runners[instance.id] = runner
         return runner
+
+    async def forward(self, instance: Instance, remote_port: int, local_port: int | None = None) -> Forwarded:
+        """Reach ``remote_port`` of the instance's pod from here: a listener on the pod's
+        loopback address (``local_port`` None: the same port number; 0: any free one) whose
+        connections go over ``pods/portforward`` (:mod:`.portforward`).  Closed with the
+        runner (the pod's terminate, the provider's close)."""
+        check_number("k8s.forward.remote_port", remote_port, lo=1, hi=65535, integer=True)
+        runner = self.runner(instance)
+        assert isinstance(runner, PodRunner) and runner.target is not None
+        return await runner.target.open_one(remote_port, local_port)
 
     async def close(self) -> None:
         for runner in list(self._runners.values()):
             await runner.close()
         self._runners.clear()
+        await self._agent.close()
         for w in self._watches.values():
             await asyncio.to_thread(w.stop)
         self._watches.clear()

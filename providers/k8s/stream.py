@@ -35,6 +35,7 @@ from flowmesh_sdk.errors import ProviderUnavailableError, SandboxClosedError
 from flowmesh_sdk.remote.runner import Channel, CommandResult, Runner, StreamChannel
 
 from .pods import CONTAINER
+from .portforward import PodPorts
 
 STDIN, STDOUT, STDERR, STATUS, CLOSE = 0, 1, 2, 3, 255
 V5 = "v5.channel.k8s.io"
@@ -177,10 +178,14 @@ class PodRunner(Runner):
 
     def __init__(self, *, label: str, path: str, configuration: Any, loop_send: Callable[..., Awaitable[Any]],
                  ready: Callable[[float], Awaitable[None]],
-                 why_cut: Callable[[], Awaitable[Exception | None]] | None = None) -> None:
+                 why_cut: Callable[[], Awaitable[Exception | None]] | None = None,
+                 target: PodPorts | None = None) -> None:
         """``ready(timeout)`` returns once the pod runs; ``why_cut()`` says why a stream ended
-        without an exit status (the pod's loss as ``InstanceLost``, or None)."""
+        without an exit status (the pod's loss as ``InstanceLost``, or None); ``target``: the
+        pod's forwarded ports (:mod:`.portforward`), whose ``host`` is where the coordinator
+        reaches them (what ``ServeCommand`` reads as the runner's ``target.host``)."""
         self.label = label
+        self.target = target
         self._why_cut = why_cut
         self._path = path                 # /api/v1/namespaces/NS/pods/NAME
         self._cfg = configuration
@@ -274,3 +279,5 @@ class PodRunner(Runner):
     async def close(self) -> None:
         for chan in list(self._channels):
             await chan.close()
+        if self.target is not None:
+            await self.target.close()

@@ -84,6 +84,15 @@ and message:
   assigned``, ``cannot exec into a container in a completed pod; current phase is
   Failed``, ``unable to upgrade connection: container not found ("c")``); a request that
   is no WebSocket upgrade (SPDY) is 400.  ``pods/attach`` is not served (400).
+* port-forward -- ``pods/portforward`` over WebSocket (``v4.channel.k8s.io`` or no
+  subprotocol; see :mod:`.portforward`), counted as ``count("portforward", "pods")``: the
+  kubelet's channel pairs, each connection made to ``localhost:PORT`` inside the pod's network
+  namespace; a pod that is not running is 400 before the upgrade; SPDY (kubectl's
+  ``port-forward``, tunnelled in a WebSocket or not) is 400.
+* taints -- ``Node(..., taints=[Taint(key, value, effect)])`` (:mod:`.taints`): served in
+  ``spec.taints`` and honoured by the scheduler as kube-scheduler's TaintToleration filter
+  (NoSchedule and NoExecute; Equal and Exists), ``node(s) had untolerated taint {K: V}``;
+  tolerations are validated on create (422).
 * log -- ``podman logs`` of the container (``follow``, ``tailLines``, ``sinceSeconds``,
   ``timestamps`` -- podman's format, ``limitBytes``); a container not started is 400
   ``container "c" in pod "p" is waiting to start: ContainerCreating``; ``previous`` is
@@ -93,7 +102,8 @@ and message:
   again later.`` (``plain=True``: that text as text/plain, which is what the apiserver's
   max-in-flight and priority-and-fairness filters write).
 
-Not served: SPDY, port-forward, attach, PATCH other than merge patch (a strategic merge
+Not served: SPDY (so neither kubectl's exec before 1.31 nor its port-forward), attach,
+PATCH other than merge patch (a strategic merge
 patch is applied as a merge patch; server-side apply is 415), protobuf, OpenAPI schemas,
 Services, Secrets, ConfigMaps, ServiceAccounts, Deployments and the rest; PATCH/PUT of a
 pod's spec; the ``pods/status`` and ``namespaces/finalize`` writes.  Errors aiohttp answers
@@ -121,5 +131,6 @@ it to :func:`~flowmesh_sdk.testing.hygiene.containers`), :meth:`KubeEmulator.con
 
 from .scheduler import DEFAULT_NODES, Node
 from .server import KubeEmulator
+from .taints import Taint
 
-__all__ = ["DEFAULT_NODES", "KubeEmulator", "Node"]
+__all__ = ["DEFAULT_NODES", "KubeEmulator", "Node", "Taint"]

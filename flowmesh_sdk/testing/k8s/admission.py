@@ -1,7 +1,7 @@
 """Admission and validation of the objects clients create: defaults, names, labels, pod
 specs, quota specs and secrets, with the apiserver's messages (``k8s.io/apimachinery/pkg/util/
-validation`` for names and labels, ``pkg/apis/core/validation`` for pods, the
-DefaultTolerationSeconds plugin's tolerations) -- and RFC 7386 merge patches."""
+validation`` for names and labels, ``pkg/apis/core/validation`` for pods and their
+tolerations (:mod:`.taints`), the DefaultTolerationSeconds plugin's tolerations) -- and RFC 7386 merge patches."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from .objects import ApiError, Obj, name_errors, parse_quantity
+from .taints import toleration_errors
 
 __all__ = ["DEFAULT_TOLERATIONS", "DOCKER_CONFIG_JSON", "default_pod", "merge_patch", "same_quantity",
            "validate_labels", "validate_pod", "validate_quota", "validate_secret"]
@@ -147,6 +148,7 @@ def validate_pod(pod: Obj) -> None:
                     causes.append((f"{where}.resources.requests[{k}]",
                                    f'Invalid value: "{resources["requests"][k]}": must be equal to {k} limit '
                                    f'of {resources["limits"][k]}'))
+    causes += toleration_errors(spec.get("tolerations"))
     if causes:
         raise ApiError.invalid("Pod", name, causes)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -45,6 +45,13 @@ class KubeApi:
         self.bookmark_interval_s = bookmark_interval_s
         self.writes = Writes(store, kubelet, runtime_classes=runtime_classes, spawn=spawn)
         self.subresources = PodSubresources(store, kubelet, tally=tally, delete_pod=self.writes.delete_pod)
+        self.resources: tuple[Resource, ...] = RESOURCES   # what discovery lists and the routes serve
+        self.by_path = dict(BY_PATH)
+
+    def serve(self, resources: Sequence[Resource]) -> None:
+        """Serve more resources (a CRD's, as :mod:`.agent_sandbox` installs them)."""
+        self.resources += tuple(resources)
+        self.by_path.update({(r.group, r.name): r for r in resources})
 
     # ---- routing -----------------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -77,21 +84,21 @@ class KubeApi:
         else:
             if len(parts) == 1:
                 tally("get", "/apis")
-                return json_response(200, group_list())
+                return json_response(200, group_list(self.resources))
             group, version, rest = parts[1], parts[2] if len(parts) > 2 else "", parts[3:]
-        served = {r.group: r.version for r in RESOURCES}
+        served = {r.group: r.version for r in self.resources}
         if group not in served or (version and version != served[group]):
             raise no_route()
         if not version:
             tally("get", "/apis/" + group)
-            return json_response(200, api_group(group))
+            return json_response(200, api_group(group, served=self.resources))
         if not rest:
             tally("get", request.path)
-            return json_response(200, resource_list(group, version))
+            return json_response(200, resource_list(group, version, self.resources))
         namespace: str | None = None
-        if rest[0] == "namespaces" and len(rest) >= 3 and (group, rest[2]) in BY_PATH:
+        if rest[0] == "namespaces" and len(rest) >= 3 and (group, rest[2]) in self.by_path:
             namespace, rest = rest[1], rest[2:]
-        res = BY_PATH.get((group, rest[0]))
+        res = self.by_path.get((group, rest[0]))
         if res is None or len(rest) > 3 or (namespace is not None and not res.namespaced) \
                 or (namespace is None and res.namespaced and len(rest) > 1):
             raise no_route()

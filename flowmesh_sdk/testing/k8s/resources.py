@@ -6,6 +6,7 @@ the server validates; no schemas are served)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .scheduler import git_version
@@ -102,20 +103,21 @@ def openapi_doc(gv: str, version: str) -> Obj:
             "paths": paths, "components": {}}
 
 
-def group_list() -> Obj:
-    groups = sorted({r.group for r in RESOURCES if r.group})
-    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [api_group(g, kind=False) for g in groups]}
+def group_list(served: Sequence[Resource] = RESOURCES) -> Obj:
+    groups = sorted({r.group for r in served if r.group})
+    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [api_group(g, kind=False, served=served)
+                                                                   for g in groups]}
 
 
-def api_group(group: str, *, kind: bool = True) -> Obj:
-    version = next(r.version for r in RESOURCES if r.group == group)
+def api_group(group: str, *, kind: bool = True, served: Sequence[Resource] = RESOURCES) -> Obj:
+    version = next(r.version for r in served if r.group == group)
     gv = {"groupVersion": f"{group}/{version}", "version": version}
     out: Obj = {"name": group, "versions": [gv], "preferredVersion": gv}
     return {"kind": "APIGroup", "apiVersion": "v1", **out} if kind else out
 
 
-def resource_list(group: str, version: str) -> Obj:
-    resources = [r.discovery() for r in RESOURCES if r.group == group]
+def resource_list(group: str, version: str, served: Sequence[Resource] = RESOURCES) -> Obj:
+    resources = [r.discovery() for r in served if r.group == group]
     if not group:
         resources += [dict(s) for s in POD_SUBRESOURCES]
     return {"kind": "APIResourceList", "apiVersion": "v1",

@@ -11,27 +11,37 @@ pod.``: the filter plugins' reasons as ``FitError.Error()`` joins them); it is t
 whenever a pod ends or goes and when a node changes.  A pod created with ``spec.nodeName``
 skips the scheduler, and the kubelet's admission rejects it when it does not fit (phase
 Failed, reason ``OutOfcpu``, ``Pod was rejected: Node didn't have enough resource: cpu,
-requested: ..., used: ..., capacity: ...``).  Affinity, tolerations and priorities are not
-looked at.
+requested: ..., used: ..., capacity: ...``).  Taints (:class:`~.taints.Taint`, a node's
+``taints=``; a lost node's ``node.kubernetes.io/unreachable``) are the first filter, as
+kube-scheduler's ``TaintToleration`` runs before ``NodeAffinity`` and ``NodeResourcesFit``: a
+``NoSchedule`` or ``NoExecute`` taint none of the pod's tolerations tolerates (:mod:`.taints`)
+keeps the pod off the node, ``node(s) had untolerated taint {KEY: VALUE}`` (preemption is
+not helpful there).  A pod bound by its creator (``spec.nodeName``) is not checked against
+taints, and the taint manager's NoExecute eviction of running pods is not emulated.  Affinity
+and priorities are not looked at.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 from .objects import TERMINAL, Obj, ObjectStore, now_rfc3339, parse_quantity, pod_requests
 from .podstatus import set_condition
+from .taints import Taint, untolerated
 
-__all__ = ["DEFAULT_NODES", "UNREACHABLE", "Node", "Scheduler", "git_version", "node_object"]
+__all__ = ["DEFAULT_NODES", "UNREACHABLE", "Node", "Scheduler", "Taint", "git_version", "node_object"]
 
 UNREACHABLE = "node.kubernetes.io/unreachable"
 
 
 @dataclass(frozen=True)
 class Node:
-    """A node the emulator serves: what it advertises (``status.capacity`` = ``allocatable``)."""
+    """A node the emulator serves: what it advertises (``status.capacity`` = ``allocatable``)
+    and its ``taints`` (:class:`~.taints.Taint` records or ``{"key", "value", "effect"}``
+    mappings, e.g. ``Taint("nvidia.com/gpu", "present", "NoSchedule")`` as GPU node pools carry)."""
 
     name: str
     cpu: str = "8"
@@ -41,6 +51,19 @@ class Node:
     gpu_product: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     ephemeral_storage: str = "100Gi"
+    taints: Sequence[Taint | Mapping[str, Any]] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "taints", tuple(Taint.of(t) for t in self.taints))
+
+    def spec_taints(self, ready: bool = True) -> list[Obj]:
+        """``spec.taints``: the node's own, and the unreachable ones while it is lost."""
+        out: list[Obj] = [Taint.of(t).to_json() for t in self.taints]
+        if not ready:
+            now = now_rfc3339()
+            out += [{"key": UNREACHABLE, "effect": "NoSchedule", "timeAdded": now},
+                    {"key": UNREACHABLE, "effect": "NoExecute", "timeAdded": now}]
+        return out
 
     def allocatable(self) -> dict[str, str]:
         out = {"cpu": self.cpu, "memory": self.memory, "pods": self.pods, "ephemeral-storage": self.ephemeral_storage}
@@ -85,9 +108,8 @@ def node_object(node: Node, version: str, *, ready: bool = True) -> Obj:
         conditions = [cond(t, "Unknown", "NodeStatusUnknown", lost)
                       for t in ("MemoryPressure", "DiskPressure", "PIDPressure", "Ready")]
     spec: Obj = {}
-    if not ready:
-        spec["taints"] = [{"key": UNREACHABLE, "effect": "NoSchedule", "timeAdded": now},
-                          {"key": UNREACHABLE, "effect": "NoExecute", "timeAdded": now}]
+    if taints := node.spec_taints(ready):
+        spec["taints"] = taints
     alloc = node.allocatable()
     return {"kind": "Node", "apiVersion": "v1",
             "metadata": {"name": node.name, "labels": node.all_labels()},
@@ -133,7 +155,10 @@ class Scheduler:
     def _fit(self, pod: Obj, node: Node) -> tuple[list[str], bool]:
         """Why ``pod`` does not fit ``node`` (the first failing filter's reasons), and
         whether preemption could help (resources) or not (taints, selectors)."""
-        if not self.ready[node.name]:
+        taint = untolerated(node.spec_taints(self.ready[node.name]), (pod.get("spec") or {}).get("tolerations") or ())
+        if taint is not None:
+            return [f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value') or ''}}}"], False
+        if not self.ready[node.name]:   # a pod that tolerates it all still finds no kubelet there: not placed
             return [f"node(s) had untolerated taint {{{UNREACHABLE}: }}"], False
         selector = (pod.get("spec") or {}).get("nodeSelector") or {}
         labels = node.all_labels()

@@ -27,6 +27,7 @@ from aiohttp import web
 from .. import hygiene
 from ..httpserver import HttpServer, json_response, self_signed_tls
 from ..sshd import LoopbackSshd
+from . import agent_sandbox
 from .api import KubeApi
 from .kubelet import DEFAULT_NODES, Kubelet, Node, node_object
 from .objects import Obj, ObjectStore, status_body
@@ -45,8 +46,14 @@ class KubeEmulator(HttpServer):
     def __init__(self, *, nodes: Sequence[Node] = DEFAULT_NODES, token: str = "fm-test-token", version: str = "1.32",
                  runtime_classes: Mapping[str, str] | None = None, pull_backoff_s: float = 10.0,
                  restart_backoff_s: float = 10.0, bookmark_interval_s: float = 5.0, history: int = 10000,
-                 tls: bool = True, port: int = 0) -> None:
+                 tls: bool = True, port: int = 0, agent_sandbox: bool = False,
+                 agent_sandbox_label_domains: Sequence[str] = ("sandbox.users.io",)) -> None:
+        """``agent_sandbox``: serve kubernetes-sigs/agent-sandbox's CRDs and run their
+        controllers (:mod:`.agent_sandbox`); ``agent_sandbox_label_domains``: the label domains
+        a SandboxClaim's ``additionalPodMetadata`` may use (the controller's allow-list)."""
         super().__init__(port=port)
+        self.agent_sandbox = agent_sandbox
+        self.agent_sandbox_label_domains = tuple(agent_sandbox_label_domains)
         if not nodes:
             raise ValueError("a cluster needs at least one node")
         self.nodes = tuple(nodes)
@@ -119,6 +126,9 @@ class KubeEmulator(HttpServer):
         self._api = KubeApi(self.store, self._kubelet, token=self.token, version=self.version, emulator_id=self.id,
                             host=self.host, runtime_classes=self.runtime_classes, tally=self._tally,
                             spawn=self._spawn, bookmark_interval_s=self._bookmark_interval_s)
+        if self.agent_sandbox:
+            agent_sandbox.install(self._api, self.store, spawn=self._spawn,
+                                  allowed_label_domains=self.agent_sandbox_label_domains)
         for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self.store.create("namespaces", namespace_object(ns))
         for node in self.nodes:

@@ -1,12 +1,14 @@
 """A pod's subresources (:class:`PodSubresources`, owned by :class:`.api.KubeApi`):
 ``pods/status`` (read), ``pods/eviction`` (a ``DisruptionTarget`` condition, then the
-pod deleted as a DELETE would), ``pods/exec`` (WebSocket, :mod:`.exec`) and ``pods/log``
-(``podman logs`` of the container); ``pods/attach`` is refused."""
+pod deleted as a DELETE would), ``pods/exec`` (WebSocket, :mod:`.exec`),
+``pods/portforward`` (WebSocket, :mod:`.portforward`) and ``pods/log`` (``podman logs`` of
+the container); ``pods/attach`` is refused."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import subprocess
 from collections.abc import Awaitable, Callable
 
@@ -14,6 +16,7 @@ from aiohttp import web
 
 from ..httpserver import json_response
 from .exec import negotiate, serve_exec
+from .portforward import connect_in_netns, negotiate_portforward, parse_ports, serve_portforward
 from .kubelet import Kubelet
 from .objects import TERMINAL, ApiError, Obj, ObjectStore
 from .podstatus import set_condition
@@ -35,7 +38,7 @@ class PodSubresources:
 
     async def serve(self, request: web.Request, res: Resource, namespace: str, name: str,
                     sub: str) -> web.StreamResponse:
-        if res.name != "pods" or sub not in ("status", "log", "exec", "eviction", "attach"):
+        if res.name != "pods" or sub not in ("status", "log", "exec", "eviction", "attach", "portforward"):
             raise no_route()
         method = request.method
         if sub == "status":
@@ -58,7 +61,42 @@ class PodSubresources:
             raise not_allowed()
         if sub == "attach":
             raise ApiError.bad_request("pods/attach is not served by the k8s emulator; use pods/exec")
+        if sub == "portforward":
+            return await self._portforward(request, namespace, name)
         return await self._exec(request, namespace, name)
+
+    async def _portforward(self, request: web.Request, namespace: str, name: str) -> web.StreamResponse:
+        pod = self.store.get("pods", namespace, name)
+        status = pod.get("status") or {}
+        if not (pod.get("spec") or {}).get("nodeName"):
+            raise ApiError.bad_request(f"pod {name} does not have a host assigned")
+        cid = self.kubelet.container_id(pod)
+        if status.get("phase") != "Running" or not cid:
+            raise ApiError.bad_request(f"unable to forward port because pod is not running. Current status="
+                                       f"{status.get('phase') or 'Pending'}")
+        if request.headers.get("Upgrade", "").lower() != "websocket":
+            raise ApiError.bad_request("Upgrade request required (the k8s emulator serves port-forward over "
+                                       "WebSocket, v4.channel.k8s.io; no SPDY)")
+        protocol = negotiate_portforward(request)
+        if protocol is None:
+            raise ApiError.bad_request("requested protocol(s) are not supported by the k8s emulator's "
+                                       "port-forward: it serves v4.channel.k8s.io (no SPDY/3.1+portforward.k8s.io, "
+                                       "no v4.base64.channel.k8s.io)")
+        try:   # after the protocol: kubectl's SPDY streams carry their port in a header, not in the query
+            ports = parse_ports(request.query.getall("ports", []))
+        except ValueError as exc:
+            raise ApiError.bad_request(str(exc)) from None
+        rc, out, err = await self.kubelet.podman("inspect", "--format", "{{.State.Pid}}", cid)
+        pid = out.strip()
+        if rc != 0 or not pid.isdigit() or pid == "0":
+            raise ApiError.bad_request(f"unable to upgrade connection: no network namespace for pod {name}: "
+                                       f"{(err or out).strip()}")
+
+        async def connect(port: int) -> socket.socket:
+            return await asyncio.to_thread(connect_in_netns, int(pid), port, cid)
+
+        return await serve_portforward(request, protocol, ports=ports, connect=connect,
+                                       error_prefix=lambda port: f"error forwarding port {port} to pod {cid}, uid ")
 
     async def _eviction(self, request: web.Request, namespace: str, name: str) -> web.StreamResponse:
         body = await read_body(request)

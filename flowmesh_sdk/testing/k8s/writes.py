@@ -40,6 +40,8 @@ class Writes:
         self.kubelet = kubelet
         self.runtime_classes = runtime_classes
         self._spawn = spawn
+        # by resource key: what a CRD's schema does on create (defaults, required fields), raising ApiError
+        self.admit: dict[str, Callable[[Obj], None]] = {}
 
     # ---- create -------------------------------------------------------------------------------
     def _require_namespace(self, namespace: str, resource: str, name: str) -> None:
@@ -104,6 +106,8 @@ class Writes:
             spec.setdefault("podSelector", {})
             if not spec.get("policyTypes"):
                 spec["policyTypes"] = ["Ingress"] + (["Egress"] if "egress" in spec else [])
+        if res.key in self.admit:
+            self.admit[res.key](body)
         if dry:
             if self.store.peek(res.key, namespace or "", name) is not None:
                 raise ApiError.already_exists(res.name, name, res.group)
@@ -113,6 +117,20 @@ class Writes:
         if res.name == "pods":
             self.kubelet.admit(created)
         return json_response(201, present(self.store, res, created))
+
+    def create_pod(self, body: Obj) -> Obj:
+        """A pod a controller makes (:mod:`.agent_sandbox`'s): the admission and defaults of a
+        create through the API (RuntimeClass, quota), then the kubelet; raises ApiError."""
+        meta = body["metadata"]
+        self._admit_runtime_class(body, str(meta["name"]))
+        body["kind"], body["apiVersion"] = "Pod", "v1"
+        default_pod(body)
+        validate_pod(body)
+        namespace = str(meta["namespace"])
+        quota_admit(body, self.store.items("resourcequotas", namespace), self.store.items("pods", namespace))
+        created = self.store.create("pods", body)
+        self.kubelet.admit(created)
+        return created
 
     def _admit_runtime_class(self, pod: Obj, shown: str) -> None:
         handler = (pod.get("spec") or {}).get("runtimeClassName")

@@ -1,0 +1,255 @@
+"""agent-sandbox where installed: the emulator serves kubernetes-sigs/agent-sandbox's CRDs
+(``KubeEmulator(agent_sandbox=True)``, v1beta1 as release v0.5.6 publishes them) and runs
+their controllers on real podman pods; the ``k8s`` provider detects them and, when asked
+(``K8sProvider(agent_sandbox=True)``), fills a persistent pool's warm stock with
+SandboxClaims on a SandboxWarmPool it creates.  The objects are read back with the official
+client's CustomObjectsApi and with kubectl."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flowmesh_sdk import Fleet, PoolSpec, SpecError
+from flowmesh_sdk.pools import WarmPodPool
+
+pytest.importorskip("kubernetes")
+
+from kubernetes import client  # noqa: E402
+
+from ._k8s import SPEC, emu, image  # noqa: E402,F401 - fixtures
+
+EXT, CORE, V = "extensions.agents.x-k8s.io", "agents.x-k8s.io", "v1beta1"
+NS = "default"
+
+
+@pytest.fixture(scope="module")
+def asb(k8s_emulator):
+    """An emulator with agent-sandbox installed, pulling the module's image from its registry."""
+    from flowmesh_sdk.testing.k8s import KubeEmulator
+    with KubeEmulator(agent_sandbox=True) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def custom(asb):
+    return client.CustomObjectsApi(asb.api_client())
+
+
+async def _until(cond: Callable[[], Any], timeout_s: float = 90.0) -> Any:
+    """``cond()``'s first truthy value, asked off the loop (it may call the API)."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            got = await asyncio.to_thread(cond)
+            if got:
+                return got
+            await asyncio.sleep(0.1)
+
+
+def _when(get: Callable[[], Any], ok: Callable[[Any], bool]) -> Callable[[], Any]:
+    """For :func:`_until`: what ``get()`` returns, once ``ok`` holds for it."""
+    def ask() -> Any:
+        got = get()
+        return got if ok(got) else None
+    return ask
+
+
+def _items(custom: Any, group: str, plural: str) -> list[dict[str, Any]]:
+    return list(custom.list_namespaced_custom_object(group, V, NS, plural)["items"])
+
+
+def _ready(obj: dict[str, Any]) -> bool:
+    conds = (obj.get("status") or {}).get("conditions") or ()
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+
+def _pod_spec(image: str) -> dict[str, Any]:
+    return {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "c", "image": image, "command": ["sleep", "3600"]}]}
+
+
+# ---- the emulator, with the official client ---------------------------------------------------------
+def test_discovery_lists_the_groups_only_where_installed(asb, emu):
+    groups = {g.name: g for g in client.ApisApi(asb.api_client()).get_api_versions().groups}
+    assert groups[EXT].preferred_version.group_version == f"{EXT}/{V}"
+    assert groups[CORE].preferred_version.version == V
+    plain = {g.name for g in client.ApisApi(emu.api_client()).get_api_versions().groups}
+    assert EXT not in plain and CORE not in plain
+
+
+async def test_a_warm_pool_keeps_ready_sandboxes_and_a_claim_adopts_one(asb, custom, image):
+    body = {"apiVersion": f"{EXT}/{V}", "kind": "SandboxTemplate", "metadata": {"name": "t1"},
+            "spec": {"podTemplate": {"metadata": {"labels": {"app": "t1"}}, "spec": _pod_spec(image)},
+                     "networkPolicyManagement": "Unmanaged"}}
+    custom.create_namespaced_custom_object(EXT, V, NS, "sandboxtemplates", body)
+    pool = custom.create_namespaced_custom_object(EXT, V, NS, "sandboxwarmpools", {
+        "apiVersion": f"{EXT}/{V}", "kind": "SandboxWarmPool", "metadata": {"name": "p1"},
+        "spec": {"replicas": 2, "sandboxTemplateRef": {"name": "t1"}}})
+    assert pool["spec"]["replicas"] == 2
+    await _until(lambda: (custom.get_namespaced_custom_object(EXT, V, NS, "sandboxwarmpools", "p1").get("status")
+                          or {}).get("readyReplicas") == 2)
+    warm = {s["metadata"]["name"] for s in _items(custom, CORE, "sandboxes")}
+    assert len(warm) == 2 and all(n.startswith("p1-") for n in warm)
+    core = client.CoreV1Api(asb.api_client())
+    for name in warm:   # each sandbox is a running pod of its own name, owned by it
+        pod = core.read_namespaced_pod(name, NS)
+        assert pod.status.phase == "Running" and pod.metadata.owner_references[0].kind == "Sandbox"
+        assert pod.metadata.labels["app"] == "t1"
+
+    custom.create_namespaced_custom_object(EXT, V, NS, "sandboxclaims", {
+        "apiVersion": f"{EXT}/{V}", "kind": "SandboxClaim", "metadata": {"name": "c1"},
+        "spec": {"warmPoolRef": {"name": "p1"},
+                 "additionalPodMetadata": {"labels": {"sandbox.users.io/run": "r1"}}}})
+    claim = await _until(_when(lambda: custom.get_namespaced_custom_object(EXT, V, NS, "sandboxclaims", "c1"),
+                               _ready))
+    bound = claim["status"]["sandbox"]["name"]
+    assert bound in warm                                   # adopted, not made
+    assert claim["metadata"]["annotations"]["agents.x-k8s.io/sandbox-name"] == bound
+    sb = custom.get_namespaced_custom_object(CORE, V, NS, "sandboxes", bound)
+    assert sb["metadata"]["ownerReferences"][0]["kind"] == "SandboxClaim"
+    assert "agents.x-k8s.io/warm-pool-sandbox" not in sb["metadata"]["labels"]
+    pod = await _until(_when(lambda: core.read_namespaced_pod(bound, NS), lambda p: p.metadata.labels.get(
+        "agents.x-k8s.io/claim-uid") == claim["metadata"]["uid"]))
+    assert pod.metadata.labels["sandbox.users.io/run"] == "r1"
+    # the pool refills to two unclaimed sandboxes
+    await _until(lambda: len({s["metadata"]["name"] for s in _items(custom, CORE, "sandboxes")} - {bound}) == 2
+                 and custom.get_namespaced_custom_object(EXT, V, NS, "sandboxwarmpools", "p1")["status"]
+                 ["readyReplicas"] == 2)
+
+    custom.delete_namespaced_custom_object(EXT, V, NS, "sandboxclaims", "c1")   # its sandbox and pod go with it
+    await _until(lambda: bound not in {s["metadata"]["name"] for s in _items(custom, CORE, "sandboxes")}
+                 and bound not in {p.metadata.name for p in core.list_namespaced_pod(NS).items})
+
+    bad = custom.create_namespaced_custom_object(EXT, V, NS, "sandboxclaims", {
+        "apiVersion": f"{EXT}/{V}", "kind": "SandboxClaim", "metadata": {"name": "c2"},
+        "spec": {"warmPoolRef": {"name": "p1"}, "additionalPodMetadata": {"labels": {"flowmesh.io/x": "y"}}}})
+    assert bad["metadata"]["name"] == "c2"
+    cond = await _until(lambda: next(iter((custom.get_namespaced_custom_object(EXT, V, NS, "sandboxclaims", "c2")
+                                           .get("status") or {}).get("conditions") or ()), None))
+    assert cond["reason"] == "InvalidMetadata" and "not in the allowlist" in cond["message"]
+    custom.delete_namespaced_custom_object(EXT, V, NS, "sandboxwarmpools", "p1")   # its sandboxes go
+    await _until(lambda: not _items(custom, CORE, "sandboxes"))
+    for plural in ("sandboxclaims", "sandboxtemplates"):
+        custom.delete_collection_namespaced_custom_object(EXT, V, NS, plural)
+
+
+def test_a_claim_without_its_required_field_is_invalid(custom):
+    with pytest.raises(client.exceptions.ApiException) as err:
+        custom.create_namespaced_custom_object(EXT, V, NS, "sandboxclaims", {
+            "apiVersion": f"{EXT}/{V}", "kind": "SandboxClaim", "metadata": {"name": "nope"}, "spec": {}})
+    assert err.value.status == 422 and "spec.warmPoolRef.name: Required value" in err.value.body
+
+
+# ---- the provider -------------------------------------------------------------------------------------
+@pytest.fixture
+async def asb_prov(asb, tmp_path):
+    from flowmesh_providers.k8s import K8sProvider
+    p = K8sProvider(kubeconfig=str(asb.kubeconfig(tmp_path / "kubeconfig")), schedule_timeout_s=30,
+                    agent_sandbox=True)
+    yield p
+    await p.terminate([i.id for i in await p.list_tagged({})])
+    await p.close()                                                # its warm pools and templates go with it
+    custom = client.CustomObjectsApi(asb.api_client())
+    await _until(lambda: not _items(custom, EXT, "sandboxwarmpools") and not _items(custom, CORE, "sandboxes"))
+
+
+async def test_detection_says_where_agent_sandbox_is_served(asb_prov, emu, tmp_path):
+    from flowmesh_providers.k8s import K8sProvider
+    on = await asb_prov.agent_sandbox_support()
+    assert on.served and "v1beta1" in on.versions
+    plain = K8sProvider(kubeconfig=str(emu.kubeconfig(tmp_path / "plain")))
+    try:
+        off = await plain.agent_sandbox_support()
+        assert not off.served and "not installed" in off.reason
+    finally:
+        await plain.close()
+
+
+def test_the_option_is_a_boolean():
+    from flowmesh_providers.k8s import K8sProvider
+    with pytest.raises(SpecError, match="k8s.agent_sandbox.*True or False"):
+        K8sProvider(agent_sandbox="yes")  # type: ignore[arg-type]
+
+
+def _stocked(pool: WarmPodPool) -> set[str]:
+    return {mi.id for shape in pool._shapes.values() for mi, _ in shape.stock}
+
+
+async def test_a_persistent_pool_claims_its_warm_pods_from_a_warm_pool(fm_home, asb, asb_prov, custom, image):
+    async with Fleet("k8s-asb", home=fm_home, providers={"k8s": asb_prov}) as fleet:
+        pool = await fleet.pool(PoolSpec(name="asb", mode="persistent", provider="k8s", instance=SPEC,
+                                         max_instances=3, warm_images=(image,)))
+        assert isinstance(pool, WarmPodPool)
+        (warm,) = _stocked(pool)
+        (swp,) = _items(custom, EXT, "sandboxwarmpools")          # made by the provider for the shape
+        assert swp["spec"]["replicas"] == 1
+        (tmpl,) = _items(custom, EXT, "sandboxtemplates")
+        pinned = tmpl["spec"]["podTemplate"]["spec"]["containers"][0]["image"]
+        assert pinned.startswith(image.rsplit(":", 1)[0] + "@sha256:")   # the pool's image, pinned by digest
+        (claim,) = _items(custom, EXT, "sandboxclaims")            # the stocked pod is a claim's
+        assert claim["spec"]["warmPoolRef"]["name"] == swp["metadata"]["name"] and _ready(claim)
+        pod_name = claim["status"]["sandbox"]["name"]
+        assert pool.instances[warm].instance.address == pod_name
+        core = client.CoreV1Api(asb.api_client())
+        assert core.read_namespaced_pod(pod_name, NS).metadata.uid == warm
+        creates = asb.count("create", "pods")
+        async with pool.sandbox(image=image) as sb:
+            assert sb.instance_id == warm
+            out = await sb.exec("echo claimed; hostname")
+            assert out.stdout.splitlines()[0] == "claimed"
+        assert asb.count("create", "pods") == creates              # no pod is the SDK's own
+        # the used claim is deleted (its sandbox and pod with it); the SDK's stock is a new claim
+        await _until(lambda: claim["metadata"]["name"] not in {c["metadata"]["name"]
+                                                               for c in _items(custom, EXT, "sandboxclaims")})
+        await _until(lambda: pod_name not in {p.metadata.name for p in core.list_namespaced_pod(NS).items})
+        await _until(lambda: len(_stocked(pool)) == 1 and _stocked(pool) != {warm})
+        # and the warm pool refills behind it
+        await _until(lambda: (custom.get_namespaced_custom_object(EXT, V, NS, "sandboxwarmpools",
+                                                                  swp["metadata"]["name"]).get("status") or {})
+                     .get("readyReplicas") == 1)
+        kubectl = _kubectl(asb, fm_home)
+        if kubectl is not None:
+            res = kubectl("get", "sandboxclaims", "-o", "name")
+            assert res.returncode == 0, res.stderr
+            names = {c["metadata"]["name"] for c in _items(custom, EXT, "sandboxclaims")}
+            assert set(res.stdout.split()) == {f"sandboxclaim.{EXT}/{n}" for n in names}
+            res = kubectl("get", "swp", "-o", "jsonpath={.items[*].status.readyReplicas}")
+            assert res.returncode == 0 and res.stdout.strip() == "1", res.stderr
+        listed = {i.id for i in await asb_prov.list_tagged({"flowmesh:pool": "asb"})}
+        assert listed == _stocked(pool)                            # the warm pool's own pods are not instances
+    assert await asb_prov.list_tagged({"flowmesh:pool": "asb"}) == []
+
+
+async def test_without_the_option_a_persistent_pool_keeps_its_own_pods(fm_home, asb, custom, image, tmp_path):
+    from flowmesh_providers.k8s import K8sProvider
+    prov = K8sProvider(kubeconfig=str(asb.kubeconfig(tmp_path / "kc")), schedule_timeout_s=30)
+    try:
+        async with Fleet("k8s-asb-off", home=fm_home, providers={"k8s": prov}) as fleet:
+            pool = await fleet.pool(PoolSpec(name="own", mode="persistent", provider="k8s", instance=SPEC,
+                                             max_instances=2, warm_images=(image,)))
+            assert len(_stocked(pool)) == 1
+            assert not _items(custom, EXT, "sandboxclaims") and not _items(custom, EXT, "sandboxwarmpools")
+            async with pool.sandbox(image=image) as sb:
+                assert (await sb.exec("echo own")).stdout == "own\n"
+    finally:
+        await prov.close()
+
+
+def _kubectl(emu: Any, home: Path) -> Callable[..., subprocess.CompletedProcess[str]] | None:
+    exe = shutil.which("kubectl")
+    if exe is None:
+        return None
+    config = emu.kubeconfig(home / "kubectl" / "config")
+    env = dict(os.environ, KUBECONFIG=str(config), KUBECACHEDIR=str(config.parent / "cache"), HOME=str(config.parent),
+               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([exe, *args], env=env, capture_output=True, text=True, timeout=120)
+    return run
