@@ -63,5 +63,11 @@ if [ "${1:-}" = "--dev" ]; then
         echo "[setup] NOTE: no Python >= 3.12 here (python3.12, python3.13, python3.14, ~/.pyenv/versions/3.12+):" \
              "Harbor requires it, so tests/test_integration_harbor.py will SKIP (no Python >= 3.12)" >&2
     fi
+    # az (tests/providers/test_azure_cli.py checks the ARM emulator with it): PyPI's azure-cli in a
+    # venv of its own (it pins its own azure-mgmt-* versions; Debian's azure-cli 2.45 fails every
+    # "az vm" command with "API version 2022-11-01 does not have operation group 'virtual_machines'")
+    [ -x .venv-az/bin/python ] || python3 -m venv .venv-az
+    echo "[setup] .venv-az: pip install azure-cli==2.91.0" >&2
+    .venv-az/bin/python -m pip install -q --disable-pip-version-check "azure-cli==2.91.0"
 fi
 echo "[setup] ready: .venv/bin/flowmesh --help" >&2

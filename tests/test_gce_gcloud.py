@@ -9,6 +9,7 @@ machine types are listed (aggregated too) and described; errors are Google's JSO
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -133,8 +134,20 @@ def test_instances_create_resolves_its_image_family_and_inserts_one_vm(gce, gclo
     (made,) = [i for i in gce.instances if i["name"] == "gi-1"]
     assert made["machineType"].endswith("/machineTypes/e2-standard-4") and made["labels"] == {"flowmesh-pool": "p1"}
     # gcloud sends the family itself as the boot disk's source image (gcloud 528: an imageFamilyViews
-    # link, which Compute Engine resolves); the emulator keeps what it was given
-    source = made["disks"][0]["initializeParams"]["sourceImage"]
+    # link, which Compute Engine resolves); the emulator keeps what it was given (not echoed back:
+    # the VM reports an attached disk, as Compute Engine does)
+    source = made["_disks"][0]["initializeParams"]["sourceImage"]
+    shown = gcloud("compute", "instances", "describe", "gi-1", f"--zone={ZONE}", "--format=json")
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    disk = json.loads(shown.stdout)["disks"][0]
+    assert disk["boot"] and disk["source"].endswith(f"/zones/{ZONE}/disks/gi-1") and "initializeParams" not in disk
+    assert {"fingerprint", "labelFingerprint", "cpuPlatform"} <= set(json.loads(shown.stdout))
+    sa = gcloud("compute", "instances", "create", "gi-sa", f"--zone={ZONE}", "--machine-type=e2-standard-2",
+                "--service-account=fm-sa@p.iam.gserviceaccount.com", "--scopes=cloud-platform", "--can-ip-forward",
+                "--format=json")
+    assert sa.returncode == 0, sa.stderr[-2000:]
+    (described,) = json.loads(sa.stdout)
+    assert described["canIpForward"] and described["serviceAccounts"][0]["email"] == "fm-sa@p.iam.gserviceaccount.com"
     assert "/projects/debian-cloud/" in source and source.endswith("/debian-12"), source
     img = gcloud("compute", "images", "describe-from-family", "debian-12", "--project=debian-cloud",
                  "--format=value(name,status)")

@@ -11,7 +11,15 @@ Calls (``api-version`` required on each, as ARM does): ``PUT .../resourcegroups/
 ``GET /subscriptions/S/providers/Microsoft.Compute/skus?$filter=location eq 'L'``;
 ``PUT``/``GET .../Microsoft.Network/virtualNetworks/V``; ``GET .../networkInterfaces/N``;
 ``PUT``/``GET``/``DELETE .../Microsoft.Compute/virtualMachines/NAME`` and ``GET`` of the
-resource group's VM list.  PUT and DELETE are long-running: ``201``/``202`` with an
+resource group's VM list.  For ``az`` (Microsoft's CLI) too: ``GET /metadata/endpoints`` and
+the VM image alias document (:mod:`.metadata`), an AD FS-style token authority at ``/adfs``
+(:mod:`.identity`), subscriptions and tenants, resource group list and DELETE (taking what
+is in the group), the subscription's VM list, virtual network and NIC lists, ``PUT`` of a
+NIC, a VM's ``$expand=instanceView``, Marketplace image versions (:mod:`.images`) and
+template deployments (:mod:`.deployments`, which ``az vm create`` sends).
+``AzureEmulator(tls=True)`` serves HTTPS with a self-signed certificate
+(:attr:`AzureEmulator.ca_cert`), which az needs (docs/providers/azure.md, "Checked by
+``az``").  PUT and DELETE are long-running: ``201``/``202`` with an
 ``Azure-AsyncOperation`` URL (no ``Retry-After``) whose status goes ``InProgress`` ->
 ``Succeeded`` | ``Failed`` (with ``error``); a VM PUT of an existing name updates it (ARM's
 idempotent PUT).  The bearer token must be :attr:`AzureEmulator.token`

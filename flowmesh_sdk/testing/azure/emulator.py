@@ -7,18 +7,27 @@ import base64
 import itertools
 import json
 import re
+import shutil
+import ssl
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from ..cloudinit import CloudInitHosts
-from ..httpserver import HttpServer, json_response
+from ..httpserver import HttpServer, json_response, self_signed_tls
 from .credential import StaticTokenCredential
-from .wire import ROUTES, Op, arm_error, now_iso
+from .deployments import Deployments
+from .identity import Directory
+from .images import image_version, image_versions
+from .metadata import ALIAS_DOC_PATH, METADATA_PATH, alias_doc, cloud_metadata
+from .wire import ROUTES, Op, arm_error, now_iso, resource_not_found
 
 __all__ = ["AzureEmulator", "DEFAULT_SIZES", "SUBSCRIPTION"]
 
@@ -40,12 +49,17 @@ class AzureEmulator(HttpServer):
 
     def __init__(self, *, subscription: str = SUBSCRIPTION, locations: Sequence[str] = ("eastus",),
                  sizes: Sequence[tuple[str, int, float, int]] = DEFAULT_SIZES, token: str | None = None,
-                 first_host: int = 120, port: int = 0, **sshd_kwargs: Any) -> None:
+                 first_host: int = 120, port: int = 0, tls: bool = False, **sshd_kwargs: Any) -> None:
         super().__init__(port=port)
+        self.tls = tls
+        self._tls_dir: Path | None = None
         self.subscription = subscription
         self.locations = tuple(locations)
         self.sizes = tuple(sizes)
         self.token = token or f"emulator-{uuid.uuid4().hex}"
+        self.directory = Directory(self.token)
+        self.deployments = Deployments(subscription, self._send)
+        self._session: aiohttp.ClientSession | None = None
         self.hosts = CloudInitHosts(first_host=first_host, **sshd_kwargs)
         self._lock = threading.Lock()
         self._groups: dict[str, dict[str, Any]] = {}
@@ -160,16 +174,67 @@ class AzureEmulator(HttpServer):
         kwargs.setdefault("locations", list(self.locations))
         kwargs.setdefault("polling_interval_s", 0.0)
         return AzureProvider(subscription_id=kwargs.pop("subscription_id", self.subscription), base_url=self.url,
-                             credential=kwargs.pop("credential", self.credential()), allow_http=True, ssh=ssh,
+                             credential=kwargs.pop("credential", self.credential()), allow_http=not self.tls, ssh=ssh,
                              **kwargs)
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT`` (``https://`` with ``tls=True``)."""
+        return f"{'https' if self.tls else 'http'}://{self.host}"
+
+    @property
+    def ca_cert(self) -> Path:
+        """With ``tls=True``: the server's self-signed certificate (PEM), the CA a client
+        verifies it with (``REQUESTS_CA_BUNDLE`` for az)."""
+        if self._tls_dir is None:
+            raise RuntimeError(f"{self.name} is not running with TLS")
+        return self._tls_dir / "server.crt"
+
+    def start(self) -> AzureEmulator:
+        if self.tls and self._tls_dir is None:
+            self._tls_dir = Path(tempfile.mkdtemp(prefix="fm-azure-tls-")) / "tls"
+            self.ssl_context = self_signed_tls(self._tls_dir, "flowmesh-azure-emulator")
+        super().start()
+        return self
+
+    async def on_start(self) -> None:
+        ssl_ctx: ssl.SSLContext | bool = False
+        if self.tls:
+            ssl_ctx = ssl.create_default_context(cafile=str(self.ca_cert))
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl_ctx))
+
+    async def on_stop(self) -> None:
+        await self.deployments.close()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _send(self, method: str, path: str, body: Any) -> tuple[int, dict[str, str], Any]:
+        """A call to this emulator's own endpoint (a deployment's resource PUTs and polls)."""
+        assert self._session is not None
+        url = path if path.startswith("http") else self.url + path
+        async with self._session.request(method, url, json=body,
+                                         headers={"Authorization": f"Bearer {self.token}"}) as resp:
+            text = await resp.text()
+            return resp.status, dict(resp.headers), json.loads(text) if text else None
 
     def stop(self) -> None:
         super().stop()
         self.hosts.close()
+        if self._tls_dir is not None:
+            shutil.rmtree(self._tls_dir.parent, ignore_errors=True)
+            self._tls_dir = None
+            self.ssl_context = None
 
     # ---- HTTP ------------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        path = request.path.rstrip("/")
+        path = re.sub("/+", "/", request.path).rstrip("/")   # az joins its ARM URL and a path with "//"
+        if self.directory.serves(path):
+            return await self.directory.handle(request, self.url)
+        if request.method == "GET" and path.lower() == METADATA_PATH:   # unauthenticated, as ARM's
+            return json_response(200, cloud_metadata(self.url))
+        if request.method == "GET" and path.lower() == ALIAS_DOC_PATH:
+            return json_response(200, alias_doc())
         for kind, rx in ROUTES:
             m = rx.match(path)
             if m:
@@ -177,8 +242,8 @@ class AzureEmulator(HttpServer):
         else:
             return arm_error(404, "InvalidResourceType", f"no route for {request.method} {path}")
         if "api-version" not in request.query:
-            return arm_error(400, "MissingApiVersionParameter", "The api-version query parameter (?api-version=) is "
-                                                           "required for all requests.")
+            return arm_error(400, "MissingApiVersionParameter",
+                             "The api-version query parameter (?api-version=) is required for all requests.")
         body = await request.read()
         with self._lock:
             self.calls.append((kind, request.method))
@@ -187,15 +252,15 @@ class AzureEmulator(HttpServer):
             if auth != f"Bearer {self.token}":
                 return arm_error(401, "InvalidAuthenticationToken", "The access token is invalid.")
             if self._deny:
-                return arm_error(403, "AuthorizationFailed", "The client does not have authorization to perform action "
-                                                        f"over scope '{path}'.")
+                return arm_error(403, "AuthorizationFailed",
+                                 f"The client does not have authorization to perform action over scope '{path}'.")
             for f in self._faults:
                 if f[0] == kind and f[1] == request.method and (f[4] is None or f[4] > 0):
                     if f[4] is not None:
                         f[4] -= 1
                     headers = {"Retry-After": "1"} if f[2] == 429 else None
                     return arm_error(f[2], f[3], f"injected: {f[3]}", headers)
-            if m.group(1) != self.subscription:
+            if kind not in ("subs", "tenants") and m.group(1) != self.subscription:
                 return arm_error(404, "SubscriptionNotFound", f"The subscription '{m.group(1)}' could not be found.")
             args = m.groups()[1:]
             return getattr(self, f"_h_{kind}")(request, body, *args)
@@ -236,8 +301,61 @@ class AzureEmulator(HttpServer):
             out["error"] = op.error
         return json_response(200, out)
 
+    def _subscription(self) -> dict[str, Any]:
+        return {"id": f"/subscriptions/{self.subscription}", "subscriptionId": self.subscription,
+                "tenantId": self.directory.tenant_id, "displayName": "FlowMesh emulator", "state": "Enabled",
+                "authorizationSource": "RoleBased", "subscriptionPolicies": {
+                    "locationPlacementId": "Public_2014-09-01", "quotaId": "PayAsYouGo_2014-09-01",
+                    "spendingLimit": "Off"}}
+
+    def _h_subs(self, request: web.Request, body: bytes) -> web.Response:
+        return json_response(200, {"value": [self._subscription()]})
+
+    def _h_sub(self, request: web.Request, body: bytes) -> web.Response:
+        return json_response(200, self._subscription())
+
+    def _h_tenants(self, request: web.Request, body: bytes) -> web.Response:
+        tenant = self.directory.tenant_id
+        return json_response(200, {"value": [{"id": f"/tenants/{tenant}", "tenantId": tenant,
+                                              "tenantCategory": "Home", "displayName": "FlowMesh emulator"}]})
+
+    def _h_deployment(self, request: web.Request, body: bytes, rg: str, name: str) -> web.Response:
+        if (e := self._need_rg(rg)) is not None:
+            return e
+        return self.deployments.handle(request, body, rg, name, self.url)
+
+    def _h_deploymentop(self, request: web.Request, body: bytes, rg: str, name: str, op_id: str) -> web.Response:
+        return self.deployments.status(op_id)
+
+    def _h_imagevers(self, request: web.Request, body: bytes, *where: str) -> web.Response:
+        return image_versions(request, self.subscription, *where)
+
+    def _h_imagever(self, request: web.Request, body: bytes, *where: str) -> web.Response:
+        return image_version(request, self.subscription, *where)
+
+    def _h_rgs(self, request: web.Request, body: bytes) -> web.Response:
+        return json_response(200, {"value": list(self._groups.values())})
+
+    def _h_allvms(self, request: web.Request, body: bytes) -> web.Response:
+        return json_response(200, {"value": list(self._vms.values())})
+
     def _h_rg(self, request: web.Request, body: bytes, rg: str) -> web.Response:
         key = rg.lower()
+        if request.method == "DELETE":
+            group = self._groups.get(key)
+            if group is None:
+                return arm_error(404, "ResourceGroupNotFound", f"Resource group '{rg}' could not be found.")
+            group["properties"]["provisioningState"] = "Deleting"
+
+            def gone() -> None:   # a group takes what is in it
+                for vm_key in [k for k in self._vms if k[0] == key]:
+                    self.hosts.halt_soon(self._vms[vm_key]["properties"]["vmId"])
+                    self._remove_vm(vm_key)
+                for table in (self._nics, self._vnets):
+                    for k in [k for k in table if k[0] == key]:
+                        del table[k]
+                self._groups.pop(key, None)
+            return self._lro(request, str(group["location"]), "delete", gone, 202, None)
         if request.method == "PUT":
             doc = json.loads(body or b"{}")
             created = key not in self._groups
@@ -272,6 +390,11 @@ class AzureEmulator(HttpServer):
             return arm_error(404, "ResourceGroupNotFound", f"Resource group '{rg}' could not be found.")
         return None
 
+    def _h_vnets(self, request: web.Request, body: bytes, rg: str) -> web.Response:
+        if (e := self._need_rg(rg)) is not None:
+            return e
+        return json_response(200, {"value": [v for (g, _), v in self._vnets.items() if g == rg.lower()]})
+
     def _h_vnet(self, request: web.Request, body: bytes, rg: str, name: str) -> web.Response:
         if (e := self._need_rg(rg)) is not None:
             return e
@@ -288,16 +411,67 @@ class AzureEmulator(HttpServer):
                                                "provisioningState": "Succeeded"}}
             return self._lro(request, str(doc.get("location")), "vnet", lambda: None, 201, self._vnets[key])
         if key not in self._vnets:
-            return arm_error(404, "ResourceNotFound", f"The Resource 'Microsoft.Network/virtualNetworks/{name}' under "
-                                                 f"resource group '{rg}' was not found.")
+            return resource_not_found("Microsoft.Network/virtualNetworks", name, rg)
         return json_response(200, self._vnets[key])
 
+    def _h_nics(self, request: web.Request, body: bytes, rg: str) -> web.Response:
+        if (e := self._need_rg(rg)) is not None:
+            return e
+        return json_response(200, {"value": [v for (g, _), v in self._nics.items() if g == rg.lower()]})
+
+    def _new_nic(self, rg: str, name: str, location: str, ipconf: dict[str, Any], vm_id: str | None,
+                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A NIC with its first IP configuration given an address (and a public one when asked)."""
+        n = next(self._ip)
+        base = f"/subscriptions/{self.subscription}/resourceGroups/{rg}/providers"
+        conf_props = ipconf.get("properties") or {}
+        ip_props: dict[str, Any] = {"privateIPAddress": f"10.20.{n // 250}.{n % 250 + 4}",
+                                    "privateIPAllocationMethod": "Dynamic", "primary": True,
+                                    "provisioningState": "Succeeded", "subnet": conf_props.get("subnet")}
+        if conf_props.get("publicIPAddressConfiguration"):
+            ip_props["publicIPAddress"] = {"id": f"{base}/Microsoft.Network/publicIPAddresses/{name}-ip",
+                                           "properties": {"ipAddress": f"20.0.{n // 250}.{n % 250 + 1}"}}
+        nic: dict[str, Any] = {
+            "id": f"{base}/Microsoft.Network/networkInterfaces/{name}", "name": name,
+            "type": "Microsoft.Network/networkInterfaces", "location": location,
+            "properties": {**(extra or {}), "provisioningState": "Succeeded",
+                           "macAddress": f"00-0D-3A-{n >> 16 & 255:02X}-{n >> 8 & 255:02X}-{n & 255:02X}",
+                           "ipConfigurations": [{"name": ipconf.get("name", "ipconfig1"),
+                                                 "id": f"{base}/Microsoft.Network/networkInterfaces/{name}/"
+                                                       f"ipConfigurations/{ipconf.get('name', 'ipconfig1')}",
+                                                 "properties": ip_props}]}}
+        if vm_id is not None:
+            nic["properties"]["virtualMachine"] = {"id": vm_id}
+        self._nics[(rg.lower(), name.lower())] = nic
+        return nic
+
     def _h_nic(self, request: web.Request, body: bytes, rg: str, name: str) -> web.Response:
-        nic = self._nics.get((rg.lower(), name.lower()))
-        if nic is None:
-            return arm_error(404, "ResourceNotFound", f"The Resource 'Microsoft.Network/networkInterfaces/{name}' under "
-                                                 f"resource group '{rg}' was not found.")
-        return json_response(200, nic)
+        if request.method == "PUT":
+            if (e := self._need_rg(rg)) is not None:
+                return e
+            doc = json.loads(body or b"{}")
+            props = dict(doc.get("properties") or {})
+            confs = props.pop("ipConfigurations", None) or []
+            if not confs:
+                return arm_error(400, "InvalidRequestFormat", "properties.ipConfigurations: a network interface "
+                                                              "needs at least one IP configuration")
+            subnet = ((confs[0].get("properties") or {}).get("subnet") or {}).get("id", "")
+            m = re.match(r"^/subscriptions/[^/]+/resourceGroups/([^/]+)/providers/Microsoft\.Network/"
+                         r"virtualNetworks/([^/]+)/subnets/([^/]+)$", subnet, re.I)
+            vnet = self._vnets.get((m.group(1).lower(), m.group(2).lower())) if m else None
+            subnet_name = m.group(3).lower() if m else ""
+            if vnet is None or not any(sn["name"].lower() == subnet_name for sn in vnet["properties"]["subnets"]):
+                return arm_error(400, "InvalidResourceReference", f"Resource {subnet} referenced by resource "
+                                 f"{name} was not found. Please make sure that the referenced resource exists.")
+            existing = self._nics.get((rg.lower(), name.lower()))
+            vm_ref = ((existing or {}).get("properties") or {}).get("virtualMachine")
+            nic = self._new_nic(rg, name, str(doc.get("location")), confs[0], vm_ref["id"] if vm_ref else None, props)
+            nic["tags"] = doc.get("tags") or {}
+            return self._lro(request, str(doc.get("location")), "nic", lambda: None, 200 if existing else 201, nic)
+        found = self._nics.get((rg.lower(), name.lower()))
+        if found is None:
+            return resource_not_found("Microsoft.Network/networkInterfaces", name, rg)
+        return json_response(200, found)
 
     def _h_vms(self, request: web.Request, body: bytes, rg: str) -> web.Response:
         if (e := self._need_rg(rg)) is not None:
@@ -309,16 +483,27 @@ class AzureEmulator(HttpServer):
         if vm is None:
             return
         for ref in vm["properties"].get("networkProfile", {}).get("networkInterfaces") or []:
-            self._nics.pop((key[0], ref["id"].rsplit("/", 1)[-1].lower()), None)   # deleteOption=Delete
+            nic_key = (key[0], ref["id"].rsplit("/", 1)[-1].lower())
+            if str((ref.get("properties") or {}).get("deleteOption") or "Detach").lower() == "delete":
+                self._nics.pop(nic_key, None)
+            elif nic_key in self._nics:
+                self._nics[nic_key]["properties"].pop("virtualMachine", None)
         self._custom.pop(vm["properties"]["vmId"], None)
 
     def _h_vm(self, request: web.Request, body: bytes, rg: str, name: str) -> web.Response:
         key = (rg.lower(), name.lower())
         if request.method == "GET":
+            if (e := self._need_rg(rg)) is not None:
+                return e
             vm = self._vms.get(key)
             if vm is None:
-                return arm_error(404, "ResourceNotFound", f"The Resource 'Microsoft.Compute/virtualMachines/{name}' under "
-                                                     f"resource group '{rg}' was not found.")
+                return resource_not_found("Microsoft.Compute/virtualMachines", name, rg)
+            if "instanceview" in request.query.get("$expand", "").lower():
+                state = vm["properties"]["provisioningState"]
+                vm = {**vm, "properties": {**vm["properties"], "instanceView": {"statuses": [
+                    {"code": f"ProvisioningState/{state.lower()}", "level": "Info", "displayStatus": state},
+                    {"code": "PowerState/running" if state == "Succeeded" else "PowerState/starting",
+                     "level": "Info", "displayStatus": "VM running" if state == "Succeeded" else "VM starting"}]}}}
             return json_response(200, vm)
         if request.method == "DELETE":
             vm = self._vms.get(key)
@@ -342,8 +527,8 @@ class AzureEmulator(HttpServer):
         if loc not in self.locations or spec is None or any(
                 (s is None or s == size) and how == "SkuNotAvailable" for s, how in self._exhausted):
             return arm_error(409, "SkuNotAvailable", f"The requested VM size '{size}' is currently not available in "
-                                                f"location '{loc}'. Please try another size or deploy to a "
-                                                "different location or different zone.")
+                                                     f"location '{loc}'. Please try another size or deploy to a "
+                                                     "different location or different zone.")
         for k, v in (doc.get("tags") or {}).items():
             if re.search(r"[<>%&\\?/]", k) or len(k) > 512 or len(str(v)) > 256:
                 return arm_error(400, "InvalidTagNameCharacters", f"The tag name '{k}' has invalid characters")
@@ -353,8 +538,22 @@ class AzureEmulator(HttpServer):
         custom = os_profile.pop("customData", None)            # ARM never returns it
         if custom is not None:
             self._custom[vm_id] = custom
-        nic_conf = ((props.get("networkProfile") or {}).get("networkInterfaceConfigurations") or [{}])[0]
-        nic_name = str(nic_conf.get("name") or f"{name}-nic")
+        network = props.get("networkProfile") or {}
+        confs, refs = network.get("networkInterfaceConfigurations") or [], network.get("networkInterfaces") or []
+        nic_conf: dict[str, Any] = confs[0] if confs else {}
+        if confs:      # the VM makes its NIC (the provider's way)
+            nic_name = str(nic_conf.get("name") or f"{name}-nic")
+            delete_option = (nic_conf.get("properties") or {}).get("deleteOption") or "Detach"
+        elif refs:     # an existing NIC (az vm create's template makes it first)
+            nic_name = str(refs[0].get("id", "")).rsplit("/", 1)[-1]
+            delete_option = (refs[0].get("properties") or {}).get("deleteOption") or "Detach"
+            if (key[0], nic_name.lower()) not in self._nics:
+                return arm_error(400, "InvalidResourceReference", f"Resource {refs[0].get('id')} referenced by "
+                                 f"resource {name} was not found. Please make sure that the referenced resource "
+                                 "exists.")
+        else:
+            return arm_error(400, "InvalidParameter", "Required parameter 'networkProfile' is missing (null): a "
+                                                      "VM needs networkInterfaces or networkInterfaceConfigurations")
         base = f"/subscriptions/{self.subscription}/resourceGroups/{rg}/providers"
         vm = {"id": f"{base}/Microsoft.Compute/virtualMachines/{name}", "name": name,
               "type": "Microsoft.Compute/virtualMachines", "location": loc, "tags": doc.get("tags") or {},
@@ -362,8 +561,7 @@ class AzureEmulator(HttpServer):
                              "timeCreated": existing["properties"]["timeCreated"] if existing else now_iso(),
                              "networkProfile": {**(props.get("networkProfile") or {}), "networkInterfaces": [
                                  {"id": f"{base}/Microsoft.Network/networkInterfaces/{nic_name}",
-                                  "properties": {"primary": True, "deleteOption": nic_conf.get(
-                                      "properties", {}).get("deleteOption", "Detach")}}]}}}
+                                  "properties": {"primary": True, "deleteOption": delete_option}}]}}}
         self._vms[key] = vm
         cpus = spec[1]
 
@@ -384,19 +582,12 @@ class AzureEmulator(HttpServer):
                             "message": f"Operation could not be completed as it results in exceeding approved "
                                        f"standardDSv5Family Cores quota. Location: {loc}, Current Limit: {limit}, "
                                        f"Current Usage: {used}, Additional Required: {cpus}."}
-            n = next(self._ip)
-            ipconf = dict(((nic_conf.get("properties") or {}).get("ipConfigurations") or [{}])[0])
-            ip_props: dict[str, Any] = {"privateIPAddress": f"10.20.{n // 250}.{n % 250 + 4}",
-                                        "privateIPAllocationMethod": "Dynamic",
-                                        "subnet": (ipconf.get("properties") or {}).get("subnet")}
-            if (ipconf.get("properties") or {}).get("publicIPAddressConfiguration"):
-                ip_props["publicIPAddress"] = {"id": f"{base}/Microsoft.Network/publicIPAddresses/{name}-ip",
-                                               "properties": {"ipAddress": f"20.0.{n // 250}.{n % 250 + 1}"}}
-            self._nics[(key[0], nic_name.lower())] = {
-                "id": f"{base}/Microsoft.Network/networkInterfaces/{nic_name}", "name": nic_name,
-                "location": loc, "properties": {"provisioningState": "Succeeded", "ipConfigurations": [
-                    {"name": ipconf.get("name", "ipconfig1"), "properties": ip_props}],
-                    "virtualMachine": {"id": vm["id"]}}}
+            attached = self._nics.get((key[0], nic_name.lower())) if not confs else None
+            if attached is not None:
+                attached["properties"]["virtualMachine"] = {"id": vm["id"]}
+            else:
+                ipconf = dict(((nic_conf.get("properties") or {}).get("ipConfigurations") or [{}])[0])
+                self._new_nic(rg, nic_name, loc, ipconf, str(vm["id"]))
             vm["properties"]["provisioningState"] = "Succeeded"
             return None
         return self._lro(request, loc, "vm", create, 200 if existing else 201, vm)

@@ -27,6 +27,11 @@ served is a 404 with Google's JSON error body.  Another project answers 404 ``Th
 labels are validated as Compute Engine does (lowercase letters, digits, ``_`` and ``-``,
 keys starting with a letter, 63 characters), so an unencoded SDK tag fails here too.
 
+An instance reports what a real VM does: its ``disks`` as attached disks with a ``source``
+(not the ``initializeParams`` it was made from), ``serviceAccounts``, ``canIpForward`` and
+``deletionProtection`` as given, and a ``fingerprint``, ``labelFingerprint`` and
+``cpuPlatform``.
+
 Every created instance can be a real machine: :meth:`address` (the provider's
 ``SshMode(address_map=...)`` hook) boots it, once, from its ``user-data`` metadata (the
 ``#cloud-config`` cloud-init would read) as a loopback sshd host

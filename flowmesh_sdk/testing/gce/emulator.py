@@ -4,9 +4,11 @@ docstring says what it serves)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 import re
+import secrets
 import threading
 import time
 import uuid
@@ -23,6 +25,27 @@ from .wire import (API, DEFAULT_MACHINE_TYPES, LABEL_KEY, LABEL_VALUE, NAME, Fau
                    error_body_of, matches, now_iso, parse_filter)
 
 __all__ = ["DEFAULT_MACHINE_TYPES", "GceEmulator"]
+
+def _fingerprint() -> str:
+    """A resource fingerprint as Compute Engine gives one: 8 bytes, base64."""
+    return base64.b64encode(secrets.token_bytes(8)).decode()
+
+
+def _attached(disks: list[dict[str, Any]], project: str, zone: str, instance: str) -> list[dict[str, Any]]:
+    """The disks as a VM reports them: attached disks with a ``source`` (Compute Engine made
+    each from its ``initializeParams``, which it does not echo back)."""
+    out = []
+    for index, d in enumerate(disks):
+        params = d.get("initializeParams") or {}
+        name = params.get("diskName") or (instance if index == 0 else f"{instance}-{index}")
+        out.append({"kind": "compute#attachedDisk", "type": d.get("type", "PERSISTENT"),
+                    "mode": d.get("mode", "READ_WRITE"), "index": index, "boot": bool(d.get("boot", False)),
+                    "autoDelete": bool(d.get("autoDelete", False)), "interface": d.get("interface", "SCSI"),
+                    "deviceName": d.get("deviceName") or f"persistent-disk-{index}",
+                    "diskSizeGb": str(params.get("diskSizeGb") or 10),
+                    "source": f"{API}/projects/{project}/zones/{zone}/disks/{name}"})
+    return out
+
 
 class GceEmulator(HttpServer):
     """A TEST FIXTURE: Compute Engine's REST API for the calls the ``gce`` provider makes."""
@@ -492,7 +515,8 @@ class GceEmulator(HttpServer):
             return error(400, "invalid", f"Invalid value for field 'resource.machineType': '{mtype}'. Machine type "
                                           f"with name '{mtype}' does not exist in zone '{zone}'.")
         props = {k: body[k] for k in ("labels", "metadata", "networkInterfaces", "disks", "scheduling",
-                                      "guestAccelerators") if k in body}
+                                      "guestAccelerators", "serviceAccounts", "canIpForward", "deletionProtection")
+                 if k in body}
         request_id = request.query.get("requestId")
         with self._lock:
             if request_id and request_id in self._request_ops:
@@ -590,11 +614,16 @@ class GceEmulator(HttpServer):
                 "creationTimestamp": now_iso(), "labels": dict(props.get("labels") or {}),
                 "metadata": {"kind": "compute#metadata", "fingerprint": uuid.uuid4().hex[:12],
                              "items": list((props.get("metadata") or {}).get("items") or [])},
-                "networkInterfaces": [nic], "disks": props.get("disks") or [],
+                "networkInterfaces": [nic], "disks": _attached(props.get("disks") or [], self.project, zone, iname),
                 "scheduling": props.get("scheduling") or {},
                 "guestAccelerators": props.get("guestAccelerators") or [],
+                "serviceAccounts": list(props.get("serviceAccounts") or []),
+                "canIpForward": bool(props.get("canIpForward", False)),
+                "deletionProtection": bool(props.get("deletionProtection", False)),
+                "cpuPlatform": "Intel Cascade Lake", "startRestricted": False,
+                "fingerprint": _fingerprint(), "labelFingerprint": _fingerprint(),
                 "selfLink": f"{API}/projects/{self.project}/zones/{zone}/instances/{iname}",
-                "_zone": zone, "_cpus": cpus}
+                "_zone": zone, "_cpus": cpus, "_disks": props.get("disks") or []}
             if inserts:
                 insert = self._new_op(zone, "insert", self._instances[iid]["selfLink"], None)
                 insert.applied, insert.ended, insert.group, insert.target_id = True, now_iso(), group, iid
