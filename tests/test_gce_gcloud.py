@@ -1,7 +1,8 @@
 """The GCE emulator checked by a client nobody here wrote: Google's own ``gcloud`` (issue 30),
 pointed at it with ``CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE``, a throw-away
 ``CLOUDSDK_CONFIG`` and ``--access-token-file``; ``GCE_METADATA_ROOT=127.0.0.1:9`` and
-``CLOUDSDK_METRICS_ENVIRONMENT`` keep every call on loopback.  ``bulk create`` without
+``CLOUDSDK_METRICS_ENVIRONMENT`` keep every call on loopback, and the network guard
+(tests/_netguard) refuses and logs any that would not.  ``bulk create`` without
 ``--async`` (patterned and ``--predefined-names``) follows the bulk's ``operationGroupId``
 through ``zoneOperations.list`` and counts its per-instance ``insert`` operations; what gcloud
 made, the official Python client sees; ``delete`` polls its operation to the end; zones and
@@ -14,6 +15,7 @@ import os
 import shutil
 import subprocess
 
+import _netguard as netguard
 import pytest
 
 pytestmark = pytest.mark.skipif(shutil.which("gcloud") is None, reason="needs gcloud (the machine image has it)")
@@ -38,12 +40,14 @@ def gcloud(gce, tmp_path_factory):
                CLOUDSDK_CONFIG=str(home / "config"), CLOUDSDK_CORE_PROJECT=gce.project,
                CLOUDSDK_CORE_DISABLE_PROMPTS="1", CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK="true",
                CLOUDSDK_METRICS_ENVIRONMENT="flowmesh-test", CLOUDSDK_CORE_DISABLE_USAGE_REPORTING="true",
-               GCE_METADATA_ROOT="127.0.0.1:9", NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
+               GCE_METADATA_ROOT="127.0.0.1:9", NO_PROXY="127.0.0.1", no_proxy="127.0.0.1",
+               **netguard.env(home / "netguard.log"))
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["gcloud", *args, f"--access-token-file={token}"], env=env, capture_output=True,
                               text=True, timeout=180)
-    return run
+    yield run
+    assert netguard.left_loopback(home / "netguard.log") == []   # no gcloud call tried to leave loopback
 
 
 def _names(gce) -> set[str]:

@@ -21,6 +21,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import _netguard as netguard
 import pytest
 
 from flowmesh_sdk import InstanceSpec
@@ -60,8 +61,7 @@ class Az:
         self.env = dict(os.environ, AZURE_CONFIG_DIR=str(home / "config"), REQUESTS_CA_BUNDLE=str(emu.ca_cert),
                         AZURE_CORE_COLLECT_TELEMETRY="false", AZURE_CORE_SURVEY_MESSAGE="false",
                         AZURE_CORE_NO_COLOR="true", AZURE_CORE_ONLY_SHOW_ERRORS="true",
-                        NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost",
-                        PYTHONPATH=str(ROOT / "tests" / "_netguard"), FLOWMESH_NETGUARD_LOG=str(self.guard_log))
+                        NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost", **netguard.env(self.guard_log))
 
         # az's own version check (azcliprod.blob.core.windows.net) on a fresh config: answered from
         # a cache that says today's check found this version
@@ -91,7 +91,7 @@ class Az:
                     "--tenant", d.tenant_id, "-o", "none")
 
     def left_loopback(self) -> list[str]:
-        return self.guard_log.read_text().splitlines() if self.guard_log.exists() else []
+        return netguard.left_loopback(self.guard_log)
 
 
 @pytest.fixture

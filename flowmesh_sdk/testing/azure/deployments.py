@@ -147,6 +147,11 @@ class Deployments:
         return json_response(201, record, {"Azure-AsyncOperation": f"{base_url}{record['id']}/operationStatuses/"
                                                                    f"{op_id}?api-version={api}"})
 
+    def drop_group(self, rg_key: str) -> None:
+        """Forget the deployments of a deleted resource group (``rg_key`` lower-case)."""
+        for key in [k for k in self._items if k[0] == rg_key]:
+            del self._items[key]
+
     def status(self, op_id: str) -> web.Response:
         found = self._status.get(op_id)
         if found is None:

@@ -354,6 +354,7 @@ class AzureEmulator(HttpServer):
                 for table in (self._nics, self._vnets):
                     for k in [k for k in table if k[0] == key]:
                         del table[k]
+                self.deployments.drop_group(key)
                 self._groups.pop(key, None)
             return self._lro(request, str(group["location"]), "delete", gone, 202, None)
         if request.method == "PUT":
