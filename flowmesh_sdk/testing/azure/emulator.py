@@ -280,7 +280,8 @@ class AzureEmulator(HttpServer):
         delay = self._op_delay.get(kind, 0.0)
         op = Op(uuid.uuid4().hex, location, None if delay is None else time.monotonic() + delay, apply)
         self._ops[op.id] = op
-        base = f"{self.url}/subscriptions/{self.subscription}/providers/Microsoft.Compute/locations/{location}"
+        namespace = "Microsoft.Network" if kind in ("vnet", "nic") else "Microsoft.Compute"   # the operation's owner
+        base = f"{self.url}/subscriptions/{self.subscription}/providers/{namespace}/locations/{location}"
         api = request.query["api-version"]
         headers = {"Azure-AsyncOperation": f"{base}/operations/{op.id}?api-version={api}"}
         if request.method == "DELETE":
