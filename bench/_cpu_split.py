@@ -1,14 +1,14 @@
 """Where a simulated run's CPU goes: the SDK's control plane, or the simulator standing in
 for the cloud and its machines (providers/sim: the API's answers, the machines' podman and
-agent replies, the workload driver).
+agent replies; flowmesh_sdk/sim: the cloud model and the workload driver).
 
 A profiling timer (``ITIMER_PROF``, every ``period_s`` of process CPU) samples the running
 Python stack; each sample goes to the *innermost* frame that is project code --
-``flowmesh_sdk/`` (the control plane) or ``providers/sim/`` (the simulator) -- so the
+``flowmesh_sdk/`` (the control plane) or ``providers/sim/`` and ``flowmesh_sdk/sim/`` (the simulator) -- so the
 standard library (asyncio, json) and the SDK's clock count for whoever called them, and SDK code that the
 simulated workload calls counts as control plane.  Samples with neither (the event loop
 between callbacks, the garbage collector's aftermath) count as control plane: the
-conservative side.  The virtual-time loop's driver (providers/sim/loop.py) is not the
+conservative side.  The virtual-time loop's driver (flowmesh_sdk/sim/loop.py) is not the
 simulator's work and is skipped.
 """
 
@@ -18,9 +18,9 @@ import signal
 from dataclasses import dataclass
 from types import FrameType
 
-_SIM = "/providers/sim/"
+_SIM = ("/providers/sim/", "/flowmesh_sdk/sim/")
 _SDK = "/flowmesh_sdk/"
-_LOOP = "/providers/sim/loop.py"
+_LOOP = "/flowmesh_sdk/sim/loop.py"
 _PASS = ("/flowmesh_sdk/clock.py",)   # helpers both sides call: they count for their caller
 
 
@@ -46,11 +46,12 @@ class Sampler:
             path = f.f_code.co_filename
             if path.endswith(_PASS):
                 pass
+            elif any(s in path for s in _SIM):
+                if not path.endswith(_LOOP):
+                    self.split.simulator += 1
+                    return
             elif _SDK in path:
                 self.split.control_plane += 1
-                return
-            elif _SIM in path and not path.endswith(_LOOP):
-                self.split.simulator += 1
                 return
             f = f.f_back
         self.split.control_plane += 1

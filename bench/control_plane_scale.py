@@ -28,7 +28,8 @@ import sys
 import time
 
 from _cpu_split import Sampler
-from flowmesh_providers.sim import SimInstanceType, Workload, ec2, run_scenario
+from flowmesh_providers.sim import ec2
+from flowmesh_sdk.sim import SimInstanceType, Workload, run_scenario
 
 # An 8 vCPU / 16 GiB type at c5.2xlarge's us-east-1 price (the shipped catalog's figure).
 SMALL = SimInstanceType("c5.2xlarge", 8, 16, 0.34, nic_gbps=0.1)

@@ -56,9 +56,10 @@ from flowmesh_sdk.identity import task_identity
 from flowmesh_sdk.reuse import ResultReuse, ReusePolicy
 from flowmesh_sdk.specs import ExecResult, ReuseKind
 from flowmesh_providers.local import LocalProvider
-from flowmesh_providers.sim import SimInstanceType, ec2
-from flowmesh_providers.sim import loop as sim_loop
-from flowmesh_providers.sim.scenario import REGISTRY, SimResolver, sim_fleet
+from flowmesh_providers.sim import ec2
+from flowmesh_sdk.sim import SimInstanceType
+from flowmesh_sdk.sim import loop as sim_loop
+from flowmesh_sdk.sim.scenario import REGISTRY, SimResolver, sim_fleet
 
 console = Console()
 if not console.is_terminal:

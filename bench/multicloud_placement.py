@@ -46,10 +46,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flowmesh_providers.sim import SimInstanceType, unlimited  # noqa: E402
-from flowmesh_providers.sim.cloud import GBIT  # noqa: E402
-from flowmesh_providers.sim.loop import run  # noqa: E402
-from flowmesh_providers.sim.scenario import REGISTRY, sim_clouds_fleet  # noqa: E402
+from flowmesh_sdk.sim import GBIT, SimInstanceType, unlimited  # noqa: E402
+from flowmesh_sdk.sim.loop import run  # noqa: E402
+from flowmesh_sdk.sim.scenario import REGISTRY, sim_clouds_fleet  # noqa: E402
 from flowmesh_sdk import InstanceSpec, PoolSpec, SandboxSize, SandboxSpec, Task, clock  # noqa: E402
 
 IMAGE = f"{REGISTRY}/sim/base:1"

@@ -34,9 +34,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flowmesh_providers.sim import SimInstanceType, unlimited  # noqa: E402
-from flowmesh_providers.sim.loop import run  # noqa: E402
-from flowmesh_providers.sim.scenario import sim_clouds_fleet  # noqa: E402
+from flowmesh_sdk.sim import SimInstanceType, unlimited  # noqa: E402
+from flowmesh_sdk.sim.loop import run  # noqa: E402
+from flowmesh_sdk.sim.scenario import sim_clouds_fleet  # noqa: E402
 from flowmesh_sdk import InstanceSpec, PoolSpec  # noqa: E402
 
 REGION = "region-of-alpha-one"   # 19 characters: 2**19 distinct '?' patterns

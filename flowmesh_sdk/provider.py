@@ -55,6 +55,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import enum
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -268,5 +269,11 @@ def provider_class(name: str, field_name: str = "pool.provider") -> type[Provide
 
 
 def load_provider(name: str, **options: Any) -> Provider:
-    """Instantiate the provider registered as ``name`` with its options."""
-    return provider_class(name)(**options)
+    """Instantiate the provider registered as ``name`` with its options (options it does
+    not take, or a required one missing, are a :class:`SpecError` naming them)."""
+    cls = provider_class(name)
+    try:
+        inspect.signature(cls).bind(**options)
+    except TypeError as exc:
+        raise SpecError(f"provider {name!r} options", f"{exc} (given: {', '.join(sorted(options)) or 'none'})") from exc
+    return cls(**options)

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from flowmesh_providers.sim import SimInstanceType, unlimited
-from flowmesh_providers.sim.loop import run
-from flowmesh_providers.sim.scenario import REGISTRY, sim_clouds_fleet
+from flowmesh_sdk.sim import SimInstanceType, unlimited
+from flowmesh_sdk.sim.loop import run
+from flowmesh_sdk.sim.scenario import REGISTRY, sim_clouds_fleet
 from flowmesh_sdk import (AuthError, BudgetExceededError, EventKind, InstanceSpec, PoolSpec, SandboxSize, SandboxSpec,
                           Task)
 from flowmesh_sdk import clock

@@ -7,9 +7,10 @@ import asyncio
 
 import pytest
 
-from flowmesh_providers.sim import SimInstanceType, Workload, ec2, run_scenario, unlimited
-from flowmesh_providers.sim.loop import VirtualTimeLoop, run
+from flowmesh_providers.sim import ec2
 from flowmesh_providers.sim.network import Link
+from flowmesh_sdk.sim import SimInstanceType, Workload, run_scenario, unlimited
+from flowmesh_sdk.sim.loop import VirtualTimeLoop, run
 from flowmesh_sdk import clock
 from flowmesh_sdk.errors import SpecError
 
@@ -78,7 +79,7 @@ def test_capacity_error_fails_over_to_the_next_type_and_both_are_billed():
     cloud = unlimited("cap", (scarce, dear))
     w = Workload(tasks=5, minutes=10, instance_type="a.cheap", mode="ephemeral")
     # the pool sees both types' offers when the workload names none in particular:
-    from flowmesh_providers.sim import scenario
+    from flowmesh_sdk.sim import scenario
     r = scenario.run_scenario(cloud, w, seed=1, instance_types=("a.cheap", "b.dear"))
     assert r.succeeded == 5 and r.failovers >= 1
     by_type = r.api_calls
@@ -144,7 +145,8 @@ def test_ten_thousand_concurrent_tasks_through_the_real_control_plane():
 
 
 def test_offers_are_shapes_priced_by_the_clouds_catalog():
-    from flowmesh_providers.sim import SimProvider, sim_catalog
+    from flowmesh_providers.sim import SimProvider
+    from flowmesh_sdk.sim import sim_catalog
     from flowmesh_sdk.specs import InstanceSpec
     spot = SimInstanceType("s.2xlarge", 8, 16, 0.34, spot_price_per_hour=0.10)
     cloud = unlimited("spotty", (spot, SMALL))
@@ -177,7 +179,7 @@ def _sim_pool_run(body, *, sticky: int = 0, min_instances: int = 1, **fleet_opti
     """Run ``body(fleet, prov, pool)`` on a persistent pool over one simulated cloud."""
     import tempfile
 
-    from flowmesh_providers.sim.scenario import sim_fleet
+    from flowmesh_sdk.sim.scenario import sim_fleet
     from flowmesh_sdk.specs import InstanceSpec, PoolSpec
 
     async def main():
@@ -249,7 +251,7 @@ def _request(prov):
 def test_sessions_and_processes_on_a_simulated_sandbox_take_virtual_time():
     """A program written against sessions and start() runs on the simulator unchanged:
     sim-work takes its virtual seconds there too, and interrupts, kills and timeouts end it."""
-    from flowmesh_providers.sim.scenario import REGISTRY
+    from flowmesh_sdk.sim.scenario import REGISTRY
     from flowmesh_sdk.specs import SandboxSpec
 
     async def body(fleet, prov, pool):

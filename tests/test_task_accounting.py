@@ -10,9 +10,9 @@ import dataclasses
 
 import pytest
 
-from flowmesh_providers.sim import SimInstanceType, unlimited
-from flowmesh_providers.sim.loop import run
-from flowmesh_providers.sim.scenario import REGISTRY, sim_fleet
+from flowmesh_sdk.sim import SimInstanceType, unlimited
+from flowmesh_sdk.sim.loop import run
+from flowmesh_sdk.sim.scenario import REGISTRY, sim_fleet
 from flowmesh_sdk import InfraFailure, InstanceSpec, PoolSpec, SandboxSpec, Task
 from flowmesh_sdk.control.events import EventKind
 from flowmesh_sdk.control.limits import QuotaLimits

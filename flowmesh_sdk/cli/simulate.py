@@ -1,7 +1,7 @@
 """``flowmesh cost simulate``: sweep concurrency on the fleet simulator (the real pools on
 a simulated cloud, virtual time) and show execution time, cost and the per-phase
 breakdown of distributed (ephemeral / persistent) against centralized execution, as a
-table and a PNG.  See ``providers/sim/sweep.py`` and docs/cost-model.md."""
+table and a PNG.  See :mod:`flowmesh_sdk.sim.sweep` and docs/cost-model.md."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def cost_simulate(
                                   help="concurrency levels to sweep (comma-separated)"),
         minutes: float = typer.Option(100.0, "--minutes", help="minutes each task executes"),
         provider: Optional[str] = typer.Option(None, "--provider",
-                                               help="catalog provider to simulate (default: the simulator's)"),
+                                               help="catalog provider to simulate (default: the one whose "
+                                                    "launch profile publishes the fullest API table)"),
         region: Optional[str] = typer.Option(None, "--region", help="region (default: the first in the catalog)"),
         instance: Optional[str] = typer.Option(None, "--instance",
                                                help="distributed instance type (default: cheapest 8 vCPU / 16 GiB)"),
@@ -45,8 +46,8 @@ def cost_simulate(
         json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """MegaFlow's scaling experiment on the simulator, with a per-phase breakdown."""
-    from flowmesh_providers.sim.sweep import (DEFAULT_PROVIDER, SweepConfig, SweepRow, cloud_for, phases_minutes,
-                                              pick_rows, plot as draw, run_sweep, sim_type)
+    from ..sim.sweep import (SweepConfig, SweepRow, cloud_for, default_provider, phases_minutes, pick_rows,
+                             plot as draw, run_sweep, sim_type)
 
     console = err if json_out else tables   # with --json, stdout carries only the document
     try:
@@ -63,7 +64,7 @@ def cost_simulate(
     if bad or not wanted:
         raise fail(SpecError("--modes", f"choose from {', '.join(MODES)}; got {modes!r}"))
     try:
-        prov = canonical_provider(provider or DEFAULT_PROVIDER)
+        prov = canonical_provider(provider or default_provider())
         catalog = Catalog.load([prov], warn=False).with_prices(prices(price))
         where, small, big = pick_rows(catalog, prov, region, instance, centralized)
         cloud = cloud_for(prov, where, [sim_type(small), sim_type(big, capacity=centralized_capacity)])
@@ -125,11 +126,11 @@ def cost_simulate(
             phases.add_row(f"{r.tasks:,}", r.config.label,
                            *(f"{x:.2f}" for x in phases_minutes(r.result.phases_mean)))
     console.print(phases)
-    by = {(r.tasks, r.config.label): r for r in rows if r.result}
+    by = {(r.tasks, r.config.label): r.result for r in rows if r.result}
     for n in levels:
         d, c = by.get((n, configs["ephemeral"].label)), by.get((n, configs["centralized"].label))
         if d and c and "ephemeral" in wanted and "centralized" in wanted:
-            saving = 1 - d.result.cost_usd / c.result.cost_usd
+            saving = 1 - d.cost_usd / c.cost_usd
             console.print(f"{n:,} tasks: distributed ephemeral costs {abs(saving) * 100:.1f}% "
                           f"{'less' if saving >= 0 else 'more'} than centralized")
     if plot:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
 from flowmesh_sdk import clock
 from flowmesh_sdk.errors import ProviderUnavailableError
@@ -173,7 +174,7 @@ class AgentShell(SimChannel):
         self._buf = self._buf.split(b"\n", 1)[1]
         return True
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         t = asyncio.ensure_future(coro)
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)

@@ -41,11 +41,10 @@ from typing import Any
 from flowmesh_sdk import clock
 from flowmesh_sdk.errors import CapacityError, SpecError
 from flowmesh_sdk.provider import TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest, Provider, ProviderState
-from flowmesh_sdk.specs import check_number
 from flowmesh_sdk.remote.runner import Runner
-from flowmesh_sdk.specs import InstanceSpec, Offer
+from flowmesh_sdk.sim.cloud import GBIT, SimCloud, SimInstanceType
+from flowmesh_sdk.specs import InstanceSpec, Offer, check_number
 
-from .cloud import GBIT, SimCloud, SimInstanceType
 from .machine import SimMachine
 from .network import Link
 

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Executor
+from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 _REAL_WAIT_S = 0.05   # how long to wait for real I/O while a thread works
 
@@ -31,7 +33,7 @@ class _JumpSelector(selectors.DefaultSelector):
         super().__init__()
         self.loop: VirtualTimeLoop | None = None
 
-    def select(self, timeout: float | None = None):
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         ready = super().select(0)
         loop = self.loop
         if ready or timeout == 0 or loop is None:
@@ -58,7 +60,8 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def advance(self, seconds: float) -> None:
         self._now += seconds
 
-    def run_in_executor(self, executor: Any, func: Any, *args: Any) -> asyncio.Future[Any]:
+    def run_in_executor(self, executor: Executor | None, func: Callable[[Unpack[Ts]], T],
+                        *args: Unpack[Ts]) -> asyncio.Future[T]:
         fut = super().run_in_executor(executor, func, *args)
         self.executor_jobs += 1
         fut.add_done_callback(self._job_done)

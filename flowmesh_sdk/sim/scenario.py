@@ -1,5 +1,6 @@
 """One simulated run: a batch of tasks through the REAL fleet, pools, provisioner,
-pull budget and control plane, on a :class:`~.provider.SimProvider`, on virtual time.
+pull budget and control plane, on the ``sim`` provider (``flowmesh_providers.sim``, loaded through
+its descriptor like every provider), on virtual time.
 
     result = run_scenario(cloud, Workload(tasks=2000, minutes=100, mode="ephemeral",
                                           instance_type="ecs.c8a.2xlarge"), seed=7)
@@ -20,27 +21,62 @@ import math
 import statistics
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from flowmesh_sdk import clock
 from flowmesh_sdk.control.events import EventKind
 from flowmesh_sdk.errors import ImageNotFoundError, SpecError
 from flowmesh_sdk.fleet import Fleet
 from flowmesh_sdk.images import ImageInfo, ImageResolver, LayerInfo, PullPolicy
-from flowmesh_sdk.specs import (SPOT_CHOICES, InstanceSpec, PhaseTimings, PoolSpec, SandboxSpec, Task, check_choice,
-                                check_number)
+from flowmesh_sdk.provider import Provider, provider_class
+from flowmesh_sdk.specs import (SPOT_CHOICES, InstanceSpec, PhaseTimings, PoolMode, PoolSpec, SandboxSpec, Task,
+                                TaskResult, check_choice, check_number)
 
 from . import loop
 from .cloud import GBIT, SimCloud, sim_catalog
-from .provider import SimProvider
 
 REGISTRY = "registry.sim.invalid"   # never contacted: the simulated machines answer pulls
 # The fleet's pull budget toward the simulated registry: an assumption, not a published
 # quota (a managed registry that serves thousands of instances at once); the time a pull
-# takes is the links' business (providers/sim/network.py).  See docs/cost-model.md.
+# takes is the links' business (the sim provider's network.py).  See docs/cost-model.md.
 SIM_PULL_POLICY = PullPolicy(rate_per_s=1000.0, burst=2000, max_concurrent_pulls=10_000)
+
+
+class SimVmRecord(Protocol):
+    """What a run reads of one simulated VM."""
+
+    @property
+    def launched_at(self) -> float: ...
+
+    @property
+    def boots_at(self) -> float: ...
+
+
+@runtime_checkable
+class SimulatedCloud(Protocol):
+    """What a run reads of the ``sim`` provider besides the :class:`Provider` contract:
+    its VMs, its API call counts, its bill."""
+
+    @property
+    def vms(self) -> Mapping[str, SimVmRecord]: ...
+
+    @property
+    def calls(self) -> Mapping[str, int]: ...
+
+    def cost(self) -> float: ...
+
+    def stats(self) -> Mapping[str, int]: ...
+
+
+def sim_provider(cloud: SimCloud, **options: Any) -> Provider:
+    """A ``sim`` provider of ``cloud``, made through its descriptor (the core names no
+    provider package); it is also a :class:`SimulatedCloud`."""
+    prov = provider_class("sim", "sim.provider")(cloud, **options)   # type: ignore[call-arg]  # sim's own signature
+    if not isinstance(prov, SimulatedCloud):
+        raise SpecError("sim.provider", f"{type(prov).__name__} is not a simulated cloud's provider")
+    return prov
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +164,8 @@ class SimResolver(ImageResolver):
 @contextlib.asynccontextmanager
 async def sim_fleet(cloud: SimCloud, images: Mapping[str, int], *, home: str, seed: int = 0,
                     types: Sequence[str] | None = None, sticky_terminations: int | None = None,
-                    **fleet_options: Any) -> AsyncIterator[tuple[Fleet, SimProvider]]:
-    """A real :class:`Fleet` on a :class:`SimProvider` of ``cloud`` (call it under the
+                    **fleet_options: Any) -> AsyncIterator[tuple[Fleet, SimulatedCloud]]:
+    """A real :class:`Fleet` on a ``sim`` provider of ``cloud`` (call it under the
     virtual-time loop, :func:`.loop.run`): ``images`` maps image names in the simulated
     registry (``sim/...``; sandboxes name them ``REGISTRY/sim/...``) to their bytes.
     The fleet prices offers from the cloud's own catalog (:meth:`SimCloud.catalog`);
@@ -144,9 +180,9 @@ async def sim_fleet(cloud: SimCloud, images: Mapping[str, int], *, home: str, se
 async def sim_clouds_fleet(clouds: Sequence[SimCloud], images: Mapping[str, int], *, home: str, seed: int = 0,
                            types: Mapping[str, Sequence[str]] | None = None,
                            sticky_terminations: int | None = None,
-                           **fleet_options: Any) -> AsyncIterator[tuple[Fleet, dict[str, SimProvider]]]:
+                           **fleet_options: Any) -> AsyncIterator[tuple[Fleet, dict[str, SimulatedCloud]]]:
     """A real :class:`Fleet` over several simulated clouds at once (one
-    :class:`SimProvider` each, named by the cloud; a pool spans them with
+    ``sim`` provider each, named by the cloud; a pool spans them with
     ``PoolSpec(infra=(...))``), priced from all their catalogs together.  Cloud ``i``
     draws from ``seed + i``; ``types`` limits a cloud's offers (by cloud name)."""
     names = [c.name for c in clouds]
@@ -154,12 +190,16 @@ async def sim_clouds_fleet(clouds: Sequence[SimCloud], images: Mapping[str, int]
         raise SpecError("sim.clouds", f"give one or more clouds with distinct names, got {names}")
     resolver = SimResolver(dict(images))
     sizes = {resolver.digest(n): size for n, size in images.items()}
-    provs = {c.name: SimProvider(c, images=sizes, seed=seed + i, types=(types or {}).get(c.name),
-                                 sticky_terminations=sticky_terminations)
-             for i, c in enumerate(clouds)}
+    made: dict[str, Provider] = {}
+    provs: dict[str, SimulatedCloud] = {}
+    for i, c in enumerate(clouds):
+        prov = sim_provider(c, images=sizes, seed=seed + i, types=(types or {}).get(c.name),
+                            sticky_terminations=sticky_terminations)
+        assert isinstance(prov, SimulatedCloud)   # sim_provider checked it; this narrows the type
+        made[c.name], provs[c.name] = prov, prov
     options: dict[str, Any] = {"pull_policy": SIM_PULL_POLICY, "bootstrap_timeout_s": 24 * 3600.0,
                                "catalog": sim_catalog(*clouds), **fleet_options}
-    async with Fleet("sim", home=home, providers=dict(provs), images=resolver, **options) as fleet:
+    async with Fleet("sim", home=home, providers=made, images=resolver, **options) as fleet:
         yield fleet, provs
 
 
@@ -179,7 +219,7 @@ async def _run(cloud: SimCloud, w: Workload, seed: int, home: str, types: tuple[
     size = int(w.image_gb * 1e9)
     names = [f"sim/task-{i}:1" for i in range(w.tasks)] if w.distinct_images else ["sim/base:1"]
     t = cloud.type(w.instance_type)
-    spec = PoolSpec(name="sim", provider=cloud.name, mode=w.mode,
+    spec = PoolSpec(name="sim", provider=cloud.name, mode=PoolMode(w.mode),
                     # a disk that holds the images of the tasks running at once (and then some)
                     instance=InstanceSpec(cpus=t.cpus, memory_gb=t.memory_gb,
                                           disk_gb=w.disk_gb or max(100, math.ceil(2 * w.tasks_per_instance
@@ -215,14 +255,14 @@ async def _run(cloud: SimCloud, w: Workload, seed: int, home: str, types: tuple[
                      phases_mean=_phases(results, statistics.fmean), api_calls=dict(prov.calls))
 
 
-def _phases(results: Sequence, agg) -> PhaseTimings:  # type: ignore[no-untyped-def]
+def _phases(results: Sequence[TaskResult], agg: Callable[[Iterable[float]], float]) -> PhaseTimings:
     if not results:
         return PhaseTimings()
     return PhaseTimings(**{f: agg(getattr(r.phases, f) for r in results)
                            for f in ("queued", "scheduling", "env_startup", "execution", "teardown")})
 
 
-def lower_bound(cloud: SimCloud, w: Workload, prov: SimProvider, t0: float) -> float:
+def lower_bound(cloud: SimCloud, w: Workload, prov: SimulatedCloud, t0: float) -> float:
     """The shortest makespan the simulated cloud allows for ``w``, whatever the client does.
 
     Instances: the k-th (0-based) cannot be asked for before the per-instance launch

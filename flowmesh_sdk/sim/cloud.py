@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
+from flowmesh_sdk.catalog import Catalog
 from flowmesh_sdk.catalog.records import CatalogRow
 from flowmesh_sdk.errors import SpecError
 from flowmesh_sdk.provider import ApiRate
 from flowmesh_sdk.specs import check_number
-
-if TYPE_CHECKING:
-    from flowmesh_sdk.catalog import Catalog
 
 GBIT = 1e9 / 8   # bytes per second in one Gbit/s
 
@@ -118,22 +116,12 @@ class SimCloud:
 def sim_catalog(*clouds: SimCloud) -> Catalog:
     """The price catalog of one or more simulated clouds: every row of each
     :meth:`SimCloud.catalog_rows`."""
-    from flowmesh_sdk.catalog import Catalog
     return Catalog([row for cloud in clouds for row in cloud.catalog_rows()])
 
 
-def ec2(types: tuple[SimInstanceType, ...], region: str = "us-east-1", **kw: object) -> SimCloud:
-    """EC2's published API limits (the ``ec2`` provider's table, sourced there) with the
-    given instance types; boot time and the rest are the assumptions of :class:`SimCloud`."""
-    from flowmesh_providers.ec2.client import MAX_LAUNCH_BATCH, RATES
-    return SimCloud(name="ec2", region=region, types=types, rates=RATES, max_batch=MAX_LAUNCH_BATCH,
-                    notes=("API limits: Amazon EC2 request throttling (see providers/ec2/client.py)",),
-                    **kw)  # type: ignore[arg-type]
-
-
 def unlimited(name: str, types: tuple[SimInstanceType, ...], region: str = "sim-1",
-              **kw: object) -> SimCloud:
+              **kw: Any) -> SimCloud:
     """A cloud without client-side API limits (for providers whose limits are not
     published per call, and for lower-bound experiments)."""
     return SimCloud(name=name, region=region, types=types,
-                    notes=("API limits: none modelled (assumption)",), **kw)  # type: ignore[arg-type]
+                    notes=("API limits: none modelled (assumption)",), **kw)

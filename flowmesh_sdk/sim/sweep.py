@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from flowmesh_sdk import backends
 from flowmesh_sdk.catalog import Catalog, CatalogRow
 from flowmesh_sdk.catalog.profiles import profile
 from flowmesh_sdk.errors import SpecError
@@ -66,12 +68,17 @@ def sim_type(row: CatalogRow, *, spot: bool = False, capacity: int | None = None
                            capacity=capacity if capacity is not None else 1_000_000)
 
 
-#: the cloud ``flowmesh cost simulate`` plays when none is named (MegaFlow's experiment ran on
-#: a public cloud; EC2's published API table is the fullest)
-DEFAULT_PROVIDER = "ec2"
+def default_provider() -> str:
+    """The cloud ``flowmesh cost simulate`` plays when none is named: the catalog provider
+    whose launch profile publishes the fullest API table (MegaFlow's experiment ran on a
+    public cloud; the one whose limits are documented call by call is the best model of it)."""
+    names = backends.catalog_providers()
+    if not names:
+        raise SpecError("--provider", "no installed provider ships a price catalog")
+    return max(sorted(names), key=lambda n: len(profile(n).rates))
 
 
-def cloud_for(provider: str, region: str, types: Sequence[SimInstanceType], **kw: object) -> SimCloud:
+def cloud_for(provider: str, region: str, types: Sequence[SimInstanceType], **kw: Any) -> SimCloud:
     """A simulated ``provider``/``region`` with its profile's API limits (the provider
     client's whole table) and its assumed boot time."""
     prof = profile(provider)
@@ -79,7 +86,7 @@ def cloud_for(provider: str, region: str, types: Sequence[SimInstanceType], **kw
     notes = (f"API limits: {prof.rates_source}", f"boot: {prof.boot_source}")
     return SimCloud(name=provider, region=region, types=tuple(types), rates=rates, max_batch=prof.max_batch,
                     boot_median_s=prof.boot_s, boot_p90_s=prof.boot_s * 1.75, notes=notes,
-                    **kw)  # type: ignore[arg-type]
+                    **kw)
 
 
 def pick_rows(catalog: Catalog, provider: str, region: str | None, small: str | None,
