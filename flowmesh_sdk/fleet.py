@@ -20,16 +20,19 @@ from typing import TYPE_CHECKING, Any
 from . import gc
 from .catalog.loader import Catalog
 from .config import Owner, home_dir, new_run_id
-from .control.backend import ControlBackend, open_backend
+from .control.backend import ControlBackend
 from .control.events import Event, EventBus, EventKind
 from .control.limits import QuotaLimits
 from .control.shared import Adoption, SharedInstance
 from .control.spend import SpendLedger, SpendSummary
+from .control.state import open_backend
 from .control.store import MetadataStore
 from .errors import FlowMeshError, SpecError, ThrottledError
 from .images import (DefaultResolver, ImageResolver, LocalStoreResolver, PullBudget, PullPolicy,
                      RegistryResolver)
+from .bidder.demand import ModelSpec
 from .placement import Placement, place, providers_named
+from .placement.ranking import PriceBook
 from .pools.auto import AutoPool
 from .pools.base import Pool, PoolContext
 from .pools.bootstrap import BootstrapPolicy
@@ -44,7 +47,10 @@ from .registry.client import RegistryClient
 from .remote.local import LocalRunner
 from .remote.runner import Runner
 from .remote.runtime import ContainerRuntime, RuntimeConfig
-from .specs import Offer, PoolMode, PoolSpec, check_name, check_number
+from .specs import InstanceSpec, Offer, Policy, PoolMode, PoolSpec, check_name, check_number
+from .workers.elastic import ElasticWorkers
+from .workers.elastic_records import ScalingPolicy, ServeCommand
+from .workers.specs import ClientLimits
 
 if TYPE_CHECKING:
     from .observe.metrics import FleetMetrics
@@ -159,6 +165,7 @@ class Fleet:
         self.bootstrap_timeout_s = bootstrap_timeout_s
         self.bootstrap = bootstrap or BootstrapPolicy()
         self.pools: dict[str, Pool | AutoPool] = {}
+        self.elastic_roles: dict[str, ElasticWorkers] = {}   # made by elastic()
         self._closed = False
         self._results: ResultReuse | None = None   # behind .results, made on first use
         self.provisioner.on_retry = self._provider_retry
@@ -166,7 +173,7 @@ class Fleet:
         if metrics_port is not None:
             from .observe import metrics
             check_number("fleet.metrics_port", metrics_port, lo=0, hi=65535, integer=True)
-            self.metrics = metrics.FleetMetrics(self)
+            self.metrics = metrics.FleetMetrics(bus=self.bus, ledger=self.ledger, pools=self.pools)
             self.metrics.serve(int(metrics_port))
 
     def __repr__(self) -> str:
@@ -254,8 +261,9 @@ class Fleet:
                           bootstrap_timeout_s=self.bootstrap_timeout_s, bootstrap=self.bootstrap,
                           spend=self.ledger, fleet_budget_per_hour=self.budget_per_hour,
                           fleet_budget_total=self.budget_total, run=self.run_id)
-        cls = {PoolMode.PERSISTENT: PersistentPool, PoolMode.EPHEMERAL: EphemeralPool,
-               PoolMode.AUTO: AutoPool}[spec.mode]
+        kinds: dict[PoolMode, type[Pool | AutoPool]] = {
+            PoolMode.PERSISTENT: PersistentPool, PoolMode.EPHEMERAL: EphemeralPool, PoolMode.AUTO: AutoPool}
+        cls = kinds[spec.mode]
         if cls is PersistentPool and not any(p.capabilities.nested_containers for p in providers.values()):
             cls = WarmPodPool   # its instances are containers: warm pods, not warm machines
         pool = cls(ctx, spec, providers, placement)
@@ -268,6 +276,30 @@ class Fleet:
             raise
         self._start_reconciler()
         return pool
+
+    async def elastic(self, providers: Sequence[str], spec: InstanceSpec, model: ModelSpec, engine: ServeCommand,
+                      *, role: str = "inference", scaling: ScalingPolicy | None = None, weights: Policy | None = None,
+                      resident: Sequence[str] = (), limits: ClientLimits | None = None,
+                      book: PriceBook | None = None) -> ElasticWorkers:
+        """An elastic GPU role (:class:`~flowmesh_sdk.workers.ElasticWorkers`) made by this
+        fleet, on the named providers (loaded as :meth:`pool` loads them): it launches and
+        terminates through the fleet's provisioner, is charged to the fleet's ledger under
+        ``role`` (in :meth:`spend`, ``flowmesh status`` and the metrics), rents only what the
+        fleet's budgets allow, publishes on its bus, and is closed with the fleet.  Not
+        started: ``await role.start()`` (or ``async with``)."""
+        check_name("elastic.role", role)
+        if role in self.pools or (role in self.elastic_roles and not self.elastic_roles[role].closed):
+            raise SpecError("elastic.role", f"{role!r} already names a pool or a role of this fleet")
+        if isinstance(providers, str) or not providers:
+            raise SpecError("elastic.providers", "must be a non-empty list of provider names")
+        await self.start()
+        workers = ElasticWorkers({n: self.provider(n) for n in providers}, spec, model, engine, role=role,
+                                 scaling=scaling, weights=weights, resident=resident, limits=limits, book=book,
+                                 fleet=self.name, owner=self.owner, bus=self.bus, control=self.control,
+                                 provisioner=self.provisioner, ledger=self.ledger,
+                                 budget_per_hour=self.budget_per_hour, budget_total=self.budget_total)
+        self.elastic_roles[role] = workers
+        return workers
 
     async def _placement(self, spec: PoolSpec) -> tuple[dict[str, Provider], Placement]:
         """The providers of ``spec``'s search space (loaded by name on first use) and its
@@ -335,7 +367,7 @@ class Fleet:
     def results(self, reuse: ResultReuse) -> None:
         self._results = reuse
 
-    async def run(self, task: Task, *, pool: Pool | str, workflow: str | None = None,
+    async def run(self, task: Task, *, pool: Pool | AutoPool | str, workflow: str | None = None,
                   cache_failures: bool | None = None) -> TaskResult:
         """Run ``task`` on ``pool`` (a pool or its name) through :attr:`results`: a stored
         result of the same work is returned without running, the same work in flight is
@@ -344,8 +376,10 @@ class Fleet:
             if pool not in self.pools:
                 raise SpecError("pool", f"no pool named {pool!r} in this fleet; have "
                                         f"{', '.join(sorted(self.pools)) or 'none'}")
-            pool = self.pools[pool]
-        return await self.results.run(task, pool, workflow=workflow, cache_failures=cache_failures)
+            target = self.pools[pool]
+        else:
+            target = pool
+        return await self.results.run(task, target, workflow=workflow, cache_failures=cache_failures)
 
     async def reconcile(self, providers: Sequence[str] = ("local",)) -> ReconcileReport:
         """What the clouds say against what the store says, after a restart: instances of
@@ -412,7 +446,8 @@ class Fleet:
         if self._reclaims:   # a reclaim under way finishes (it is terminating instances)
             await asyncio.gather(*list(self._reclaims), return_exceptions=True)
         try:
-            await asyncio.gather(*(p.drain(timeout_s) for p in self.pools.values()))
+            await asyncio.gather(*(r.aclose(timeout_s) for r in self.elastic_roles.values()),
+                                 *(p.drain(timeout_s) for p in self.pools.values()))
         finally:
             for name in self._owned:
                 await self._providers[name].close()

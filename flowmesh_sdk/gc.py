@@ -47,7 +47,7 @@ from .control.events import Event, EventKind
 from .control.shared import SharedHolders, SharedInstance
 from .control.store import MetadataStore
 from .provider import (LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, LABEL_RUN, TAG_FLEET, TAG_OWNER, TAG_POOL,
-                       TAG_RUN, Leftover, LeftoverScan, Provider, ProviderState)
+                       TAG_RUN, Leftover, LeftoverScan, Provider)
 from .provisioning import Provisioner
 from .remote.runtime import ContainerInfo, ContainerRuntime
 
@@ -64,6 +64,8 @@ class Orphan:
     age_s: float
     reason: str
     fleet: str = ""
+    #: where its provider lists it ("" for an adopted one: the shared state keeps no region)
+    region: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,24 +158,24 @@ async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, 
             else:
                 continue
             orphans.append(Orphan(prov.name, inst.id, inst.tags.get(TAG_POOL, ""), owner, age, reason,
-                                  inst.tags.get(TAG_FLEET, "")))
+                                  inst.tags.get(TAG_FLEET, ""), inst.region))
     containers: list[ContainerInfo] = []
     if runtime is not None:
         orphan_ids = {o.instance_id for o in orphans}
         ours = live_ids | set(known_instances)
         for c in await runtime.list(label_keys=[LABEL_FLEET]):
-            inst = c.labels.get(LABEL_INSTANCE, "")
-            if inst not in ours:
+            inst_id = c.labels.get(LABEL_INSTANCE, "")
+            if inst_id not in ours:
                 continue        # another home's (or nobody's we know): not ours to take
             if fleet is not None and c.labels.get(LABEL_FLEET, "") != fleet:
                 continue
             if run is not None and c.labels.get(LABEL_RUN, "") != run:
                 continue
-            if inst in held and not include_live:
+            if inst_id in held and not include_live:
                 continue
             gone, _ = _owner_gone(c.labels.get(LABEL_OWNER, ""))
-            if (include_live or gone is True or inst in orphan_ids
-                    or (gone is None and inst not in live_ids)):
+            if (include_live or gone is True or inst_id in orphan_ids
+                    or (gone is None and inst_id not in live_ids)):
                 containers.append(c)
     scans = [scan for scan in [await prov.leftovers(fleet) for prov in providers] if scan] if leftovers else []
     return GcPlan(tuple(orphans), tuple(containers), tuple(scans))
@@ -216,13 +218,13 @@ async def execute(gc_plan: GcPlan, providers: Sequence[Provider], runtime: Conta
     by_provider = {p.name: p for p in providers}
     terminated: list[str] = []
     still: list[str] = []
-    for name, prov in by_provider.items():
-        ids = [o.instance_id for o in gc_plan.instances if o.provider == name]
-        if not ids:
-            continue
-        await calls.call(prov, "*", "terminate", lambda: prov.terminate(ids), instances=len(ids))
-        remaining = {i.id for i in await calls.call(prov, "*", "describe", lambda: prov.describe(ids))
-                     if i.state is not ProviderState.TERMINATED}
+    places: dict[tuple[str, str], list[str]] = {}
+    for o in gc_plan.instances:
+        if o.provider in by_provider:
+            places.setdefault((o.provider, o.region), []).append(o.instance_id)
+    for (name, region), ids in places.items():
+        # the one terminate (until confirmed); "*": a region the plan does not know (adopted)
+        remaining = await calls.terminate(by_provider[name], region or "*", ids, label="gc")
         for i in ids:
             (still if i in remaining else terminated).append(i)
             if progress:

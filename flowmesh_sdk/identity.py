@@ -52,6 +52,7 @@ import re
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from .errors import SpecError
 from .specs import SandboxSpec, Task
@@ -214,7 +215,7 @@ def digest_bytes(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def is_digest(value: object) -> bool:
+def is_digest(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and bool(_DIGEST.fullmatch(value))
 
 
@@ -225,7 +226,7 @@ def check_digest(field: str, value: object) -> str:
         hint = (" (an image tag can move; resolve it to its digest first, e.g. with "
                 "fleet.images.resolve)") if isinstance(value, str) and ":" in value and "/" in value else ""
         raise SpecError(field, f"must be a content digest 'sha256:<64 lowercase hex>', got {value!r}{hint}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def label_digest(label: str) -> str:

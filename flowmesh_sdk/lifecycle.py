@@ -83,10 +83,10 @@ class Lifecycle(Generic[S]):
     __slots__ = ("_table", "_history", "_what", "_state")
 
     def __init__(self, table: Mapping[S, frozenset[S]], initial: S, what: str = "") -> None:
-        self._table = table
+        self._table: Mapping[S, frozenset[S]] = table
         self._history: list[Transition[S]] = [Transition(initial, time.time())]
         self._what = what
-        self._state = initial   # the last transition's, read far more often than it changes
+        self._state: S = initial   # the last transition's, read far more often than it changes
 
     @property
     def state(self) -> S:

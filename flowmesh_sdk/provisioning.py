@@ -12,29 +12,34 @@ from outside (drivers never retry on their own).
   the next provider's offers are tried; an ``AuthError`` is raised only when nothing is
   left.
 * ``SpecError``: stop at once.
+* :meth:`Provisioner.fill` is the one launch walk down ranked offers and
+  :meth:`Provisioner.terminate` the one terminate-until-confirmed, for pools, elastic
+  workers and gc alike.
 * A token bucket per (provider, region, API), sized from the provider's declared
   ``Capabilities.rates``, keeps the fleet under the published limits in the first place.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from .backoff import retry_async
+from .backoff import backoff_delay, retry_async
 from .observe import tracing
 from .control.backend import ControlBackend
 from .control.limits import TokenBucket
-from .errors import (AuthError, CapacityError, FlowMeshError, ProviderUnavailableError, QuotaError,
-                     SpecError, ThrottledError)
-from .provider import TAG_REQUEST, ApiRate, ContainerRequest, Instance, LaunchRequest, Provider
+from .errors import (AuthError, BudgetExceededError, CapacityError, FlowMeshError, ProviderUnavailableError,
+                     QuotaError, SpecError, ThrottledError)
+from .provider import TAG_REQUEST, ApiRate, ContainerRequest, Instance, LaunchRequest, Provider, ProviderState
 from .specs import InstanceSpec, Offer
 
 log = logging.getLogger("flowmesh.provisioning")
 LAUNCH_TICK_S = 10.0   # a rate-limited launch call waits for about this much refill at most
+TERMINATE_ATTEMPTS = 5  # terminate + confirming describe, until the provider no longer lists it
 T = TypeVar("T")
 
 
@@ -51,9 +56,18 @@ class Failover:
 
     pool: str
     offer: Offer
-    reason: str                   # "capacity", "quota", "quota (skipped)", "throttled", "auth", "auth (skipped)"
+    reason: str                   # "capacity", "quota", "quota (skipped)", "throttled", "auth", "auth (skipped)",
+    #                               "budget"
     error: str
     price_delta: float            # next offer's $/h minus this one's (None-safe: 0 at the end)
+
+
+@dataclass(frozen=True, slots=True)
+class Fill:
+    """What :meth:`Provisioner.fill` launched: the units, and the offers it gave up on."""
+
+    units: int
+    failovers: tuple[Failover, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,34 +173,102 @@ class Provisioner:
             self.skipped.add((offer.provider, offer.region))
             raise
 
-    async def launch(self, providers: Mapping[str, Provider], offers: Sequence[Offer],
-                     spec: InstanceSpec, count: int, tags: Mapping[str, str], *,
-                     request_prefix: str = "fm") -> LaunchOutcome:
-        """Launch ``count`` instances of the first offer that can, in preference order
-        (offers may belong to different providers: failover crosses clouds).  Pools fill
-        down their ranked offers with :meth:`attempt` instead (``Machines._fill``)."""
+    async def fill(self, offers: Sequence[Offer], want: int, take: Callable[[Offer, int], Awaitable[int]], *,
+                   label: str, what: str, units: Callable[[Offer], int] = lambda offer: 1,
+                   halve: bool = True) -> Fill:
+        """The one launch walk (pools, elastic workers and :meth:`launch` all use it): fill
+        ``want`` units (an instance of ``offer`` holds ``units(offer)``) down ``offers``, best
+        first -- as many instances of each as it has room for, then the next for the rest, so
+        one burst may land on several offers and providers in ranked order.  ``take(offer,
+        n)`` launches up to ``n`` instances of ``offer`` (one call, within the budgets its
+        caller keeps) and returns the units they hold (0: nothing more may be launched
+        there).  A ``CapacityError`` halves ``n`` until a call goes through or ``n`` is 0
+        (without ``halve``: moves on, each offer all or nothing);
+        budget, auth, quota, throttling that outlasts the retries and an outage move on to
+        the next offer; ``SpecError`` stops at once.  Each offer given up on is a failover
+        (reason, price delta).  Raises when not one instance launched: the
+        ``BudgetExceededError`` when every refusal was the budget's, else :meth:`exhausted`."""
         if not offers:
             raise SpecError("offers", "no offer to launch")
+        remaining = want
         failovers: list[Failover] = []
         errors: list[FlowMeshError] = []
         for i, offer in enumerate(offers):
+            if remaining <= 0:
+                break
             nxt = offers[i + 1] if i + 1 < len(offers) else None
             skipped = self.usable(offer)
             if skipped is not None:
                 why = (str(self.auth_failed[offer.provider]) if skipped.startswith("auth")
                        else "region out of quota earlier in this run")
-                self.failed_over(failovers, Failover(request_prefix, offer, skipped, why, price_delta(offer, nxt)), nxt)
+                self.failed_over(failovers, Failover(label, offer, skipped, why, price_delta(offer, nxt)), nxt)
                 continue
-            try:
-                launched = await self.attempt(providers, offer, spec, count, tags, request_prefix=request_prefix)
-                return LaunchOutcome(tuple(launched), offer, tuple(failovers))
-            except SpecError:
-                raise
-            except (AuthError, QuotaError, CapacityError, ThrottledError, ProviderUnavailableError) as exc:
-                errors.append(exc)
-                self.failed_over(failovers, Failover(request_prefix, offer, reason_of(exc), str(exc),
+            per = max(1, units(offer))
+            n = -(-remaining // per)
+            error: FlowMeshError | None = None
+            while remaining > 0 and n >= 1:
+                try:
+                    got = await take(offer, n)
+                except CapacityError as exc:
+                    error = exc
+                    n = n // 2 if halve else 0   # what fits of this offer
+                    continue
+                except (BudgetExceededError, AuthError, QuotaError, ThrottledError, ProviderUnavailableError) as exc:
+                    error = exc
+                    break
+                if got <= 0:
+                    break
+                remaining -= got
+                n = min(n, -(-remaining // per))
+            if remaining > 0 and error is not None:
+                errors.append(error)
+                self.failed_over(failovers, Failover(label, offer, reason_of(error), str(error),
                                                      price_delta(offer, nxt)), nxt)
-        raise self.exhausted(offers, failovers, errors, f"{count} x {spec.cpus} cpus / {spec.memory_gb:g} GB")
+        if remaining == want:
+            budget = [e for e in errors if isinstance(e, BudgetExceededError)]
+            if budget and len(budget) == len(errors):
+                raise budget[0]
+            raise self.exhausted(offers, failovers, errors, what)
+        return Fill(want - remaining, tuple(failovers))
+
+    async def launch(self, providers: Mapping[str, Provider], offers: Sequence[Offer],
+                     spec: InstanceSpec, count: int, tags: Mapping[str, str], *,
+                     request_prefix: str = "fm") -> LaunchOutcome:
+        """Launch ``count`` instances of ``spec`` of the first offer that can, down ``offers``
+        (:meth:`fill`: one unit an instance, each offer all or nothing; offers may belong to
+        different providers: failover crosses clouds)."""
+        got: list[tuple[Offer, Instance]] = []
+
+        async def take(offer: Offer, n: int) -> int:
+            launched = await self.attempt(providers, offer, spec, n, tags, request_prefix=request_prefix)
+            got.extend((offer, inst) for inst in launched)
+            return len(launched)
+
+        filled = await self.fill(offers, count, take, label=request_prefix, halve=False,
+                                 what=f"{count} x {spec.cpus} cpus / {spec.memory_gb:g} GB")
+        return LaunchOutcome(tuple(inst for _, inst in got), got[0][0], filled.failovers)
+
+    # ---- terminate until confirmed -------------------------------------------------
+    async def terminate(self, provider: Provider, region: str, ids: Sequence[str], *, label: str) -> set[str]:
+        """The one terminate (pools, elastic workers and gc all use it): terminate ``ids``
+        and confirm by describe, retried (backing off) while any is still listed, at most
+        ``TERMINATE_ATTEMPTS`` rounds, within the (provider, ``region``) buckets.  Returns the
+        ids still listed at the end: the caller's TERMINATION_FAILED (kept, still accruing
+        cost, retried by the reconciler and gc)."""
+        left = list(ids)
+        for attempt in range(TERMINATE_ATTEMPTS):
+            batch = list(left)
+            await self.call(provider, region, "terminate", lambda: provider.terminate(batch), instances=len(batch))
+            seen = await self.call(provider, region, "describe", lambda: provider.describe(batch))
+            left = [i.id for i in seen if i.state is not ProviderState.TERMINATED]
+            if not left:
+                return set()
+            if attempt + 1 < TERMINATE_ATTEMPTS:
+                log.info("%s: %s still listed after terminate (attempt %d); retrying", label, left, attempt + 1)
+                await asyncio.sleep(backoff_delay(attempt + 1, 0.5, 10.0))
+        log.warning("%s: %s still listed after %d terminate calls: TERMINATION_FAILED (the reconciler and gc "
+                    "retry)", label, left, TERMINATE_ATTEMPTS)
+        return set(left)
 
     def exhausted(self, offers: Sequence[Offer], failovers: Sequence[Failover], errors: Sequence[FlowMeshError],
                   what: str) -> FlowMeshError:
@@ -220,7 +302,9 @@ class Provisioner:
 
 
 def reason_of(exc: BaseException) -> str:
-    """The failover reason of a launch error: auth, quota, capacity or throttled."""
+    """The failover reason of a launch error: budget, auth, quota, capacity or throttled."""
+    if isinstance(exc, BudgetExceededError):
+        return "budget"
     if isinstance(exc, AuthError):
         return "auth"
     if isinstance(exc, QuotaError):

@@ -19,7 +19,7 @@ import concurrent.futures
 import contextlib
 import signal
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from .errors import SpecError
@@ -172,7 +172,7 @@ class SyncProcess:
         it = aiter(stream)
         while True:
             try:
-                yield self._loop.call(anext(it))
+                yield self._loop.call(_next_chunk(it))
             except StopAsyncIteration:
                 return
 
@@ -191,6 +191,12 @@ class SyncProcess:
 
 async def _awaited(proc: Process, sig: int) -> None:
     await proc.kill(sig)
+
+
+async def _next_chunk(it: AsyncIterator[bytes]) -> bytes:
+    """``anext(it)`` as a coroutine, which is what :meth:`_Loop.call` runs (StopAsyncIteration
+    at the end passes through)."""
+    return await anext(it)
 
 
 class SyncPool:

@@ -11,9 +11,10 @@ import sys
 import pytest
 
 from flowmesh_sdk.control import EventBus, EventKind, QuotaLimits
-from flowmesh_sdk.control.backend import InProcessBackend, open_backend
+from flowmesh_sdk.control.backend import InProcessBackend
 from flowmesh_sdk.control.events import Event
 from flowmesh_sdk.control.redis import RedisBackend
+from flowmesh_sdk.control.state import open_backend
 from flowmesh_sdk.errors import BudgetExceededError, ControlPlaneUnavailableError, FlowMeshError, QuotaError
 from flowmesh_sdk.fleet import Fleet
 

@@ -170,3 +170,50 @@ async def test_workers_follow_the_queue_are_replaced_when_outbid_and_drain_befor
                 return True
             return False
         await until(lambda: all(gone(p) for p in pids), timeout_s=15, what="the stand-in engines stopped")
+
+
+async def test_a_role_made_by_the_fleet_is_charged_to_its_ledger_held_to_its_budget_and_closed_with_it(tmp_path):
+    """Fleet.elastic: the role launches through the fleet's provisioner, each worker is a
+    charge in the fleet's ledger under the role's name while it runs, a fleet budget too
+    small for one worker refuses the rental (nothing is created), and closing the fleet
+    closes the role (its instance terminated, its charge ended)."""
+    from flowmesh_sdk.fleet import Fleet
+
+    scaling = ScalingPolicy(min_workers=1, max_workers=1, interval_s=0.2, cooldown_s=0.0, ready_timeout_s=60)
+    with VastEmulator(first_host=240) as emu:
+        prov = emu.provider(ssh=True)
+        try:
+            fleet = Fleet(f"el-{uuid.uuid4().hex[:6]}", home=tmp_path / "home", providers={"vast": prov},
+                          reconcile_interval_s=None)
+            async with fleet:
+                role = await fleet.elastic(["vast"], SPEC, MODEL, standin(tmp_path), role="vllm", scaling=scaling)
+                assert role.provisioner is fleet.provisioner and role.ledger is fleet.ledger
+                with pytest.raises(SpecError, match="elastic.role"):
+                    await fleet.elastic(["vast"], SPEC, MODEL, standin(tmp_path), role="vllm")
+                await role.start()
+                answer = await asyncio.wait_for(role.complete("hi"), 60)
+                assert answer.text == "ok:hi"
+                (w,) = [w for w in role.workers.values() if w.state is WorkerState.READY]
+                charged = fleet.ledger.summary(pool=("vllm",))
+                assert charged.live == 1 and charged.burn_per_hour == pytest.approx(w.candidate.offer.price_per_hour)
+                assert fleet.spend().live == 1
+                await fleet.store.flush()        # what `flowmesh status` reads
+                (row,) = fleet.store.instances(live_only=True)
+                assert (row.id, row.pool, row.state) == (w.instance.id, "vllm", "ready")
+            assert role.closed and emu.instances == []
+            assert fleet.ledger.summary(pool=("vllm",)).live == 0
+
+            created = emu.count("create")
+            events: list = []
+            poor = Fleet(f"el-{uuid.uuid4().hex[:6]}", home=tmp_path / "home2", providers={"vast": prov},
+                         reconcile_interval_s=None, budget_per_hour=0.01)
+            poor.bus.on(events.append)
+            async with poor:
+                role = await poor.elastic(["vast"], SPEC, MODEL, standin(tmp_path), role="vllm", scaling=scaling)
+                await role.start()
+                await until(lambda: any(e.kind is EventKind.WORKER_FAILED for e in events), what="a refused rental")
+                failed = [e.detail for e in events if e.kind is EventKind.WORKER_FAILED]
+                assert "budget_per_hour" in failed[0]
+            assert emu.count("create") == created and emu.instances == []
+        finally:
+            await prov.close()

@@ -67,7 +67,7 @@ def rows_of(catalog: Catalog | Sequence[CatalogRow]) -> tuple[CatalogRow, ...]:
 
 
 __all__ = ["BID_MARGIN", "Bidder", "CHEAPEST", "Demand", "Estimate", "GATES", "GateResult", "Infeasible", "MODES",
-           "ModelSpec", "NoFeasibleOffer", "OUTBID_PER_HOUR", "PRESETS", "PhaseEstimate", "Plan", "PlanLine", "RowTable",
-           "Policy", "Score", "Scored", "TenantAffinity", "bid_price", "centralized", "effective_price",
+           "ModelSpec", "NoFeasibleOffer", "OUTBID_PER_HOUR", "PRESETS", "PhaseEstimate", "Plan", "PlanLine",
+           "RowTable", "Policy", "Score", "Scored", "TenantAffinity", "bid_price", "centralized", "effective_price",
            "estimate", "estimate_plan", "hazard_per_hour", "interruption_factor", "launch_times", "pack",
            "phase_estimate", "plan", "pull_seconds", "score", "startup_seconds", "t_eff", "tokens_per_second"]

@@ -5,7 +5,9 @@ workers serving a :class:`ModelSpec`), and the tenants' placement rules
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -23,14 +25,16 @@ def name_tuple(field_name: str, value: object) -> tuple[str, ...]:
     if isinstance(value, (str, bytes)):
         raise SpecError(field_name, f"must be a tuple of names, got the string {value!r}; "
                                     f"write ({value!r},)")
-    try:
-        items = tuple(value)  # type: ignore[arg-type]
+    try:   # anything tuple() takes; what it does not take raises TypeError, refused below
+        items = tuple(cast("Iterable[object]", value))
     except TypeError:
         raise SpecError(field_name, f"must be a tuple of names, got {type(value).__name__}") from None
+    names: list[str] = []
     for i, item in enumerate(items):
         if not isinstance(item, str) or not item.strip():
             raise SpecError(f"{field_name}[{i}]", f"must be a non-empty string, got {item!r}")
-    return items
+        names.append(item)
+    return tuple(names)
 
 
 def check_demand(value: object) -> None:

@@ -228,8 +228,8 @@ def _solve_tail(rem: int, cand: list[int], k: np.ndarray, a: np.ndarray, b: np.n
         if left[j] <= 0:
             continue
         top = min(int(k[j]), rem)
-        s = np.arange(1, top + 1)
-        vals = float(a[j]) * s - float(b[j])
+        sizes = np.arange(1, top + 1)
+        vals = float(a[j]) * sizes - float(b[j])
         better = vals > part_val[1:top + 1]
         part_val[1:top + 1] = np.where(better, vals, part_val[1:top + 1])
         part_who[1:top + 1] = np.where(better, j, part_who[1:top + 1])

@@ -65,7 +65,7 @@ def check_ref_name(name: object) -> str:
 def check_object_digest(digest: object) -> str:
     if not is_digest(digest) or not str(digest).startswith("sha256:"):
         raise SpecError("digest", f"must be 'sha256:<64 lowercase hex>', got {digest!r}")
-    return digest  # type: ignore[return-value]
+    return digest
 
 
 def frame_ref(body: bytes) -> bytes:

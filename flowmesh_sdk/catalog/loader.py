@@ -66,15 +66,31 @@ def max_age_days() -> float:
     return float(found.value)
 
 
-def _num(text: str, where: str, column: str, *, integer: bool = False) -> float | int | None:
+def _num(text: str, where: str, column: str) -> float | None:
     text = (text or "").strip()
     if not text:
         return None
     try:
-        return int(text) if integer else float(text)
+        return float(text)
     except ValueError:
-        kind = "an integer" if integer else "a number"
-        raise SpecError(f"{where} ({column})", f"must be {kind}, got {text!r}") from None
+        raise SpecError(f"{where} ({column})", f"must be a number, got {text!r}") from None
+
+
+def _int(text: str, where: str, column: str) -> int | None:
+    text = (text or "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise SpecError(f"{where} ({column})", f"must be an integer, got {text!r}") from None
+
+
+def _present(name: str, value: float | None) -> float:
+    """A required number: an empty cell is refused as the row would refuse it."""
+    if value is None:
+        raise SpecError(name, f"must be a number > 0, got {value!r}")
+    return value
 
 
 def parse_csv(text: str, name: str) -> list[CatalogRow]:
@@ -97,7 +113,7 @@ def parse_csv(text: str, name: str) -> list[CatalogRow]:
         provider = canonical_provider(rec["provider"])
         cpus = _num(rec["vcpus"], where, "vcpus")
         memory = _num(rec["memory_gib"], where, "memory_gib")
-        gpus = _num(rec["gpu_count"], where, "gpu_count", integer=True) or 0
+        gpus = _int(rec["gpu_count"], where, "gpu_count") or 0
         gpu_name = rec["gpu_name"] or None
         if gpus == 0:
             gpu_name = None   # a fractional GPU share (GCE g4-standard-6..24) is not a GPU
@@ -105,14 +121,14 @@ def parse_csv(text: str, name: str) -> list[CatalogRow]:
         try:
             rows.append(CatalogRow(
                 provider=provider, region=rec["region"], zone=rec["zone"] or None,
-                instance_type=rec["instance_type"], cpus=cpus, memory_gb=memory,
-                gpus=int(gpus), gpu_name=gpu_name,
+                instance_type=rec["instance_type"], cpus=_present("cpus", cpus),
+                memory_gb=_present("memory_gb", memory), gpus=gpus, gpu_name=gpu_name,
                 gpu_memory_gb=_num(rec["gpu_memory_gib"], where, "gpu_memory_gib") if gpus else None,
                 on_demand_per_hour=_num(rec["price_hour_usd"], where, "price_hour_usd"),
                 spot_per_hour=_num(rec["spot_price_hour_usd"], where, "spot_price_hour_usd"),
                 source=rec["source"], fetched_at=rec["snapshot_date"] or None, arch=arch,
                 reliability=_num(rec.get("reliability", ""), where, "reliability"),
-                available=_num(rec.get("available", ""), where, "available", integer=True)))
+                available=_int(rec.get("available", ""), where, "available")))
         except SpecError as exc:
             raise SpecError(f"{where} ({exc.field})", str(exc).split(": ", 1)[-1]) from exc
     return rows
@@ -230,7 +246,8 @@ class Catalog:
                 if (_newest(cached) or "") >= (_newest(shipped) or ""):
                     chosen, origin, where = cached, "cache", str(cached_path)
             newest = _newest(chosen)
-            age = None if newest is None else (today - as_date(newest)).days  # type: ignore[operator]
+            newest_day = as_date(newest)
+            age = None if newest_day is None else (today - newest_day).days
             stale = age is None or age > limit
             sources.append(CatalogSource(provider=name, origin=origin, path=where, rows=len(chosen),
                                          priced=sum(1 for r in chosen if r.on_demand_per_hour is not None
@@ -270,10 +287,14 @@ class Catalog:
         missing = sorted(t for t in overrides if t not in known)
         if missing:
             raise SpecError("price", f"no catalog row has instance type(s) {', '.join(missing)}")
-        field = "on_demand_per_hour" if market == "on-demand" else "spot_per_hour"
-        rows = [replace(r, **{field: float(overrides[r.instance_type]),
-                              "source": f"--price override ({r.source})" if r.source else "--price override"})
-                if r.instance_type in overrides else r for r in self.rows]
+        def priced(r: CatalogRow) -> CatalogRow:
+            price = float(overrides[r.instance_type])
+            source = f"--price override ({r.source})" if r.source else "--price override"
+            if market == "on-demand":
+                return replace(r, on_demand_per_hour=price, source=source)
+            return replace(r, spot_per_hour=price, source=source)
+
+        rows = [priced(r) if r.instance_type in overrides else r for r in self.rows]
         return Catalog(rows, self.sources)
 
     def __len__(self) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import warnings
+from collections.abc import Iterable
 from typing import Optional
 
 import typer
@@ -17,6 +18,7 @@ from rich.table import Table
 
 from .. import backends
 from ..bidder import Demand, Estimate, ModelSpec, Policy, centralized, estimate
+from ..bidder.gates import GateResult
 from ..bidder.scoring import Score, score
 from ..catalog import Catalog, StaleCatalogWarning, refresh
 from ..catalog.records import canonical_provider
@@ -56,7 +58,7 @@ def _policy(preset: str, weights: Optional[str]) -> Policy:
     return Policy.parse(weights) if weights else Policy.preset(preset)
 
 
-def _gates_note(gates) -> str:  # type: ignore[no-untyped-def]
+def _gates_note(gates: Iterable[GateResult]) -> str:
     hit = [f"{g.gate} -{g.removed}" for g in gates if g.removed]
     return "gates removed: " + (", ".join(hit) if hit else "nothing")
 
@@ -270,10 +272,10 @@ def cost_estimate(tasks: int = typer.Option(..., "--tasks", help="tasks submitte
         catalog = _load(demand.providers).with_prices(_prices(price), market)
         done, failed = estimate(catalog.rows, demand)
         base = None
-        if compare_centralized is not None:
+        if compare_centralized is not None and tasks_per_instance is not None:   # both or neither: checked above
             rows = Catalog.load(warn=False).with_prices(_prices(price), market).rows
             base = centralized(rows, dataclasses.replace(demand, providers=(), regions=()), compare_centralized,
-                               int(tasks_per_instance))  # type: ignore[arg-type]
+                               int(tasks_per_instance))
     except FlowMeshError as exc:
         raise _fail(exc) from exc
     if json_out:

@@ -37,8 +37,9 @@ def shared_store() -> MetadataStore | None:
         return None
     from ..control.redis.status import shared_view
 
-    _VIEW["store"], _VIEW["status"] = shared_view(url)
-    return _VIEW["store"]   # type: ignore[return-value]
+    store, _VIEW["status"] = shared_view(url)
+    _VIEW["store"] = store
+    return store
 
 
 def shared_status() -> object | None:

@@ -2,8 +2,9 @@
 
 :class:`InProcessBackend` keeps it in this process (the default).
 :class:`~flowmesh_sdk.control.redis.RedisBackend` implements the same interface on Redis
-so that many coordinators share one fleet; :func:`open_backend` picks one from the
-``FLOWMESH_STATE`` setting (or a fleet's ``state=`` argument).
+so that many coordinators share one fleet;
+:func:`~flowmesh_sdk.control.state.open_backend` picks one from the ``FLOWMESH_STATE``
+setting (or a fleet's ``state=`` argument).
 """
 
 from __future__ import annotations
@@ -101,18 +102,4 @@ def state_url(state: str | None = None) -> str | None:
     return value
 
 
-def open_backend(state: str | None = None, *, fleet: str = "default", lease_s: float = 5.0) -> ControlBackend:
-    """The backend :func:`state_url` names, else in-process.
-
-    ``redis://host:port/db`` is the Redis backend (the ``[redis]`` extra) of ``fleet``
-    (its keys are that fleet's); ``memory`` (or unset) is in-process.  Nothing is contacted here: the fleet's start does that, and a
-    Redis that cannot be reached is an error, never a silent fall-back to in-process."""
-    url = state_url(state)
-    if url is None:
-        return InProcessBackend()
-    from .redis import RedisBackend
-
-    return RedisBackend(url, fleet=fleet, lease_s=lease_s)
-
-
-__all__ = ["ControlBackend", "InProcessBackend", "STATE_ENV", "open_backend", "state_url"]
+__all__ = ["ControlBackend", "InProcessBackend", "STATE_ENV", "state_url"]

@@ -44,7 +44,8 @@ def level_from(verbose: int = 0, level: str | None = None) -> int:
     return logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
 
 
-def configure(level: int = logging.WARNING, *, json_lines: bool = False, stream: TextIO | None = None) -> logging.Handler:
+def configure(level: int = logging.WARNING, *, json_lines: bool = False,
+              stream: TextIO | None = None) -> logging.Handler:
     """Send the ``flowmesh`` tree at ``level`` to ``stream`` (stderr), as text or JSON lines.
     Calling it again replaces the handler it installed before."""
     root = logging.getLogger(ROOT)
@@ -52,7 +53,7 @@ def configure(level: int = logging.WARNING, *, json_lines: bool = False, stream:
         if getattr(h, "_flowmesh_cli", False):
             root.removeHandler(h)
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler._flowmesh_cli = True  # type: ignore[attr-defined]
+    handler._flowmesh_cli = True  # type: ignore[attr-defined]  # our marker, found again by the loop above
     handler.setFormatter(JsonFormatter() if json_lines else
                          logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)

@@ -2,7 +2,8 @@
 prometheus-client).
 
 ``Fleet(metrics_port=9464)`` serves them on ``http://127.0.0.1:9464/metrics``; or
-``FleetMetrics(fleet).serve(port)`` for an existing fleet; ``flowmesh serve-metrics``
+``FleetMetrics(fleet).serve(port)`` for an existing fleet (or ``FleetMetrics(bus=...,
+ledger=..., pools=...)`` for the parts of one); ``flowmesh serve-metrics``
 serves what the metadata store of a ``FLOWMESH_HOME`` says (another process's fleet).
 
 Every metric is named ``flowmesh_*`` with its unit as a suffix (``_seconds``, ``_bytes``,
@@ -18,8 +19,8 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..control.events import TASK_END, Event, EventBus, EventKind
 from ..errors import SpecError
@@ -27,7 +28,6 @@ from ..errors import SpecError
 if TYPE_CHECKING:
     from ..control.spend import SpendLedger
     from ..control.store import MetadataStore
-    from ..fleet import Fleet
 
 log = logging.getLogger("flowmesh.observe.metrics")
 
@@ -66,14 +66,29 @@ def failover_labels(detail: str) -> tuple[str, str]:
     return provider, reason if reason in FAILOVER_REASONS else "other"
 
 
+class MetricsSource(Protocol):
+    """What :class:`FleetMetrics` reads of a fleet (a :class:`~flowmesh_sdk.fleet.Fleet` is one)."""
+
+    @property
+    def bus(self) -> EventBus: ...
+
+    @property
+    def ledger(self) -> SpendLedger: ...
+
+    @property
+    def pools(self) -> Iterable[str]: ...   # the names of its pools (a mapping by name is one)
+
+
 class FleetMetrics:
     """Counters, histograms and gauges of one fleet, in their own registry.
 
-    ``observe(event)`` is the bus handler (called on the event loop, quick); spend and
-    burn rate are read from the fleet's :class:`SpendLedger` at each scrape."""
+    Fed from ``fleet``'s event bus, or from ``bus`` (with ``ledger`` and ``pools``, the
+    names of the pools made before these metrics, given apart).  ``observe(event)`` is the
+    bus handler (called on the event loop, quick); spend and burn rate are read from the
+    fleet's :class:`SpendLedger` at each scrape."""
 
-    def __init__(self, fleet: Fleet | None = None, *, bus: EventBus | None = None,
-                 ledger: SpendLedger | None = None) -> None:
+    def __init__(self, fleet: MetricsSource | None = None, *, bus: EventBus | None = None,
+                 ledger: SpendLedger | None = None, pools: Iterable[str] = ()) -> None:
         pc = _client()
         self.registry = pc.CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -107,7 +122,7 @@ class FleetMetrics:
         self.bootstrap = pc.Histogram("flowmesh_bootstrap_step_seconds", "Seconds of each bootstrap step",
                                       ["step"], buckets=LATENCY_BUCKETS, registry=r)
         self._instances: dict[str, tuple[str, str, str]] = {}   # id -> (pool, provider, state), live only
-        self._pools: set[str] = set(fleet.pools) if fleet is not None else set()   # pools made before us too
+        self._pools: set[str] = set(pools) | (set(fleet.pools) if fleet is not None else set())   # made before us
         r.register(_LiveCollector(self))
         self._server: Any = None
         self._thread: threading.Thread | None = None

@@ -32,6 +32,10 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
 if TYPE_CHECKING:
+    from contextvars import Token
+
+    from opentelemetry.context import Context
+
     from ..specs import Task
 
 P = ParamSpec("P")
@@ -95,7 +99,7 @@ class Journey:
             "flowmesh.tenant": tenant})
         self.phase: Span | None = None
         self._ctx = trace.set_span_in_context(self.root)
-        self._token: object | None = None
+        self._token: Token[Context] | None = None
 
     @property
     def recording(self) -> bool:
@@ -140,7 +144,7 @@ class Journey:
         self.root.end()
         if self._token is not None:
             try:
-                otel_context.detach(self._token)   # type: ignore[arg-type]
+                otel_context.detach(self._token)
             except ValueError:     # marked from another context (a re-dispatch): nothing to restore
                 pass
             self._token = None

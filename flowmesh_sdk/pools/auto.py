@@ -20,9 +20,11 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ..control.events import Event, EventKind
 from ..errors import SpecError
+from ..images import ImageInfo
 from ..placement.ranking import Placement
 from ..provider import Offer, Provider
 from ..sandbox import Sandbox
@@ -36,10 +38,10 @@ from .persistent import PersistentPool
 
 def _half(spec: PoolSpec, suffix: str, mode: PoolMode) -> PoolSpec:
     name = f"{spec.name[:40 - len(suffix) - 1].rstrip('-')}-{suffix}"
-    changes: dict[str, object] = {"name": name, "mode": mode, "isolation": None}
+    changes: dict[str, Any] = {"name": name, "mode": mode, "isolation": None}
     if mode is PoolMode.EPHEMERAL:
         changes["min_instances"] = 0
-    return replace(spec, **changes)  # type: ignore[arg-type]
+    return replace(spec, **changes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +111,7 @@ class AutoPool:
     def default_sandbox(self, image: str) -> SandboxSpec:
         return self.shared.default_sandbox(image)
 
-    async def prefetch(self, images: Iterable[str]) -> list[object]:
+    async def prefetch(self, images: Iterable[str]) -> list[ImageInfo]:
         return await self.shared.prefetch(images)   # strict instances are fresh per task
 
     # ---- the pool's surface --------------------------------------------------------------

@@ -1,8 +1,11 @@
-"""What both pool kinds share: admission, the journey of a task (with re-dispatch when its
-instance is lost), creating sandboxes, phase timings and events.  Launching,
-bootstrapping, terminating and reconciling instances is the pool's
-:class:`~.machines.Machines` component; where they go is its
-:class:`~flowmesh_sdk.placement.ranking.Placement`.
+"""What both pool kinds share: the journey of a task (with re-dispatch when its instance
+is lost), phase timings and events.  The pool composes its parts: admission
+(:class:`~.admission.Admission`: the checks, the tenant's quota, the pool's semaphore),
+creating sandboxes (:class:`~.sandboxes.Sandboxes`), and launching, bootstrapping,
+terminating and reconciling instances (:class:`~.machines.Machines`); where they go is
+its :class:`~flowmesh_sdk.placement.ranking.Placement`.  The records it is made of and
+reports (:class:`PoolContext`, :class:`TaskRun`, :class:`PoolStats`) are in
+:mod:`.records`, imported here too.
 
 Admission runs the three tiers in order: the tenant's quota (rejects at once), then
 the pool's semaphore (in-flight <= capacity, FIFO queue), then placement.  An image is
@@ -18,115 +21,36 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
+from dataclasses import asdict
+from typing import Any
 
 from .. import clock
-from ..control.backend import ControlBackend
-from ..control.events import Event, EventBus, EventKind
-from ..control.limits import Quota, Semaphore
-from ..control.spend import SpendLedger, SpendSummary
-from ..errors import ContainerRuntimeError, FlowMeshError, ImageNotFoundError, InstanceLost, PoolClosedError, SpecError
-from ..images import ImageInfo, ImageResolver, PullBudget
-from ..lifecycle import InstanceState, Lifecycle, TaskState, task_lifecycle
+from ..control.events import Event, EventKind
+from ..control.spend import SpendSummary
+from ..errors import FlowMeshError, InstanceLost, PoolClosedError, SpecError
+from ..images import ImageInfo
+from ..lifecycle import InstanceState, TaskState, task_lifecycle
 from ..observe import tracing
 from ..placement.ranking import Placement
-from ..provider import LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, LABEL_POOL, LABEL_RUN, LABEL_TASK, Offer, Provider
-from ..provisioning import Provisioner
-from ..remote.runner import Runner
-from ..remote.direct import InstanceRuntime
-from ..remote.runtime import ContainerRuntime
+from ..provider import Offer, Provider
 from ..sandbox import Sandbox
-from ..specs import ExecResult, InfraFailure, PhaseTimings, PoolSpec, SandboxSpec, Task, TaskResult
-from .bootstrap import BootstrapPolicy, Bootstrapper, RegistryLogins
+from ..specs import PoolSpec, SandboxSpec, Task, TaskResult
+from .admission import Admission
+from .batch import run_tasks
+from .bootstrap import Bootstrapper, RegistryLogins
 from .failures import infra_failure
 from .images import InstanceImages
 from .instance import ManagedInstance
 from .machines import Machines, ReconcileResult
+from .records import PoolContext, PoolStats, TaskRun
+from .sandboxes import Sandboxes
+
+__all__ = ["COALESCE_S", "Pool", "PoolContext", "PoolStats", "ReconcileResult", "TaskRun", "run_tasks"]
 
 log = logging.getLogger("flowmesh.pools")
 
 COALESCE_S = 0.02   # how long a launch (or scaling decision, or termination) waits for company
-
-
-@dataclass(frozen=True, slots=True)
-class PoolContext:
-    """What a fleet lends each of its pools."""
-
-    fleet: str
-    owner: str
-    bus: EventBus
-    images: ImageResolver
-    quota: Quota
-    control: ControlBackend
-    pulls: PullBudget
-    provisioner: Provisioner
-    authfile_for: Callable[[str], str | None]
-    runtime_for: Callable[[Runner], ContainerRuntime]
-    bootstrap_timeout_s: float = 600.0
-    bootstrap: BootstrapPolicy = field(default_factory=BootstrapPolicy)
-    spend: SpendLedger = field(default_factory=SpendLedger)
-    fleet_budget_per_hour: float | None = None
-    fleet_budget_total: float | None = None
-    run: str = ""   # the fleet's run id: on every instance, container, event and result
-
-
-@dataclass(slots=True)
-class TaskRun:
-    """One pass of a task through the pool, with the marks its phases are cut from."""
-
-    id: str
-    name: str
-    tenant: str
-    lifecycle: Lifecycle[TaskState]
-    marks: dict[str, float] = field(default_factory=dict)
-    instance_id: str | None = None
-    result: ExecResult | None = None
-    error: str | None = None
-    cancelled: bool = False
-    image_digest: str | None = None
-    attempts_left: int = 0   # further dispatches allowed if its instance is lost under it
-    attempts: int = 0        # dispatches so far
-    failure: InfraFailure | None = None   # what ended it, when the infrastructure did
-    cost: float = 0.0        # $ of the slots its dispatches held (SpendLedger.share)
-    trace: tracing.Journey | None = None   # its spans, when a tracer is configured
-
-    def mark(self, what: str) -> None:
-        self.marks[what] = clock.monotonic()
-        if self.trace is not None:
-            self.trace.mark(what, self)
-
-    def _span(self, a: str, b: str) -> float:
-        m = self.marks
-        return max(0.0, m[b] - m[a]) if a in m and b in m else 0.0
-
-    def phases(self) -> PhaseTimings:
-        """queued: waiting for the semaphore; scheduling: dispatch checks (image, quota)
-        plus finding a slot; env_startup: instance and sandbox ready; execution: the work;
-        teardown: sandbox destroyed and slot (or instance) given back."""
-        return PhaseTimings(
-            queued=self._span("checked", "admitted"),
-            scheduling=self._span("submitted", "checked") + self._span("admitted", "placed"),
-            env_startup=self._span("placed", "started"),
-            execution=self._span("started", "finished"),
-            teardown=self._span("finished", "torn_down"))
-
-
-@dataclass(frozen=True, slots=True)
-class PoolStats:
-    name: str
-    mode: str
-    instances: int
-    ready: int
-    launching: int
-    in_flight: int
-    waiting: int
-    free_slots: int
-    warm: int
-    warming: int
-    spent: float = 0.0                 # $ so far (launch to confirmed termination)
-    burn_per_hour: float = 0.0         # $/h of the instances live now
-    by_provider: tuple[tuple[str, SpendSummary], ...] = ()
 
 
 class Pool(abc.ABC):
@@ -142,17 +66,15 @@ class Pool(abc.ABC):
         self.placement = placement
         self._closing = False
         self._closed = False
-        self._in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._sem: Semaphore = ctx.control.semaphore(f"fleet:{ctx.fleet}:pool:{spec.name}",
-                                                     self._capacity())
+        self.admission = Admission(ctx, spec, self._capacity())
         self._bg: set[asyncio.Task[object]] = set()
         self._daemons: set[asyncio.Task[object]] = set()   # long-lived: cancelled at drain
         self.logins = RegistryLogins(ctx.authfile_for)
         self.image_cache = InstanceImages(ctx.pulls, spec.image_cache_bytes,
                                           authfile_on=self.logins.authfile, publish=self._publish)
         self.bootstrapper = Bootstrapper(ctx.bootstrap, self.logins, self.image_cache)
+        self.sandboxes = Sandboxes(ctx, spec.name, self.image_cache, instances=lambda: self.instances,
+                                   publish=self._publish)
         self.machines = Machines(ctx, spec, spec.name, self.providers, placement, self.bootstrapper,
                                  publish=self._publish, spawn=self._spawn, on_failed=self._on_instance_failed)
         self._publish(EventKind.POOL_CREATED, detail=json.dumps(_spec_json(spec), sort_keys=True))
@@ -287,7 +209,7 @@ class Pool(abc.ABC):
             name=self.name, mode=self.spec.mode.value, instances=len(insts),
             ready=sum(i.state is InstanceState.READY for i in insts),
             launching=sum(i.state in (InstanceState.REQUESTED, InstanceState.RUNNING) for i in insts),
-            in_flight=self._in_flight, waiting=self._sem.waiting,
+            in_flight=self.admission.in_flight, waiting=self.admission.sem.waiting,
             free_slots=sum(i.free for i in insts),
             warm=sum(len(v) for i in insts for v in i.warm.values()),
             warming=sum(n for i in insts for n in i.warming.values()))
@@ -299,11 +221,12 @@ class Pool(abc.ABC):
         self._closing = True
         self.machines.closing = True
         self._on_closing()
+        idle = self.admission.idle
         if timeout_s is None:
-            await self._idle.wait()
+            await idle.wait()
         else:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), timeout_s)
+                await asyncio.wait_for(idle.wait(), timeout_s)
         # Timers (the reaper) are cancelled; short work in flight (a warm container being
         # started, a launch) is let finish, so nothing it creates escapes the termination.
         for t in list(self._bg):
@@ -350,16 +273,11 @@ class Pool(abc.ABC):
         if self._closing:
             self._reject(run, PoolClosedError(f"pool {self.name!r} is draining"))
         try:
-            if spec.kernel != self.spec.kernel and self.spec.kernel != "host":
-                spec = replace(spec, kernel=self.spec.kernel)   # the pool's kernel is every sandbox's floor
-            self.spec.check_fits(spec)
-            info = await self.ctx.images.resolve(spec.image, arch=self.spec.instance.arch)
-            await self.ctx.quota.admit_async(tenant)
+            spec, info = await self.admission.check(spec, tenant)
         except FlowMeshError as exc:
             self._reject(run, exc)
         run.mark("checked")
-        self._in_flight += 1
-        self._idle.clear()
+        self.admission.enter()
         inst: ManagedInstance | None = None
         sandbox: Sandbox | None = None
         admitted = False
@@ -369,7 +287,7 @@ class Pool(abc.ABC):
         try:
             if lc.state is not TaskState.QUEUED:   # a re-dispatch is queued already
                 lc.to(TaskState.QUEUED)
-            await self._sem.acquire()
+            await self.admission.acquire()
             admitted = True
             since = clock.monotonic()
             run.mark("admitted")
@@ -401,7 +319,7 @@ class Pool(abc.ABC):
                 run.error = run.error or ("cancelled" if run.cancelled else f"{type(exc).__name__}: {exc}")
                 if not run.cancelled:
                     run.failure = infra_failure(exc, inst, started=started)
-            if lost:
+            if lost and inst is not None:   # lost is never true without an instance
                 raise InstanceLost(f"instance {inst.id} was lost under task {name}: {exc}") from exc
             raise
         finally:
@@ -417,15 +335,14 @@ class Pool(abc.ABC):
                     run.cost += self.ctx.spend.share(inst.id, since, inst.slots)
                 cancelled: asyncio.CancelledError | None = None
                 try:   # shielded: a task cancelled here still gives its permit and tenant slot back
-                    await asyncio.shield(self._release(tenant, admitted))
+                    await asyncio.shield(self.admission.release(tenant, admitted))
                 except asyncio.CancelledError as exc:
                     cancelled = exc
                 except FlowMeshError as exc:   # a shared backend out of reach: the leases lapse
                     log.warning("pool %s: releasing %s's slot: %s", self.name, name, exc)
-                self._in_flight -= 1
-                if self._in_flight == 0:
-                    self._idle.set()
-                if redispatch and (cancelled is not None or asyncio.current_task().cancelling()):
+                self.admission.leave()
+                me = asyncio.current_task()   # the task running this lease (never None here)
+                if redispatch and (cancelled is not None or (me is not None and me.cancelling())):
                     # cancelled while its lost instance was torn down: it ends cancelled, not queued again
                     redispatch, run.cancelled, run.error, run.failure = False, True, "cancelled", None
                 if redispatch:
@@ -438,11 +355,6 @@ class Pool(abc.ABC):
                     self._finish(run)
                 if cancelled is not None:
                     raise cancelled
-
-    async def _release(self, tenant: str, admitted: bool) -> None:
-        if admitted:
-            await self._sem.release_async()
-        await self.ctx.quota.release_async(tenant)
 
     def _reject(self, run: TaskRun, exc: FlowMeshError) -> None:
         run.lifecycle.to(TaskState.REJECTED)
@@ -476,55 +388,12 @@ class Pool(abc.ABC):
                       infra_failure=run.failure.value if run.failure else None)
 
     async def _close_sandbox(self, sandbox: Sandbox | None) -> None:
-        if sandbox is None:
-            return
-        try:
-            await sandbox.close()
-        finally:
-            self.image_cache.release(self.instances.get(sandbox.instance_id), sandbox.image_id)
-        self._publish(EventKind.SANDBOX_CLOSED, instance_id=sandbox.instance_id, detail=sandbox.name)
+        await self.sandboxes.close(sandbox)
 
     async def _new_sandbox(self, mi: ManagedInstance, spec: SandboxSpec, info: ImageInfo,
                            task_id: str) -> Sandbox:
-        """A container from the pinned image on ``mi``, its channel open."""
-        name = f"fm-{self.name}-{uuid.uuid4().hex[:10]}"
-        labels = {LABEL_FLEET: self.ctx.fleet, LABEL_POOL: self.name, LABEL_INSTANCE: mi.id,
-                  LABEL_OWNER: self.ctx.owner, LABEL_TASK: task_id, LABEL_RUN: self.ctx.run}
-        # wanted from before its pull until its container holds it: eviction never takes an
-        # image a sandbox on its way needs (another task's pull may cross the high-water mark)
-        direct = isinstance(mi.runtime, InstanceRuntime)   # the instance is this sandbox's container
-        mi.wanted[info.digest] = mi.wanted.get(info.digest, 0) + 1
-        try:
-            if not direct:
-                await self.image_cache.ensure(mi, info)
-            try:
-                try:
-                    cid = await mi.runtime.create(name, spec, labels, image=info.run_ref)
-                except ImageNotFoundError:
-                    # removed behind our back (a store shared with other pools): pull it again, once
-                    mi.images.pop(info.digest, None)
-                    await self.image_cache.ensure(mi, info)
-                    cid = await mi.runtime.create(name, spec, labels, image=info.run_ref)
-            except ContainerRuntimeError:
-                # a container that failed to start (a workdir the image lacks) may still exist
-                with contextlib.suppress(FlowMeshError):
-                    await mi.runtime.remove([name])
-                raise
-            if not direct:
-                self.image_cache.acquire(mi, info.digest)
-        finally:
-            mi.wanted[info.digest] -= 1
-            if not mi.wanted[info.digest]:
-                del mi.wanted[info.digest]
-        sb = Sandbox(mi.runtime, cid, name, spec, instance_id=mi.id, image_id=info.digest)
-        try:
-            await sb.start()
-        except BaseException:
-            self.image_cache.release(mi, info.digest)
-            await mi.runtime.remove([cid])
-            raise
-        self._publish(EventKind.SANDBOX_READY, instance_id=mi.id, detail=name)
-        return sb
+        """A container from the pinned image on ``mi``, its channel open (:meth:`.sandboxes.Sandboxes.new`)."""
+        return await self.sandboxes.new(mi, spec, info, task_id)
 
     async def prefetch(self, images: Iterable[str]) -> list[ImageInfo]:
         """Resolve ``images`` (failing fast) and pull them onto every READY instance,
@@ -534,7 +403,7 @@ class Pool(abc.ABC):
         await asyncio.gather(*(self.image_cache.ensure(mi, info) for mi in ready for info in infos))
         return infos
 
-    def _spawn(self, coro, *, daemon: bool = False) -> asyncio.Task[object]:
+    def _spawn(self, coro: Coroutine[Any, Any, object], *, daemon: bool = False) -> asyncio.Task[object]:
         task = asyncio.ensure_future(coro)
         self._bg.add(task)
         if daemon:
@@ -550,39 +419,7 @@ class Pool(abc.ABC):
 
     def _publish(self, kind: EventKind, **kw: object) -> None:
         self.ctx.bus.publish(Event(kind=kind, fleet=self.ctx.fleet, pool=self.name, run=self.ctx.run,
-                                   **kw))  # type: ignore[arg-type]
-
-
-async def run_tasks(run_task: Callable[[Task], Awaitable[TaskResult]], tasks: Iterable[Task],
-                    on_result: Callable[[TaskResult], None] | None = None) -> list[TaskResult]:
-    """Every task through ``run_task``, concurrently; results in input order.
-
-    A failed task is a result (its ``error`` says why), never an exception.  The batch is
-    checked first: an item that is not a :class:`Task` is a :class:`SpecError` naming its
-    index, and nothing runs.  The tasks run as one ``TaskGroup``: if ``on_result`` raises
-    (or anything unexpected does), every other task is cancelled -- its sandbox destroyed,
-    its slot given back -- and that first exception is raised."""
-    items = list(tasks)
-    for i, t in enumerate(items):
-        if not isinstance(t, Task):
-            raise SpecError(f"tasks[{i}]", f"must be a Task, got {type(t).__name__}")
-    results: list[TaskResult | None] = [None] * len(items)
-
-    async def one(i: int, task: Task) -> None:
-        results[i] = res = await run_task(task)
-        if on_result is not None:
-            on_result(res)
-
-    try:
-        async with asyncio.TaskGroup() as tg:
-            for i, t in enumerate(items):
-                tg.create_task(one(i, t))
-    except BaseExceptionGroup as group:
-        first = group.exceptions[0]
-        while isinstance(first, BaseExceptionGroup):
-            first = first.exceptions[0]
-        raise first
-    return [r for r in results if r is not None]
+                                   **kw))  # type: ignore[arg-type]  # kw: Event's own fields, each its type
 
 
 def _spec_json(spec: PoolSpec) -> dict[str, object]:

@@ -6,8 +6,8 @@ provider's ``max_batch``), and each gets its own instance from the batch the mom
 instance is READY.  Where the pool may launch instances that are containers (a pod, a Vast.ai
 instance: ``nested_containers=False``), each instance is its task's sandbox, launched from the
 task's image: the tasks are batched per image and sandbox spec.  A burst wider than the
-capacity (or the budget) launches what fits; the rest wait for this pool's instances to end.  Instances of tasks that end together are
-terminated in one call too.
+capacity (or the budget) launches what fits; the rest wait for this pool's instances to end.
+Instances of tasks that end together are terminated in one call too.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Hashable
+from typing import TYPE_CHECKING
 
 from ..control.events import EventKind
 from ..errors import BudgetExceededError, CapacityError, FlowMeshError
@@ -26,12 +27,21 @@ from ..specs import SandboxSpec
 from .base import COALESCE_S, Pool, TaskRun
 from .instance import ManagedInstance
 
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ..placement.ranking import Placement
+    from ..provider import Provider
+    from ..specs import PoolSpec
+    from .base import PoolContext
+
 _ENDED = (InstanceState.FAILED, InstanceState.TERMINATING, InstanceState.TERMINATED)
 
 
 class EphemeralPool(Pool):
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
+    def __init__(self, ctx: PoolContext, spec: PoolSpec, providers: Mapping[str, Provider],
+                 placement: Placement) -> None:
+        super().__init__(ctx, spec, providers, placement)
         # per container request's key (None: instances are machines, any task takes any)
         self._waiting: dict[Hashable, list[asyncio.Future[ManagedInstance]]] = {}
         self._flush: dict[Hashable, asyncio.Task[None]] = {}
@@ -41,7 +51,7 @@ class EphemeralPool(Pool):
         self._end_flush: asyncio.Task[None] | None = None
 
     def _capacity(self) -> int:
-        return self.spec.concurrency or self.spec.max_instances
+        return self.spec.concurrency or self.spec.max_instances or 1   # PoolSpec sets max_instances (>= 1)
 
     async def _place(self, spec: SandboxSpec, info: ImageInfo, run: TaskRun) -> ManagedInstance | None:
         return None  # the instance is made for this task in _provision
@@ -103,16 +113,17 @@ class EphemeralPool(Pool):
         if not left:
             return
         if self._live():
-            # capacity comes back (even while draining: these tasks were admitted before) as this pool's instances end: wait for it
+            # capacity comes back (even while draining: these tasks were admitted before) as this pool's
+            # instances end: wait for it
             self._waiting.setdefault(key, []).extend(left)
             self._requests.setdefault(key, container)
             self._publish(EventKind.POOL_SCALED, detail=f"{len(left)} task(s) wait for capacity "
                                                          f"({self._live()} instance(s) live)")
             return
-        exc = error or CapacityError(f"pool {self.name!r}: {len(batch)} instances asked, fewer came up",
-                                     code="PartialLaunch")
+        failure = error or CapacityError(f"pool {self.name!r}: {len(batch)} instances asked, fewer came up",
+                                         code="PartialLaunch")
         for fut in left:
-            fut.set_exception(exc)
+            fut.set_exception(failure)
 
     def _live(self) -> int:
         return sum(mi.state not in _ENDED for mi in self.instances.values())

@@ -10,8 +10,9 @@ not per sandbox or per instance (instances sharing a machine share its runner); 
 ``MAX_CONCURRENT`` probes of a pool are in flight at once.  A runner that says its
 machine cannot hang unnoticed (``Runner.needs_heartbeat``: this host's, a simulated
 one) is never probed.  After ``PoolSpec.heartbeat_misses`` probes in a row without an
-answer every READY instance on that machine is given up (:meth:`Machines.give_up`:
-failed, reported, terminated) and every sandbox open on it is aborted, so the task
+answer every READY instance on that machine is given up (``give_up`` of what it
+watches, a :class:`Watched`: the pool's :class:`~.machines.Machines`, which fails,
+reports and terminates it) and every sandbox open on it is aborted, so the task
 waiting on it sees its instance lost and is dispatched again.
 
 The bound: a hang at time h is acted on by ``h + heartbeat_s * (heartbeat_misses + 1)``
@@ -26,27 +27,39 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
 from .. import clock
 from ..errors import FlowMeshError
 from ..lifecycle import InstanceState
 from ..remote.runner import Runner
-
-if TYPE_CHECKING:
-    from .machines import Machines
+from .instance import ManagedInstance
 
 log = logging.getLogger("flowmesh.pools")
 
 MAX_CONCURRENT = 64   # probes of one pool in flight at once (the SSH runners' worker threads are 64)
 
 
-class Heartbeat:
-    """The heartbeat of one pool's :class:`~.machines.Machines` (see the module
-    docstring).  :meth:`run` is the pool's daemon; it ends the per-machine loops when
-    cancelled."""
+class Watched(Protocol):
+    """What a heartbeat watches (a pool's :class:`~.machines.Machines` is one): the pool's
+    name, its instances, and how one of them is given up."""
 
-    def __init__(self, machines: Machines, period_s: float, misses: int) -> None:
+    @property
+    def pool(self) -> str: ...
+
+    @property
+    def instances(self) -> Mapping[str, ManagedInstance]: ...
+
+    def give_up(self, mi: ManagedInstance, detail: str) -> None: ...
+
+
+class Heartbeat:
+    """The heartbeat of one pool's instances, as ``machines`` (a :class:`Watched`) holds
+    them (see the module docstring).  :meth:`run` is the pool's daemon; it ends the
+    per-machine loops when cancelled."""
+
+    def __init__(self, machines: Watched, period_s: float, misses: int) -> None:
         self.machines = machines
         self.period_s = period_s
         self.misses = misses

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from typing import TYPE_CHECKING
 
 from .. import clock
 from ..control.events import EventKind
@@ -32,6 +33,14 @@ from ..specs import SandboxSpec
 from .base import COALESCE_S, Pool, TaskRun
 from .instance import ManagedInstance, WarmKey, warm_key
 
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ..placement.ranking import Placement
+    from ..provider import Provider
+    from ..specs import PoolSpec
+    from .base import PoolContext
+
 log = logging.getLogger("flowmesh.pools")
 
 LAUNCH_BACKOFF_S = 30.0
@@ -39,8 +48,9 @@ REAP_GRANULARITY = 0.05   # the reaper sleeps at least this share of idle_timeou
 
 
 class PersistentPool(Pool):
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
+    def __init__(self, ctx: PoolContext, spec: PoolSpec, providers: Mapping[str, Provider],
+                 placement: Placement) -> None:
+        super().__init__(ctx, spec, providers, placement)
         self._cond = asyncio.Condition()
         self._pending = 0            # instances asked for and not yet READY or failed
         self._want = 0               # admitted tasks waiting for a slot
@@ -52,11 +62,13 @@ class PersistentPool(Pool):
         self._reap_at: float | None = None   # when the sleeping reaper wakes by itself
 
     def _capacity(self) -> int:
-        return self.spec.concurrency or self.spec.max_instances * self.placement.candidates[0].slots
+        max_instances = self.spec.max_instances or 1   # PoolSpec sets it (>= 1)
+        return self.spec.concurrency or max_instances * self.placement.candidates[0].slots
 
     async def start(self) -> PersistentPool:
         """Launch ``min_instances`` (waiting until they are READY) and start the reaper."""
-        warm = [await self.ctx.images.resolve(image, arch=self.spec.instance.arch) for image in self.spec.warm_images]  # fail fast
+        warm = [await self.ctx.images.resolve(image, arch=self.spec.instance.arch)   # fail fast
+                for image in self.spec.warm_images]
         need = self.spec.min_instances - self._live()
         if need > 0:
             self._pending += need
@@ -121,7 +133,7 @@ class PersistentPool(Pool):
                 del self._room[i.id]   # full, or no longer READY
         if not cands:
             return None
-        return max(cands, key=lambda i: (bool(i.warm.get(key)), i.locality(info), i.free))
+        return max(cands, key=lambda i: (key is not None and bool(i.warm.get(key)), i.locality(info), i.free))
 
     def _has_room(self, mi: ManagedInstance) -> None:
         if mi.free > 0:
@@ -145,7 +157,8 @@ class PersistentPool(Pool):
         slots = self.machines.slots_hint()
         free = sum(i.free for i in self._room.values() if i.state is InstanceState.READY)
         short = self._want - free - self._pending * slots
-        n = min(math.ceil(short / slots), self.spec.max_instances - self._live()) if short > 0 else 0
+        max_instances = self.spec.max_instances or 1   # PoolSpec sets it (>= 1)
+        n = min(math.ceil(short / slots), max_instances - self._live()) if short > 0 else 0
         if n > 0:
             self._pending += n
             self._spawn(self._scale_up(n))

@@ -1,8 +1,9 @@
 """A pool's tasks through a shared fleet's queue (``Fleet(state="redis://...")`` or
 ``FLOWMESH_STATE``): any coordinator of the fleet submits them, every coordinator of the
 same fleet with a pool of that name runs them (another fleet on the same Redis, pool names
-alike, never sees them: the queue's keys are the fleet's), each result is published once to the shared content-addressed store,
-and the tasks a coordinator had claimed when it died run on the others.
+alike, never sees them: the queue's keys are the fleet's), each result is published once to
+the shared content-addressed store, and the tasks a coordinator had claimed when it died run
+on the others.
 
     tasks = SharedTasks(fleet, pool, results=LocalDirStore("/shared/cas"))   # or an S3Store
     ids = await tasks.submit([Task(...), ...])
@@ -24,15 +25,15 @@ import dataclasses
 import itertools
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..cas.base import ContentStore
 from ..errors import FlowMeshError, SpecError
 from ..specs import ExecResult, InfraFailure, PhaseTimings, SandboxSpec, Task, TaskResult, check_number
 
 if TYPE_CHECKING:
+    from ..control.backend import ControlBackend
     from ..control.redis.dispatch import Job, ServeStats
-    from ..fleet import Fleet
     from .base import Pool
 
 _VERSION = 1
@@ -77,6 +78,14 @@ def decode_result(body: bytes) -> TaskResult:
                       infra_failure=None if failure is None else InfraFailure(failure), **d)
 
 
+class HasControl(Protocol):
+    """What :class:`SharedTasks` needs of a fleet (a :class:`~flowmesh_sdk.fleet.Fleet` is one):
+    its control backend, which must be a shared one (``RedisBackend``) with the queues."""
+
+    @property
+    def control(self) -> ControlBackend: ...
+
+
 class SharedTasks:
     """``pool``'s tasks on the shared queue ``queue`` (default: the pool's name; one per
     pool name in the fleet -- ``fleet``'s keys, so another fleet's pool of the same name
@@ -84,7 +93,7 @@ class SharedTasks:
     coordinator publishes to and reads from (a shared directory or S3); ``capacity``: tasks
     of this queue running at once, fleet-wide."""
 
-    def __init__(self, fleet: Fleet, pool: Pool, *, results: ContentStore, queue: str | None = None,
+    def __init__(self, fleet: HasControl, pool: Pool, *, results: ContentStore, queue: str | None = None,
                  capacity: int = 64) -> None:
         from ..control.redis import RedisBackend
         from ..control.redis.dispatch import SharedQueue

@@ -25,6 +25,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Hashable
+from typing import TYPE_CHECKING
 
 from .. import clock
 from ..control.events import EventKind
@@ -39,6 +40,14 @@ from .ephemeral import EphemeralPool
 from .instance import ManagedInstance
 from .machines import ReconcileResult
 from .persistent import LAUNCH_BACKOFF_S
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ..placement.ranking import Placement
+    from ..provider import Provider
+    from ..specs import PoolSpec
+    from .base import PoolContext
 
 log = logging.getLogger("flowmesh.pools")
 
@@ -57,8 +66,9 @@ class _Shape:
 class WarmPodPool(EphemeralPool):
     """A persistent pool whose instances are containers (see the module docstring)."""
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
+    def __init__(self, ctx: PoolContext, spec: PoolSpec, providers: Mapping[str, Provider],
+                 placement: Placement) -> None:
+        super().__init__(ctx, spec, providers, placement)
         if self.spec.min_instances:
             raise SpecError("pool.min_instances",
                             f"must be 0 for a persistent pool of {', '.join(sorted(self.providers))} "

@@ -1,7 +1,7 @@
 """One SSH connection through fabric: the user's ssh config, jump hosts, agent, host-key trust.
 
 :func:`open_connection` makes a ``fabric.Connection`` for an
-:class:`~flowmesh_sdk.remote.ssh.SshTarget` with a ``fabric.Config`` that loads the ssh
+:class:`~flowmesh_sdk.remote.ssh_target.SshTarget` with a ``fabric.Config`` that loads the ssh
 config (the target's ``ssh_config`` file when it names one, else OpenSSH's
 ``/etc/ssh/ssh_config`` and ``~/.ssh/config``), so a host may be an alias and its
 ``HostName``, ``User``, ``Port``, ``IdentityFile``, ``ProxyJump`` (one jump host or a
@@ -38,7 +38,7 @@ from .proxycommand import ShellProxy
 from .trust import HostTrust, hop_names
 
 if TYPE_CHECKING:
-    from .ssh import SshTarget
+    from .ssh_target import SshTarget
 
 try:  # fabric (and paramiko) are the optional extra ``ssh``
     import fabric

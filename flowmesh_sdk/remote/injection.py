@@ -33,22 +33,36 @@ import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
 
 from ..errors import AuthError, ProviderError, SpecError
 from .cloudinit import CloudConfig, parse_user_data
 from .keys import KNOWN_HOSTS_NAME, FleetKey, KnownHosts, PublicKey, generate_ed25519, keys_dir
 
 if TYPE_CHECKING:
-    from ..provider import Instance
     from .runner import Runner
 
 log = logging.getLogger("flowmesh.remote.injection")
 
-AddressMap = Callable[["Instance"], "tuple[str, int]"]
+
+class InstanceLike(Protocol):
+    """What SSH mode reads of an instance (:class:`flowmesh_sdk.provider.Instance` has it):
+    typed here so that this package needs nothing of ``flowmesh_sdk.provider``."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def address(self) -> str | None: ...
+
+
+#: an instance type of a provider (its ``Instance``), as the callbacks that take one see it
+I = TypeVar("I", bound=InstanceLike)
+
+AddressMap = Callable[[InstanceLike], "tuple[str, int]"]
 UserDataFetch = Callable[[str], Awaitable["str | bytes | None"]]
 
-__all__ = ["AddressMap", "KeyInjector", "SshMode", "instance_runner", "ssh_address"]
+__all__ = ["AddressMap", "InstanceLike", "KeyInjector", "SshMode", "instance_runner", "ssh_address"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +202,7 @@ class KeyInjector:
         if instance_ids:
             await asyncio.to_thread(self.trust().forget, [self.trust_id(i) for i in instance_ids])
 
-    def runner(self, instance: Instance, address: Callable[[Instance], tuple[str | None, int]]) -> Runner:
+    def runner(self, instance: I, address: Callable[[I], tuple[str | None, int]]) -> Runner:
         """The instance's SSH runner (made once): the host from ``mode.address_map`` when set,
         else ``address(instance)``; exactly the injected host key accepted."""
         runner = self._runners.get(instance.id)
@@ -203,6 +217,7 @@ class KeyInjector:
                             "it launched in SSH mode by this SDK?); refusing to connect: cloud instances are "
                             "never trusted on first use", provider=self.provider, code="NoHostKey")
         mode = self.mode
+        host: str | None
         if mode.address_map is not None:
             host, port = mode.address_map(instance)
         else:
@@ -226,16 +241,16 @@ class KeyInjector:
 
 
 def ssh_address(mode: SshMode, ips: Mapping[str, tuple[str | None, str | None]],
-                instance: Instance) -> tuple[str | None, int]:
+                instance: InstanceLike) -> tuple[str | None, int]:
     """Where an instance's sshd listens in SSH mode: its private or public IP (``ips`` maps
     an instance id to ``(private, public)`` as the provider last saw them) and the mode's port."""
     private, public = ips.get(instance.id, (instance.address, None))
     return (public if mode.address == "public" else private or instance.address), mode.port
 
 
-def instance_runner(instance: Instance, keys: KeyInjector | None,
+def instance_runner(instance: I, keys: KeyInjector | None,
                     ips: Mapping[str, tuple[str | None, str | None]],
-                    runner_factory: Callable[[Instance], Runner] | None, *, provider: str, hint: str) -> Runner:
+                    runner_factory: Callable[[I], Runner] | None, *, provider: str, hint: str) -> Runner:
     """A cloud provider's ``runner(instance)``: the pinned SSH runner in SSH mode, else the
     caller's ``runner_factory``, else a ``ProviderError`` (code ``NoRunner``) saying ``hint``
     (how to get one)."""

@@ -30,12 +30,16 @@ import hmac
 import logging
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import AuthError, SpecError
 from .keys import PublicKey
+
+if TYPE_CHECKING:   # cryptography comes with paramiko (the ssh extra); imported where used
+    from cryptography.hazmat.primitives.serialization import SSHCertPublicKeyTypes
 
 log = logging.getLogger("flowmesh.remote.known_hosts")
 
@@ -191,7 +195,8 @@ def _algorithms(key_type: str | None) -> list[str]:
     return every.get(key_type, [key_type])
 
 
-def _check_cert(cert_blob: bytes, host: str, plain: PublicKey, label: str):
+def _check_cert(cert_blob: bytes, host: str, plain: PublicKey,
+                label: str) -> tuple[PublicKey, Callable[[], None]]:
     """The certificate's CA key, and a check (call it only once the CA is trusted for the
     host) of its signature, kind, principals, validity and critical options."""
     from cryptography.exceptions import InvalidSignature
@@ -208,7 +213,7 @@ def _check_cert(cert_blob: bytes, host: str, plain: PublicKey, label: str):
     if not isinstance(cert, serialization.SSHCertificate):
         raise AuthError(f"{label}: the server's host key is not a certificate", provider="ssh")
 
-    def openssh(k) -> PublicKey:
+    def openssh(k: SSHCertPublicKeyTypes) -> PublicKey:
         return PublicKey.parse(k.public_bytes(serialization.Encoding.OpenSSH,
                                               serialization.PublicFormat.OpenSSH).decode())
 

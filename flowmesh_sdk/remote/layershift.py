@@ -25,6 +25,15 @@ import json
 import os
 import sys
 import tarfile
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:   # for the type checker only: the script runs on any python3 (no typing at run time)
+    from typing import BinaryIO, Protocol
+
+    class _Sink(Protocol):
+        """What a tar stream written in ``w|`` mode needs of its file: ``write``."""
+
+        def write(self, data: bytes) -> int: ...
 
 NOBODY = 65534
 _LAYER_TYPES = ("application/vnd.oci.image.layer.v1.tar",
@@ -63,7 +72,7 @@ def _write_blob(root: str, data: bytes) -> tuple[str, int]:
 class _Hashing:
     """A write-only file that hashes and counts what passes through it."""
 
-    def __init__(self, fh) -> None:
+    def __init__(self, fh: BinaryIO) -> None:
         self.fh, self.sha, self.size = fh, hashlib.sha256(), 0
 
     def write(self, data: bytes) -> int:
@@ -72,16 +81,16 @@ class _Hashing:
         return self.fh.write(data)
 
 
-def shift_layer(src: str, dst, uids: list[tuple[int, int, int]], gids: list[tuple[int, int, int]]) -> None:
+def shift_layer(src: str, dst: _Sink, uids: list[tuple[int, int, int]], gids: list[tuple[int, int, int]]) -> None:
     """Copy the tar ``src`` to the binary file ``dst`` with owners mapped back."""
     with tarfile.open(src, "r:") as tin, \
-            tarfile.open(fileobj=dst, mode="w|", format=tarfile.PAX_FORMAT) as tout:
+            tarfile.open(fileobj=dst,  # type: ignore[call-overload]  # "w|" only writes; typeshed wants a file
+                         mode="w|", format=tarfile.PAX_FORMAT) as tout:
         for m in tin:
             m.uid = to_container(m.uid, uids)
             m.gid = to_container(m.gid, gids)
             m.uname = m.gname = ""
-            for key in ("uid", "gid", "uname", "gname"):
-                m.pax_headers.pop(key, None)
+            m.pax_headers = {k: v for k, v in m.pax_headers.items() if k not in ("uid", "gid", "uname", "gname")}
             if m.issparse():                 # written out in full: tarfile writes no sparse maps
                 m.type, m.sparse = tarfile.REGTYPE, None
             tout.addfile(m, tin.extractfile(m) if m.isreg() else None)

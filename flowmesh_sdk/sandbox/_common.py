@@ -1,10 +1,12 @@
-"""Helpers shared by the sandbox's exec, session and process paths."""
+"""Helpers shared by the sandbox's exec, session and process paths (and the one record,
+:class:`_Agent`, that the sandbox hands a process)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .. import clock
 from ..errors import SpecError
@@ -14,6 +16,16 @@ from ..specs import ExecResult
 DEFAULT_OUTPUT_CAP = 1 << 20          # bytes kept per stream per command
 COMMAND_CAP = 64 << 20                # the largest command text exec takes
 LINE_SCRIPT_MAX = 4096                # scripts up to this size are sent as lines
+
+
+class _Agent:
+    """One held-open channel running ``AGENT`` (``pid`` is the agent's, in the sandbox)."""
+
+    __slots__ = ("chan", "pid")
+
+    def __init__(self, chan: Channel, pid: int) -> None:
+        self.chan = chan
+        self.pid = pid
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +105,7 @@ def truncation_marker(total: int, kept: int) -> str:
 
 def _result(code: int, to: bool, out: bytes, err: bytes, osz: int, esz: int, dur: float,
             binary: bool) -> ExecResult:
-    fields = dict(exit_code=code, stdout=_decode(out, osz), stderr=_decode(err, esz),
+    fields: dict[str, Any] = dict(exit_code=code, stdout=_decode(out, osz), stderr=_decode(err, esz),
                   duration_s=dur, timed_out=to, stdout_truncated=osz > len(out),
                   stderr_truncated=esz > len(err), stdout_bytes=osz, stderr_bytes=esz)
     if binary:

@@ -16,16 +16,14 @@ import asyncio
 import inspect
 import re
 import signal as _signal
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, Protocol
 
 from .. import clock
 from ..errors import SandboxClosedError, SandboxTimeout, SpecError
+from ..remote.runner import Channel
 from ..specs import ExecResult
-from ._common import _frame_head, _read_exactly, _result, truncation_marker
-
-if TYPE_CHECKING:
-    from .sandbox import Sandbox, _Agent
+from ._common import _Agent, _frame_head, _read_exactly, _read_line, _result, truncation_marker
 
 _FRAME = re.compile(rb"^__FMP__ (\d+) (1|2|pid|end|idle)((?: -?\d+)*)\n$")
 _STDIN_CHUNK = 1 << 20
@@ -72,11 +70,30 @@ class ProcessStream:
         return b"".join([c async for c in self])
 
 
+class ProcessHost(Protocol):
+    """What a :class:`Process` needs of the sandbox it runs in (a
+    :class:`~flowmesh_sdk.sandbox.Sandbox` is one): named here, so that this module does
+    not import the sandbox's."""
+
+    name: str
+    _procs: set[Process]
+
+    @property
+    def closed(self) -> bool: ...
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
+
+    async def _release(self, agent: _Agent | None, *, proc: bool = False, ok: bool = True) -> None: ...
+
+    async def _call(self, script: bytes, stdin: bytes, timeout: float, cap: int, *,
+                    urgent: bool = False) -> tuple[int, bool, bytes, bytes, int, int, float]: ...
+
+
 class Process:
     """A running command.  ``pid`` is its pid in the sandbox; ``returncode`` is None
     until it ends."""
 
-    def __init__(self, sandbox: Sandbox, agent: _Agent, ident: int, cmd: str, cap: int,
+    def __init__(self, sandbox: ProcessHost, agent: _Agent, ident: int, cmd: str, cap: int,
                  binary: bool) -> None:
         self.sandbox = sandbox
         self.command = cmd
@@ -237,8 +254,7 @@ class Process:
                 await self._agent.chan.write(b"__fm_eof\n")
 
 
-async def _read_line_until(chan, deadline: float) -> bytes:
-    from ._common import _read_line
+async def _read_line_until(chan: Channel, deadline: float) -> bytes:
     return await _read_line(chan, deadline)
 
 
@@ -249,4 +265,4 @@ async def _pump(stream: ProcessStream, callback: Callable[[bytes], object]) -> N
             await res
 
 
-__all__ = ["Process", "ProcessStream", "_read_exactly"]
+__all__ = ["Process", "ProcessHost", "ProcessStream", "_read_exactly"]

@@ -8,45 +8,26 @@ import io
 import itertools
 import os
 import posixpath
-import re
 import tarfile
-import weakref
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, overload
 
-from .. import clock
 from ..backoff import is_loopback_host
-from ..errors import SandboxClosedError, SandboxFileError, SandboxTimeout, SpecError
+from ..errors import SandboxClosedError, SandboxFileError, SpecError
 from ..remote.runner import Channel
 from ..remote.runtime import ContainerRuntime
 from ..specs import ExecResult, SandboxSpec, check_number, frozen_env
-from ._agent import AGENT, KILL_AGENT, SIGNAL_TREE
-from ._common import (DEFAULT_OUTPUT_CAP, _check_command, _check_path, _env_prefix, _frame_head, _read_exactly,
-                      _read_line, _result, sh_quote)
+from ._channels import EXEC_CHANNELS, AgentChannels, agent_text
+from ._common import DEFAULT_OUTPUT_CAP, _Agent, _check_command, _check_path, _env_prefix, _result, sh_quote
 from .process import Process, _pump
 from .session import Session
 from .terminal import Terminal, open_terminal
 
 FILE_CAP = 256 << 20                  # read_file limit, and write_file's
-EXEC_CHANNELS = 4                     # channels exec and the file calls may use at once
-_HOST_GRACE_S = 15.0                  # agent must answer within timeout + grace
 _FILE_TIMEOUT_S = 300.0
-_AGENT_BYTES = AGENT.encode()
 AGENT_FAILED = 125                    # exit code when the agent could not run a command
 
-_HEADER = re.compile(rb"^__FM__ (\d+) (-?\d+) ([01]) (\d+) (\d+)\n$")
-
 __all__ = ["AGENT_FAILED", "EXEC_CHANNELS", "FILE_CAP", "ExecResult", "Sandbox"]
-
-
-class _Agent:
-    """One held-open channel running ``AGENT`` (``pid`` is the agent's, in the sandbox)."""
-
-    __slots__ = ("chan", "pid")
-
-    def __init__(self, chan: Channel, pid: int) -> None:
-        self.chan = chan
-        self.pid = pid
 
 
 class Sandbox:
@@ -54,7 +35,8 @@ class Sandbox:
 
     Commands may run concurrently: each runs on a channel of its own (up to
     ``EXEC_CHANNELS`` for ``exec`` and the file calls, any number of :meth:`start`
-    processes and :meth:`session` shells).
+    processes and :meth:`session` shells).  The channels are an :class:`AgentChannels`
+    the sandbox owns (``_channels``).
     """
 
     def __init__(self, runtime: ContainerRuntime, container_id: str, name: str,
@@ -65,132 +47,38 @@ class Sandbox:
         self.spec = spec
         self.instance_id = instance_id
         self.image_id = image_id
-        self._idle: list[_Agent] = []
-        self._exec_busy = 0
-        self._opening = 0
-        self._freed = asyncio.Condition()
         self._start_lock = asyncio.Lock()
         self._ids = itertools.count(1)
-        self._closed = False
         self._sessions: dict[str, Session] = {}
         self._procs: set[Process] = set()
         self._tasks: set[asyncio.Task[object]] = set()
-        self._chans: weakref.WeakSet[Channel] = weakref.WeakSet()   # every channel opened (abort)
-        self._aborted: Exception | None = None
+        # the spec is read at each agent's start: a pool may hand a warm sandbox a new one
+        self._channels = AgentChannels(runtime, container_id, name, agent=lambda: agent_text(self.spec),
+                                       ids=self._ids, limit=EXEC_CHANNELS)
 
     def __repr__(self) -> str:
         return f"Sandbox({self.name}, image={self.spec.image!r}, instance={self.instance_id})"
-
-    @property
-    def _agent_text(self) -> bytes:
-        # under gVisor the agent cannot read the process limit (no cgroup files inside): it is told
-        if self.spec.kernel == "gvisor":
-            return f"__fm_gv={int(self.spec.pids)}\n".encode() + _AGENT_BYTES
-        return _AGENT_BYTES
 
     # ---- lifecycle -------------------------------------------------------------
     async def open(self) -> Sandbox:
         """Open the first command channel (idempotent; ``start()`` with no command and
         ``async with`` do this)."""
-        if self._closed:
+        if self._channels.closed:
             raise SandboxClosedError(f"{self.name} is closed")
         async with self._start_lock:
-            if not any(a.chan.alive for a in self._idle) and self._exec_busy == 0:
-                self._idle.append(await self._open_agent())
+            await self._channels.prime()
         return self
-
-    async def _open_shell(self) -> Channel:
-        """A shell channel into the container (for an agent or a session), known to
-        :meth:`abort`."""
-        chan = await self.runtime.open_shell(self.container_id)
-        self._chans.add(chan)
-        if self._aborted is not None:
-            chan.abort(self._aborted)
-        return chan
-
-    async def _open_agent(self) -> _Agent:
-        chan = await self._open_shell()
-        try:
-            await chan.write(self._agent_text)
-            deadline = clock.monotonic() + 30.0
-            while True:
-                try:
-                    line = await _read_line(chan, deadline)
-                except asyncio.TimeoutError as exc:
-                    raise SandboxClosedError(f"{self.name}: the sandbox agent did not start: "
-                                             f"{chan.stderr_tail()}") from exc
-                if line.startswith(b"__FM_READY__"):
-                    break
-                if not line:
-                    raise SandboxClosedError(f"{self.name}: sandbox shell did not start: "
-                                             f"{chan.stderr_tail()}")
-            parts = line.split()
-            agent = _Agent(chan, int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0)
-            # One no-op command warms the agent (its first fork/exec of each tool), so
-            # the caller's first exec costs what every later one does.
-            try:
-                await self._exchange(chan, b":\n", b"", 30.0, 0)
-            except asyncio.TimeoutError as exc:
-                raise SandboxClosedError(f"{self.name}: the sandbox agent did not answer: "
-                                         f"{chan.stderr_tail()}") from exc
-            return agent
-        except BaseException:
-            await chan.close()
-            raise
-
-    async def _acquire(self, *, proc: bool = False) -> _Agent:
-        """An idle agent channel, or a new one (``exec`` waits past ``EXEC_CHANNELS``)."""
-        while True:
-            if self._closed:
-                raise SandboxClosedError(f"{self.name} is closed")
-            while self._idle:
-                agent = self._idle.pop()
-                if agent.chan.alive:
-                    if not proc:
-                        self._exec_busy += 1
-                    return agent
-                await agent.chan.close()
-            if proc or self._exec_busy + self._opening < EXEC_CHANNELS:
-                self._opening += 1
-                try:
-                    agent = await self._open_agent()
-                finally:
-                    self._opening -= 1
-                if self._closed:
-                    await agent.chan.close()
-                    raise SandboxClosedError(f"{self.name} is closed")
-                if not proc:
-                    self._exec_busy += 1
-                return agent
-            async with self._freed:
-                await self._freed.wait()
-
-    async def _release(self, agent: _Agent | None, *, proc: bool = False, ok: bool = True) -> None:
-        if not proc:
-            self._exec_busy -= 1
-        if agent is not None:
-            if ok and agent.chan.alive and not self._closed and len(self._idle) < EXEC_CHANNELS:
-                self._idle.append(agent)
-            elif self._aborted is None:   # an aborted sandbox's channels are closed by abort()
-                await agent.chan.close()
-                if not ok and not self._closed:
-                    await self._kill_agent(agent.pid)
-        async with self._freed:
-            self._freed.notify_all()
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._channels.closed
 
     async def close(self) -> None:
         """Destroy the container (idempotent).  Every session, process and background job
         in it ends with it (SIGKILL, with the container)."""
-        if self._closed:
+        if self._channels.closed:
             return
-        self._closed = True
-        idle, self._idle = self._idle, []
-        for agent in idle:
-            await agent.chan.close()
+        await self._channels.close()
         try:
             await self.runtime.remove([self.container_id])   # terminals' channels end with it
         finally:
@@ -200,8 +88,7 @@ class Sandbox:
                 await p._lost(SandboxClosedError(f"{self.name} was closed"))
             for t in list(self._tasks):
                 t.cancel()
-            async with self._freed:
-                self._freed.notify_all()
+            await self._channels.wake()
 
     def abort(self, exc: Exception) -> None:
         """The instance under this sandbox was declared lost (its machine stopped
@@ -211,20 +98,9 @@ class Sandbox:
         :class:`SandboxClosedError`, and the sandbox counts as closed.  Nothing waits for
         the machine: its channels are closed in the background, and its container goes
         with its instance (``close()`` no longer removes it).  Idempotent."""
-        if self._closed:
+        if self._channels.closed:
             return
-        self._closed = True
-        self._aborted = exc
-        self._idle = []
-        chans = list(self._chans)
-        for chan in chans:
-            chan.abort(exc)
-        self._spawn(self._close_aborted(chans))
-
-    async def _close_aborted(self, chans: list[Channel]) -> None:
-        async with self._freed:
-            self._freed.notify_all()   # exec calls waiting for a channel see the sandbox closed
-        await asyncio.gather(*(chan.close() for chan in chans), return_exceptions=True)
+        self._spawn(self._channels.close_aborted(self._channels.abort(exc)))
 
     async def __aenter__(self) -> Sandbox:
         return await self.open()
@@ -237,6 +113,24 @@ class Sandbox:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    # ---- the channels' calls that sessions and processes make (see AgentChannels) ----
+    async def _open_shell(self) -> Channel:
+        return await self._channels.open_shell()
+
+    async def _release(self, agent: _Agent | None, *, proc: bool = False, ok: bool = True) -> None:
+        await self._channels.release(agent, proc=proc, ok=ok)
+
+    async def _call(self, script: bytes, stdin: bytes, timeout: float, cap: int, *,
+                    urgent: bool = False) -> tuple[int, bool, bytes, bytes, int, int, float]:
+        return await self._channels.call(script, stdin, timeout, cap, urgent=urgent)
+
+    async def _kill_agent(self, pid: int) -> None:
+        await self._channels.kill_agent(pid)
+
+    async def _signal_tree(self, shell_pid: int, since_cs: int, tree_sig: int,
+                           shell_sig: int | None) -> None:
+        await self._channels.signal_tree(shell_pid, since_cs, tree_sig, shell_sig)
 
     # ---- commands --------------------------------------------------------------
     def _script(self, cmd: str, env: Mapping[str, str] | None, cwd: str | None) -> bytes:
@@ -309,15 +203,15 @@ class Sandbox:
 
     async def _start_proc(self, script: bytes, timeout: float, cap: int, binary: bool,
                           cmd: str) -> Process:
-        await self._ensure_open()
-        agent = await self._acquire(proc=True)
+        await self._channels.ensure_open()
+        agent = await self._channels.acquire(proc=True)
         proc = Process(self, agent, next(self._ids), cmd, cap, binary)
         self._procs.add(proc)
         try:
             await proc._launch(script, timeout)
         except BaseException:
             self._procs.discard(proc)
-            await self._release(agent, proc=True, ok=False)
+            await self._channels.release(agent, proc=True, ok=False)
             raise
         return proc
 
@@ -327,7 +221,7 @@ class Sandbox:
         an activated virtualenv persist between its :meth:`Session.run` calls.  ``shell``
         is a path such as ``/bin/bash``; None takes bash when the image has it, else
         ``/bin/sh``.  Asking again for a name returns the same session."""
-        if self._closed:
+        if self._channels.closed:
             raise SandboxClosedError(f"{self.name} is closed")
         if not isinstance(name, str) or not name or not name.isprintable():
             raise SpecError("session.name", f"must be a non-empty printable string, got {name!r}")
@@ -358,7 +252,7 @@ class Sandbox:
         :class:`~flowmesh_sdk.sandbox.terminal.Terminal`).  ``shell``: a path; None takes
         bash where the image has it, else ``/bin/sh``.  ``prompt``: the shell's PS1 (None:
         a unique one).  The caller closes it (the sandbox's close does too)."""
-        await self._ensure_open()
+        await self._channels.ensure_open()
         if shell is not None:
             _check_path("terminal.shell", shell, absolute=True)
         if cwd is not None:
@@ -376,78 +270,8 @@ class Sandbox:
             chan = await self.runtime.open_shell(self.container_id, ["script", "-qfc", run, "/dev/null"])
         else:
             chan = await self.runtime.open_tty(self.container_id, ["/bin/sh", "-c", run])
-        self._chans.add(chan)
-        if self._aborted is not None:
-            chan.abort(self._aborted)
+        self._channels.track(chan)
         return await open_terminal(self, chan, cwd=cwd, env=frozen, prompt=prompt)
-
-    async def _ensure_open(self) -> None:
-        if self._closed:
-            raise SandboxClosedError(f"{self.name} is closed")
-
-    async def _call(self, script: bytes, stdin: bytes, timeout: float, cap: int, *,
-                    urgent: bool = False) -> tuple[int, bool, bytes, bytes, int, int, float]:
-        """One buffered command on a free channel.  ``urgent`` (signals) never waits for
-        the ``EXEC_CHANNELS`` limit: it takes an idle channel or opens one."""
-        await self._ensure_open()
-        agent = await self._acquire(proc=urgent)
-        ok = False
-        try:
-            res = await self._exchange(agent.chan, script, stdin, timeout, cap)
-            ok = True
-            return res
-        except asyncio.TimeoutError as exc:
-            raise SandboxTimeout(f"{self.name}: no answer from the sandbox within "
-                                 f"{timeout + _HOST_GRACE_S:.0f} s") from exc
-        finally:
-            # A channel in an unknown state is dropped and what it ran is killed.
-            await asyncio.shield(self._release(agent, proc=urgent, ok=ok))
-
-    async def _exchange(self, chan: Channel, script: bytes, stdin: bytes, timeout: float, cap: int
-                        ) -> tuple[int, bool, bytes, bytes, int, int, float]:
-        """One frame out, one answer back (the caller holds the channel)."""
-        ident = next(self._ids)
-        t0 = clock.monotonic()
-        # A short script (text, newline-terminated) goes as lines the agent reads with
-        # the `read` builtin (no fork); a long one as bytes it copies with dd.
-        head = _frame_head("__fm_run", ident, f"{timeout:.3f}", cap, script, len(stdin))
-        if len(stdin) < (1 << 16):
-            await chan.write(head + script + stdin)
-        else:   # no copy of a large payload
-            await chan.write(head + script)
-            await chan.write(stdin)
-        deadline = t0 + timeout + _HOST_GRACE_S
-        while True:
-            raw = await _read_line(chan, deadline)
-            if not raw:
-                raise SandboxClosedError(f"{self.name}: channel closed: {chan.stderr_tail()}")
-            m = _HEADER.match(raw)
-            if m and int(m.group(1)) == ident:
-                break
-        rc, to, osz, esz = (int(m.group(2)), m.group(3) == b"1",
-                            int(m.group(4)), int(m.group(5)))
-        out = await _read_exactly(chan, min(osz, cap), deadline)
-        err = await _read_exactly(chan, min(esz, cap), deadline)
-        return rc, to, out, err, osz, esz, clock.monotonic() - t0
-
-    async def _kill_agent(self, pid: int) -> None:
-        """Kill a lost channel's agent and all it started (other channels' commands,
-        sessions and processes are left alone)."""
-        try:
-            if pid > 0:
-                argv = ["sh", "-c", KILL_AGENT, "sh", str(pid)]
-            else:
-                argv = ["sh", "-c", "kill -9 -1"]
-            await self.runtime.exec_once(self.container_id, argv, timeout_s=30)
-        except Exception:  # noqa: BLE001 - best effort; the container is removed on close
-            pass
-
-    async def _signal_tree(self, shell_pid: int, since_cs: int, tree_sig: int,
-                           shell_sig: int | None) -> None:
-        """Signal what a session's command started (see ``SIGNAL_TREE``)."""
-        script = (f"set -- {shell_pid} {since_cs} {tree_sig} {shell_sig or ''}\n".encode()
-                  + SIGNAL_TREE.encode())
-        await self._call(script, b"", 30.0, 4096, urgent=True)
 
     # ---- snapshots -------------------------------------------------------------
     async def snapshot(self, registry: str | None = None, *, tls_verify: bool | None = None) -> str:
@@ -458,7 +282,7 @@ class Sandbox:
         sessions and memory are not; sparse files stay sparse where the SDK pulls it
         (``remote/sparse.py``).  ``tls_verify`` defaults to False for a loopback
         registry, else True."""
-        await self._ensure_open()
+        await self._channels.ensure_open()
         cfg = self.runtime.config
         host = registry or cfg.snapshot_registry
         if not host:

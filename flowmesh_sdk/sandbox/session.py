@@ -27,18 +27,17 @@ import itertools
 import re
 import signal
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .. import clock
 from ..errors import SandboxClosedError, SandboxFileError, SpecError
-from ..specs import ExecResult, check_number
+from ..specs import ExecResult, SandboxSpec, check_number
 from ._agent import SESSION
 from ._common import (DEFAULT_OUTPUT_CAP, _check_command, _env_prefix, _frame_head, _read_exactly,
                       _read_line, _result, sh_quote)
 
 if TYPE_CHECKING:
     from ..remote.runner import Channel
-    from .sandbox import Sandbox
 
 _HEADER = re.compile(rb"^__FM__ (\d+) (-?\d+) ([012]) (\d+) (\d+)\n$")
 _EXITING = b"2"                # the header's flag: the shell is ending (`exit` in the command)
@@ -63,11 +62,30 @@ class _Running:
         self.shell_sent = False     # the shell has had its one SIGINT (see Session._signal)
 
 
+class SessionHost(Protocol):
+    """What a :class:`Session` needs of its sandbox (a :class:`~flowmesh_sdk.sandbox.Sandbox`
+    is one): named here, so that this module does not import the sandbox's."""
+
+    name: str
+    spec: SandboxSpec
+    _sessions: dict[str, Session]
+
+    @property
+    def closed(self) -> bool: ...
+
+    async def _open_shell(self) -> Channel: ...
+
+    async def _kill_agent(self, pid: int) -> None: ...
+
+    async def _signal_tree(self, shell_pid: int, since_cs: int, tree_sig: int,
+                           shell_sig: int | None) -> None: ...
+
+
 class Session:
     """A named shell in a sandbox (see :meth:`Sandbox.session`).  Commands run one at a
     time per session; sessions of one sandbox run side by side."""
 
-    def __init__(self, sandbox: Sandbox, name: str, shell: str | None,
+    def __init__(self, sandbox: SessionHost, name: str, shell: str | None,
                  env: Mapping[str, str], cwd: str | None) -> None:
         self.sandbox = sandbox
         self.name = name

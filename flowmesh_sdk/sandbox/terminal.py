@@ -17,15 +17,13 @@ import re
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .. import clock
 from ..errors import SandboxClosedError
 from ..remote.runner import Channel
+from ..specs import ExecResult, SandboxSpec
 from ._common import sh_quote
-
-if TYPE_CHECKING:
-    from .sandbox import Sandbox
 
 # SIGINT to the process groups of the terminal shell's children that are not its own group
 _INTERRUPT_JOBS = r"""
@@ -60,11 +58,24 @@ class Expected:
     timed_out: bool = False
 
 
+class TerminalHost(Protocol):
+    """What a :class:`Terminal` needs of its sandbox (a :class:`~flowmesh_sdk.sandbox.Sandbox`
+    is one): named here, so that this module does not import the sandbox's."""
+
+    name: str
+    spec: SandboxSpec
+
+    async def exec(self, cmd: str, *, timeout_s: float | None = None,
+                   env: Mapping[str, str] | None = None) -> ExecResult: ...
+
+    async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None: ...
+
+
 class Terminal:
     """A shell (bash where the image has it) on a pseudo-terminal in the sandbox, its echo
     off and its prompt :attr:`prompt`.  Made by :meth:`Sandbox.terminal`."""
 
-    def __init__(self, sandbox: Sandbox, chan: Channel, prompt: str) -> None:
+    def __init__(self, sandbox: TerminalHost, chan: Channel, prompt: str) -> None:
         self.sandbox = sandbox
         self.prompt = prompt
         self.shell_pid = 0          # the terminal's shell, in the sandbox (known once it is up)
@@ -134,7 +145,7 @@ class Terminal:
             await self._chan.close()
 
 
-async def open_terminal(sandbox: Sandbox, chan: Channel, *, cwd: str | None, env: Mapping[str, str],
+async def open_terminal(sandbox: TerminalHost, chan: Channel, *, cwd: str | None, env: Mapping[str, str],
                         prompt: str | None) -> Terminal:
     """A :class:`Terminal` on ``chan`` (a shell on a pseudo-terminal), in ``cwd`` with ``env``
     exported, once its prompt is up."""

@@ -59,7 +59,7 @@ def run_aside(coro: Awaitable[Any]) -> Any:
 
     def target() -> None:
         try:
-            box.append(asyncio.run(coro))  # type: ignore[arg-type]
+            box.append(asyncio.run(coro))  # type: ignore[arg-type]  # callers pass coroutines; the hint says Awaitable
         except BaseException as exc:  # noqa: BLE001 - re-raised below
             errors.append(exc)
     t = threading.Thread(target=target)

@@ -53,6 +53,7 @@ from typing import Any
 
 from .cloudinit import CloudInitHosts
 from .price_apis import AlibabaEcsEmulator, AlibabaType, acs3_signature
+from .price_apis.base import Answer
 
 __all__ = ["DEFAULT_PRICES", "DEFAULT_TYPES", "EcsEmulator"]
 
@@ -226,7 +227,8 @@ class EcsEmulator(AlibabaEcsEmulator):
     def _err(self, status: int, code: str, message: str) -> tuple[int, Any, dict[str, str]]:
         return self._error(status, code, message)
 
-    def answer(self, method, path, query, headers, body, *, raw_query):
+    def answer(self, method: str, path: str, query: Mapping[str, list[str]], headers: Mapping[str, str],
+               body: bytes, *, raw_query: str) -> Answer:
         params = {k: v[0] for k, v in query.items()}
         action = headers.get("x-acs-action") or params.get("Action") or ""
         version = headers.get("x-acs-version") or params.get("Version")

@@ -24,9 +24,9 @@ import shutil
 import ssl
 import subprocess
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from aiohttp import web
 
@@ -72,11 +72,11 @@ class LoopThread:
         if not ready.wait(10):
             raise RuntimeError(f"{self._name}: event loop thread did not start")
 
-    def call(self, coro: Awaitable[T], timeout: float | None = 30.0) -> T:
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = 30.0) -> T:
         """Run ``coro`` on the loop and wait for its result (from another thread)."""
         if self.loop is None:
             raise RuntimeError(f"{self._name} is not running")
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return fut.result(timeout)
         except concurrent.futures.TimeoutError:
@@ -203,7 +203,7 @@ class HttpServer:
             await self._runner.setup()
         self._site = web.TCPSite(self._runner, "127.0.0.1", port, reuse_address=True, ssl_context=self.ssl_context)
         await self._site.start()
-        server = self._site._server   # the asyncio server: the port actually bound
+        server = cast("asyncio.Server | None", self._site._server)   # the asyncio server: the port actually bound
         assert server is not None and server.sockets
         return int(server.sockets[0].getsockname()[1])
 
@@ -261,7 +261,7 @@ class HttpServer:
         if self._port is not None and self._site is None:
             self._loop.call(self._listen(self._port))
 
-    def call(self, coro: Awaitable[T], timeout: float | None = 30.0) -> T:
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = 30.0) -> T:
         """Run ``coro`` on the server's loop (from another thread)."""
         return self._loop.call(coro, timeout)
 

@@ -15,8 +15,9 @@ injects faults when asked::
 
 It is meant for pulls (GET/HEAD); request bodies (Content-Length or chunked) are
 forwarded too, so pushes work, but nothing is counted for them.  Client connections are
-kept alive (HTTP/1.1); each request uses a fresh upstream connection.  The ``Host`` header is passed through unchanged, so the
-registry's absolute ``Location`` headers point back at the proxy.  A TLS handshake (podman
+kept alive (HTTP/1.1); each request uses a fresh upstream connection.  The ``Host`` header is
+passed through unchanged, so the registry's absolute ``Location`` headers point back at the
+proxy.  A TLS handshake (podman
 tries https first with ``--tls-verify=false``) gets aiohttp's plain-HTTP ``400`` at once,
 so the client falls back to http without waiting.
 

@@ -40,6 +40,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 from . import hygiene
 
@@ -148,7 +149,7 @@ class LoopbackSshd:
             "",
         ]))
         self._proc: subprocess.Popen[bytes] | None = None
-        self._log = None
+        self._log: BinaryIO | None = None
 
     def __repr__(self) -> str:
         return f"LoopbackSshd({self.user}@{self.host}:{self.port})"

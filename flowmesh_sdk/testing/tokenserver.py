@@ -24,7 +24,8 @@ ways, all implemented here (``header=``):
 - ``"jwk"``: the public key itself (with its libtrust ``kid``), which must be in the bundle.
 
 It is an :class:`~flowmesh_sdk.testing.httpserver.HttpServer` (127.0.0.1 only, its own
-event loop in a daemon thread), so it keeps answering while the caller blocks (e.g. in ``subprocess.run(["podman", "pull", ...])``).
+event loop in a daemon thread), so it keeps answering while the caller blocks (e.g. in
+``subprocess.run(["podman", "pull", ...])``).
 It is a fixture for tests: credentials are plain strings in memory, tokens are not
 revocable, and no TLS is spoken.
 """
@@ -93,7 +94,9 @@ def _der_children(value: bytes) -> list[tuple[int, bytes]]:
 
 def _pem_blocks(text: str) -> list[tuple[str, bytes]]:
     """All ``-----BEGIN X-----`` blocks of a PEM text: (label, DER)."""
-    blocks, label, body = [], None, []
+    blocks: list[tuple[str, bytes]] = []
+    label: str | None = None
+    body: list[str] = []
     for line in text.splitlines():
         line = line.strip()
         if line.startswith("-----BEGIN ") and line.endswith("-----"):
@@ -117,7 +120,7 @@ def _rsa_private_numbers(der: bytes, label: str) -> tuple[int, int, int, int, in
     nums = [int.from_bytes(v, "big") for t, v in items[1:9]]
     if len(nums) != 8:
         raise ValueError("not an RSA private key")
-    return tuple(nums)  # type: ignore[return-value]
+    return tuple(nums)  # type: ignore[return-value]  # eight ints: the length is checked just above
 
 
 def libtrust_key_id(spki_der: bytes) -> str:
@@ -421,7 +424,7 @@ class TokenServer(HttpServer):
             return json_response(405, {"errors": [{"code": "UNSUPPORTED"}]})
         query = parse_qs(urlsplit(request.raw_path).query)
         scopes = [s for value in query.get("scope", []) for s in value.split(" ") if s]
-        service = (query.get("service") or [None])[0]
+        service = query["service"][0] if query.get("service") else None
         ok, account = self._check_credentials(request.headers.get("authorization"))
         if not ok:
             with self._lock:

@@ -41,6 +41,7 @@ from typing import Any
 
 from .cloudinit import CloudInitHosts
 from .price_apis import VastSearchEmulator, vast_offer
+from .price_apis.base import Answer
 
 __all__ = ["DEFAULT_OFFERS", "VastEmulator"]
 
@@ -139,7 +140,8 @@ class VastEmulator(VastSearchEmulator):
         self.hosts.close()
 
     # ---- HTTP ------------------------------------------------------------------------
-    def answer(self, method, path, query, headers, body, *, raw_query):
+    def answer(self, method: str, path: str, query: Mapping[str, list[str]], headers: Mapping[str, str],
+               body: bytes, *, raw_query: str) -> Answer:
         auth = headers.get("authorization", "")
         key = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
         with self._state:
@@ -231,8 +233,10 @@ class VastEmulator(VastSearchEmulator):
 
     def _list(self, query: Mapping[str, list[str]]) -> tuple[int, Any, dict[str, str]]:
         def arg(name: str, default: Any) -> Any:
-            raw = (query.get(name) or [None])[0]
-            return default if raw is None else json.loads(urllib.parse.unquote_plus(raw)) if raw[:1] in "[{0123456789\"" else raw
+            raw = query[name][0] if query.get(name) else None
+            if raw is None:
+                return default
+            return json.loads(urllib.parse.unquote_plus(raw)) if raw[:1] in "[{0123456789\"" else raw
         limit = min(int(arg("limit", 25)), self.page_size)
         after = arg("after_token", None)
         rows = sorted(self._instances.values(), key=lambda r: r["id"])

@@ -19,7 +19,8 @@ micro-batching).  Each tick (``interval_s``, or at once when the queue changes) 
    U(j,B) for a GPU demand carrying the :class:`~flowmesh_sdk.bidder.ModelSpec` (the VRAM
    gate, decode throughput, expected cost after interruptions from the offer's
    reliability and market, and G_loc where the weights are resident), each rental
-   failing over down that order (:class:`~flowmesh_sdk.provisioning.Provisioner`).  Above
+   failing over down that order (:meth:`~flowmesh_sdk.provisioning.Provisioner.fill`, the walk
+   pools use; terminated until confirmed by :meth:`~flowmesh_sdk.provisioning.Provisioner.terminate`).  Above
    it, a worker idle for ``scale_down_idle_s`` is **drained** (admits nothing, finishes
    what it holds) and only then **released** (engine stopped, instance terminated).
    ``cooldown_s`` separates scaling actions; replacing a lost worker does not wait.
@@ -42,50 +43,40 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import json
 import logging
 import math
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
 from .. import clock
-from ..bidder.demand import Demand, ModelSpec
+from ..bidder.demand import ModelSpec
 from ..bidder.gates import NoFeasibleOffer
 from ..bidder.policy import PRESETS, Policy
 from ..control.backend import ControlBackend, InProcessBackend
 from ..control.events import Event, EventBus, EventKind
+from ..control.spend import SpendLedger
 from ..errors import FlowMeshError, PoolClosedError, ProviderUnavailableError, SpecError
-from ..placement.infra import InfraEntry
-from ..placement.ranking import Candidate, PriceBook, priced_offers, rank_demand
-from ..provider import TAG_FLEET, TAG_OWNER, TAG_POOL, Provider, ProviderState
-from ..provisioning import Provisioner, RetryPolicy
-from ..specs import InstanceSpec
+from ..placement.ranking import Candidate, PriceBook
+from ..provider import TAG_FLEET, TAG_OWNER, TAG_POOL, Instance, Provider, ProviderState
+from ..provisioning import TERMINATE_ATTEMPTS, Provisioner, RetryPolicy
+from ..specs import InstanceSpec, Offer
 from .endpoint import Completion, DrainReport, InferenceEndpoint
-from .errors import WorkerStartError
-from .health import wait_until_healthy
 from .specs import ClientLimits, SamplingParams
+from .elastic_engine import start_engine
+from .elastic_offers import ANYWHERE, check_role, rank_for_role
+from .elastic_queue import RequestQueue
 from .elastic_records import (ElasticStats, ElasticWorker, ScalingDecision, ScalingPolicy, ServeCommand,
                               WorkerLag)
 from .state import WorkerState, worker_lifecycle
 
 log = logging.getLogger("flowmesh.workers.elastic")
 
-_SPOT = {"on-demand": "never", "spot": "only", "any": "prefer"}
-ANYWHERE = (InfraEntry("*"),)
-
-
-@dataclass(eq=False, slots=True)
-class _Job:
-    prompt: str
-    params: SamplingParams
-    timeout_s: float | None
-    future: asyncio.Future[Completion]
-    id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    dispatches: int = 0
-    task: asyncio.Task[None] | None = None
 
 
 class ElasticWorkers:
@@ -98,26 +89,21 @@ class ElasticWorkers:
     ``weights``: the bidder's :class:`Policy` (w_t, w_c, w_l); ``resident``: where the
     weights are cached (``provider``, ``provider/region`` or ``provider/region/type``:
     G_loc = 1 there); ``book``: catalog prices for offers that carry none (marketplace
-    quotes are kept); ``bus``: where events go (the fleet's bus)."""
+    quotes are kept); ``bus``: where events go.  Made by :meth:`Fleet.elastic
+    <flowmesh_sdk.fleet.Fleet.elastic>`, a role shares the fleet's bus, ``provisioner`` (its
+    rate limits and the providers skipped this run), spend ``ledger`` (each worker is
+    charged under the role's name) and budgets (``budget_per_hour``, ``budget_total``: a
+    rental the fleet cannot afford is refused like a pool's launch)."""
 
     def __init__(self, providers: Provider | Mapping[str, Provider], spec: InstanceSpec, model: ModelSpec,
                  engine: ServeCommand, *, scaling: ScalingPolicy | None = None, weights: Policy | None = None,
                  resident: Sequence[str] = (), role: str = "inference", fleet: str = "elastic",
                  owner: str = "flowmesh", bus: EventBus | None = None, control: ControlBackend | None = None,
                  retry: RetryPolicy | None = None, limits: ClientLimits | None = None,
-                 book: PriceBook | None = None) -> None:
-        self.providers: dict[str, Provider] = ({providers.name: providers} if isinstance(providers, Provider)
-                                               else dict(providers))
-        if not self.providers or not all(isinstance(p, Provider) for p in self.providers.values()):
-            raise SpecError("elastic.providers", "must be a Provider or a non-empty mapping of name -> Provider")
-        if not isinstance(spec, InstanceSpec) or spec.gpus < 1:
-            raise SpecError("elastic.spec", f"must be an InstanceSpec with gpus >= 1, got {spec!r}")
-        if not any(p.capabilities.gpus for p in self.providers.values()):
-            raise SpecError("elastic.providers", "no provider declares GPUs (Capabilities.gpus)")
-        if not isinstance(model, ModelSpec):
-            raise SpecError("elastic.model", f"must be a ModelSpec, got {type(model).__name__}")
-        if not isinstance(engine, ServeCommand):
-            raise SpecError("elastic.engine", f"must be a ServeCommand, got {type(engine).__name__}")
+                 book: PriceBook | None = None, provisioner: Provisioner | None = None,
+                 ledger: SpendLedger | None = None, budget_per_hour: float | None = None,
+                 budget_total: float | None = None) -> None:
+        self.providers = check_role(providers, spec, model, engine)
         self.spec, self.model, self.engine = spec, model, engine
         self.scaling = scaling or ScalingPolicy()
         if not isinstance(self.scaling, ScalingPolicy):
@@ -126,14 +112,15 @@ class ElasticWorkers:
         self.resident = tuple(resident)
         self.role, self.fleet, self.owner = role, fleet, owner
         self.bus = bus or EventBus()
-        self.provisioner = Provisioner(control or InProcessBackend(), retry or RetryPolicy(attempts=5, backoff_s=0.2))
+        self.provisioner = provisioner or Provisioner(control or InProcessBackend(),
+                                                      retry or RetryPolicy(attempts=5, backoff_s=0.2))
+        self.ledger = ledger or SpendLedger()
+        self.budget_per_hour, self.budget_total = budget_per_hour, budget_total
         self.limits = limits or ClientLimits()
         self.book = book or PriceBook(())
         self.workers: dict[str, ElasticWorker] = {}
         self.avoided: set[str] = set()           # offer ids that outbid or failed us
-        self._queue: collections.deque[_Job] = collections.deque()
         self._wake = asyncio.Event()
-        self._work = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._side: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -143,10 +130,16 @@ class ElasticWorkers:
         self._http = httpx.AsyncClient()
         self._counts = collections.Counter[str]()
         self._lags: list[WorkerLag] = []
+        self._requests = RequestQueue(lambda: self.workers.values(), self.scaling, self._counts, lose=self._lose,
+                                      emit=self._emit, wake=self._wake.set)
 
     def __repr__(self) -> str:
         return (f"ElasticWorkers({self.role}, providers={sorted(self.providers)}, "
                 f"workers={len(self._live())}/{self.scaling.max_workers})")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def tags(self) -> dict[str, str]:
@@ -156,7 +149,7 @@ class ElasticWorkers:
     async def start(self) -> ElasticWorkers:
         if self._tasks:
             return self
-        self._tasks = [asyncio.ensure_future(self._control()), asyncio.ensure_future(self._dispatch())]
+        self._tasks = [asyncio.ensure_future(self._control()), asyncio.ensure_future(self._requests.dispatch())]
         self._wake.set()
         return self
 
@@ -174,27 +167,16 @@ class ElasticWorkers:
             raise PoolClosedError(f"elastic role {self.role} is closed")
         if not isinstance(prompt, str):
             raise SpecError("prompt", f"must be a string, got {type(prompt).__name__}")
-        job = _Job(prompt, params or SamplingParams(), timeout_s, asyncio.get_running_loop().create_future())
-        self._queue.append(job)
-        self._work.set()
-        self._wake.set()
-        try:
-            return await asyncio.shield(job.future)
-        except asyncio.CancelledError:
-            if not job.future.done():
-                job.future.cancel()
-            if job.task is not None:
-                job.task.cancel()
-            raise
+        return await self._requests.put(prompt, params or SamplingParams(), timeout_s)
 
     def backlog(self) -> int:
         """Requests waiting plus requests in flight: what the loop scales on."""
-        return sum(1 for j in self._queue if not j.future.done()) + sum(w.assigned for w in self.workers.values())
+        return self._requests.waiting() + sum(w.assigned for w in self.workers.values())
 
     def stats(self) -> ElasticStats:
         live = self._live()
         return ElasticStats(
-            waiting=sum(1 for j in self._queue if not j.future.done()),
+            waiting=self._requests.waiting(),
             in_flight=sum(w.assigned for w in self.workers.values()),
             ready=sum(1 for w in live if w.state is WorkerState.READY),
             starting=sum(1 for w in live if w.state is WorkerState.STARTING),
@@ -205,20 +187,9 @@ class ElasticWorkers:
         """The offers of every provider, priced and ranked by U for one worker (best first),
         the ones held or avoided left out.  :class:`NoFeasibleOffer` names the gates when
         none fits (VRAM, say)."""
-        names = list(self.providers)
-        found = await asyncio.gather(*(self.providers[n].offers(self.spec) for n in names))
-        priced, excluded = priced_offers(
-            dict(zip(names, found)), free={n: p.capabilities.free for n, p in self.providers.items()},
-            spot_capable={n: p.capabilities.spot for n, p in self.providers.items()}, book=self.book,
-            spot=_SPOT[self.scaling.market], space=ANYWHERE)
-        for line in excluded:
-            log.info("elastic %s: excluded %s", self.role, line)
         held = {w.offer_id for w in self._live() if w.offer_id} | self.avoided
-        priced = [o for o in priced if o.offer_id is None or o.offer_id not in held]
-        demand = Demand(count=1, cpus=self.spec.cpus, memory_gb=self.spec.memory_gb, gpus=self.spec.gpus,
-                        gpu_name=self.spec.gpu_name, model=self.model, arch=self.spec.arch,
-                        market=self.scaling.market, resident=self.resident, max_per_instance=1, gpu_hosts=True)
-        return rank_demand(priced, demand, self.weights)
+        return await rank_for_role(self.providers, self.spec, self.model, self.scaling, self.weights,
+                                   resident=self.resident, book=self.book, held=held, role=self.role)
 
     async def aclose(self, timeout_s: float | None = None) -> None:
         """Stop the loop, fail what waits, drain and release every worker, and terminate
@@ -229,10 +200,7 @@ class ElasticWorkers:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        while self._queue:
-            job = self._queue.popleft()
-            if not job.future.done():
-                job.future.set_exception(PoolClosedError(f"elastic role {self.role} closed before it answered"))
+        self._requests.fail_all(lambda: PoolClosedError(f"elastic role {self.role} closed before it answered"))
         for w in list(self.workers.values()):
             if w.task is not None and w.state is WorkerState.STARTING:
                 w.task.cancel()
@@ -241,12 +209,16 @@ class ElasticWorkers:
         await asyncio.gather(*self._side, return_exceptions=True)
         for name, prov in self.providers.items():
             try:
-                left = [i.id for i in await prov.list_tagged(self.tags)
-                        if i.state is not ProviderState.TERMINATED]
-                if left:
-                    log.warning("elastic %s: terminating %d instance(s) left on %s: %s", self.role, len(left),
-                                name, left)
-                    await self.provisioner.call(prov, "global", "terminate", lambda p=prov, ids=left: p.terminate(ids))
+                by_region: dict[str, list[str]] = collections.defaultdict(list)
+                for i in await prov.list_tagged(self.tags):
+                    if i.state is not ProviderState.TERMINATED:
+                        by_region[i.region].append(i.id)
+                for region, left in by_region.items():
+                    log.warning("elastic %s: terminating %d instance(s) left on %s/%s: %s", self.role, len(left),
+                                name, region, left)
+                    still = await self.provisioner.terminate(prov, region, left, label=f"elastic {self.role}")
+                    for gone in set(left) - still:
+                        self.ledger.end(gone)
             except FlowMeshError as exc:
                 log.warning("elastic %s: could not sweep %s: %s", self.role, name, exc)
         await self._http.aclose()
@@ -281,15 +253,15 @@ class ElasticWorkers:
 
     async def _reconcile(self) -> None:
         """Ask the providers about the workers' instances; stopped or gone ones are lost."""
-        by_provider: dict[str, list[ElasticWorker]] = collections.defaultdict(list)
+        by_place: dict[tuple[str, str], list[ElasticWorker]] = collections.defaultdict(list)
         for w in self._live():
             if w.instance is not None:
-                by_provider[w.instance.provider].append(w)
-        for name, ws in by_provider.items():
+                by_place[(w.instance.provider, w.instance.region)].append(w)
+        for (name, region), ws in by_place.items():
             prov = self.providers[name]
             ids = [w.instance.id for w in ws if w.instance is not None]
-            seen = {i.id: i for i in await self.provisioner.call(prov, "global", "describe",
-                                                                 lambda p=prov, i=ids: p.describe(i))}
+            seen = {i.id: i for i in await self.provisioner.call(prov, region, "describe",
+                                                                 functools.partial(prov.describe, ids))}
             for w in ws:
                 assert w.instance is not None
                 inst = seen.get(w.instance.id)
@@ -353,7 +325,7 @@ class ElasticWorkers:
             self._replace.clear()   # not needed any more: the backlog went down meanwhile
         if len(live) > desired and cooled:
             idle = sorted((w for w in live if w.state is WorkerState.READY and w.assigned == 0
-                           and now - w.idle_since >= self.scaling.scale_down_idle_s and not self._queue),
+                           and now - w.idle_since >= self.scaling.scale_down_idle_s and not self._requests.waiting()),
                           key=lambda w: w.candidate.score.utility)
             going = idle[:len(live) - desired]
             if going:
@@ -375,24 +347,44 @@ class ElasticWorkers:
         name = f"{self.role}-{uuid.uuid4().hex[:8]}"
         w = ElasticWorker(name, usable[0], worker_lifecycle(name), clock.monotonic(), replaces=replaces)
         self.workers[name] = w
+        prefix = f"{self.fleet}-{self.role}"[:40]
+        got: list[tuple[Candidate, Instance]] = []
+        by_offer = {id(c.offer): c for c in usable}   # by identity: the offers handed to fill
+
+        async def take(offer: Offer, n: int) -> int:
+            # one worker: within the fleet's budgets, charged to its ledger under the role's name
+            price = offer.price_per_hour or 0.0
+            self.ledger.admit(1, price, offer.provider, pool=self.fleet, scope="fleet",
+                              budget_per_hour=self.budget_per_hour, budget_total=self.budget_total)
+            launched = await self.provisioner.attempt(self.providers, offer, self.spec, 1, self.tags,
+                                                      request_prefix=prefix)
+            for inst in launched:
+                self.ledger.start(inst.id, pool=self.role, provider=offer.provider, price_per_hour=price)
+            got.extend((by_offer[id(offer)], inst) for inst in launched)
+            return len(launched)
+
         try:
-            out = await self.provisioner.launch(self.providers, [c.offer for c in usable], self.spec, 1, self.tags,
-                                                request_prefix=f"{self.fleet}-{self.role}"[:40])
+            filled = await self.provisioner.fill([c.offer for c in usable], 1, take, label=prefix,
+                                                 what=f"one {self.role} worker ({self.spec.gpus} GPU(s))")
         except FlowMeshError as exc:
             w.lifecycle.to(WorkerState.FAILED)
             self._emit(EventKind.WORKER_FAILED, w, f"rent failed: {exc}"[:500])
             log.warning("elastic %s: could not rent a worker: %s", self.role, exc)
             return False
-        w.candidate = next((c for c in usable if c.offer == out.offer), usable[0])
-        (w.instance,) = out.instances[:1]
+        w.candidate, w.instance = got[0]
+        offer = w.candidate.offer
         rent_s = clock.monotonic() - w.requested_at
         self._counts["rented"] += 1
         self._emit(EventKind.WORKER_RENTED, w, {
-            "offer": out.offer.key, "offer_id": out.offer.offer_id, "instance": w.instance.id,
-            "spot": out.offer.spot, "price_per_hour": out.offer.price_per_hour, **w.candidate.terms,
-            "failovers": [f.offer.key + ": " + f.reason for f in out.failovers], "replaces": replaces,
+            "offer": offer.key, "offer_id": offer.offer_id, "instance": w.instance.id,
+            "spot": offer.spot, "price_per_hour": offer.price_per_hour, **w.candidate.terms,
+            "failovers": [f.offer.key + ": " + f.reason for f in filled.failovers], "replaces": replaces,
             "rent_s": round(rent_s, 3)})
-        self._emit(EventKind.WORKER_STARTING, w, f"instance={w.instance.id} offer={out.offer.key}")
+        # the instance as the fleet's store and `flowmesh status` keep it (and its charge)
+        self._emit(EventKind.INSTANCE_REQUESTED, w, {
+            "provider": offer.provider, "region": w.instance.region, "zone": w.instance.zone,
+            "type": w.instance.instance_type, "spot": offer.spot, "price_per_hour": offer.price_per_hour or 0.0})
+        self._emit(EventKind.WORKER_STARTING, w, f"instance={w.instance.id} offer={offer.key}")
         w.task = asyncio.ensure_future(self._join(w, rent_s))
         return True
 
@@ -402,27 +394,7 @@ class ElasticWorkers:
         prov = self.providers[inst.provider]
         deadline = w.requested_at + self.scaling.ready_timeout_s
         try:
-            runner = prov.runner(inst)
-            await runner.wait_reachable(max(1.0, deadline - clock.monotonic()))
-            booted = clock.monotonic()
-            base = self.engine.base_url(inst, runner)
-            res = await runner.run(["sh", "-c", self.engine.shell(inst, runner, w.name)], timeout_s=60)
-            if not res.ok or not res.stdout.strip().isdigit():
-                raise WorkerStartError(f"worker {w.name}: the engine did not start: {res.describe()}")
-            w.pid = int(res.stdout.strip())
-
-            async def dead() -> str | None:
-                # the shell's kill: an instance that is a container may have no kill binary (a pod's
-                # exec runs argv as it is, with no shell, where SSH runs it through the login shell)
-                r = await runner.run(["sh", "-c", f"kill -0 {w.pid}"], timeout_s=30)
-                if r.ok:
-                    return None
-                tail = await runner.run(["tail", "-n", "15", self.engine.log_path.format(name=w.name)], timeout_s=30)
-                return f"engine pid {w.pid} exited: {tail.stdout.decode(errors='replace')[-800:]}"
-
-            await wait_until_healthy(self._http, base, self.engine.model,
-                                     timeout_s=max(1.0, deadline - clock.monotonic()), alive=dead,
-                                     what=f"elastic worker {w.name}")
+            base, booted = await start_engine(self.engine, prov.runner(inst), w, self._http, deadline)
         except asyncio.CancelledError:
             raise
         except FlowMeshError as exc:
@@ -444,12 +416,13 @@ class ElasticWorkers:
         w.endpoint = InferenceEndpoint(base, self.engine.model, worker=w.name, limits=self.limits)
         w.idle_since = now
         w.lifecycle.to(WorkerState.READY)
+        self._emit(EventKind.INSTANCE_READY, w, f"worker {w.name} serves {self.engine.model}")
         self._emit(EventKind.WORKER_READY, w, {"url": base, "model": self.engine.model, "offer": w.candidate.offer.key,
                                                "lag_s": w.lag.total_s, "rent_s": w.lag.rent_s,
                                                "boot_s": w.lag.boot_s, "load_s": w.lag.load_s})
         log.info("elastic %s: worker %s ready at %s, %.2f s after it was rented", self.role, w.name, base,
                  w.lag.total_s)
-        self._work.set()
+        self._requests.notify()
 
     async def _release(self, w: ElasticWorker, reason: str, timeout_s: float | None = None) -> None:
         """Drain (no new requests; the ones it holds finish), then release the instance."""
@@ -485,71 +458,23 @@ class ElasticWorkers:
                 await prov.runner(w.instance).run(["sh", "-c", f"kill {w.pid}"], timeout_s=10)
             except FlowMeshError as exc:
                 log.info("elastic %s: could not stop the engine of %s (%s): %s", self.role, w.name, reason, exc)
-        inst_id = w.instance.id
+        inst = w.instance
         try:
-            await self.provisioner.call(prov, "global", "terminate", lambda: prov.terminate([inst_id]))
+            still = await self.provisioner.terminate(prov, inst.region, [inst.id], label=f"elastic {self.role}")
         except FlowMeshError as exc:   # aclose sweeps by tag; flowmesh gc finds it too
-            log.warning("elastic %s: terminating %s failed: %s", self.role, inst_id, exc)
+            log.warning("elastic %s: terminating %s failed: %s", self.role, inst.id, exc)
+            return
+        if still:   # TERMINATION_FAILED: still accruing; aclose's sweep by tag and flowmesh gc retry it
+            self._emit(EventKind.INSTANCE_TERMINATION_FAILED, w,
+                       f"still listed by {prov.name} after {TERMINATE_ATTEMPTS} terminate calls ({reason})")
+        else:
+            self.ledger.end(inst.id)
+            self._emit(EventKind.INSTANCE_TERMINATED, w, f"released ({reason})")
 
-    def _side_task(self, coro: object) -> None:
+    def _side_task(self, coro: Coroutine[Any, Any, Any]) -> None:
         t = asyncio.ensure_future(coro)
         self._side.add(t)
         t.add_done_callback(self._side.discard)
-
-    # ---- dispatch ------------------------------------------------------------------------
-    def _pick(self) -> ElasticWorker | None:
-        ready = [w for w in self.workers.values() if w.state is WorkerState.READY and w.endpoint is not None
-                 and w.assigned < self.scaling.worker_concurrency]
-        return min(ready, key=lambda w: (w.assigned, -w.candidate.score.utility)) if ready else None
-
-    async def _dispatch(self) -> None:
-        while True:
-            await self._work.wait()
-            self._work.clear()
-            while self._queue:
-                if self._queue[0].future.done():
-                    self._queue.popleft()
-                    continue
-                w = self._pick()
-                if w is None:
-                    break
-                job = self._queue.popleft()
-                w.assigned += 1
-                job.dispatches += 1
-                job.task = asyncio.ensure_future(self._run(job, w))
-
-    async def _run(self, job: _Job, w: ElasticWorker) -> None:
-        assert w.endpoint is not None
-        try:
-            answer = await w.endpoint.complete(job.prompt, job.params, timeout_s=job.timeout_s)
-        except (PoolClosedError, ProviderUnavailableError) as exc:
-            if isinstance(exc, ProviderUnavailableError) and w.state is WorkerState.READY:
-                w.failures += 1
-                if w.failures >= 3:
-                    self._lose(w, f"unreachable ({exc})"[:200])
-            if job.future.done():
-                return
-            if job.dispatches > self.scaling.max_redispatch:
-                job.future.set_exception(exc)
-                return
-            self._counts["redispatched"] += 1
-            self._queue.appendleft(job)
-            self._emit(EventKind.TASK_REDISPATCHED, w, {"from": w.name, "why": type(exc).__name__,
-                                                        "dispatches": job.dispatches}, task_id=job.id)
-            self._wake.set()
-        except FlowMeshError as exc:
-            if not job.future.done():
-                job.future.set_exception(exc)
-        else:
-            w.failures = 0
-            if not job.future.done():
-                self._counts["answered"] += 1
-                job.future.set_result(answer)
-        finally:
-            w.assigned -= 1
-            if w.assigned == 0:
-                w.idle_since = clock.monotonic()
-            self._work.set()
 
 
 __all__ = ["ElasticStats", "ElasticWorker", "ElasticWorkers", "ScalingDecision", "ScalingPolicy", "ServeCommand",

@@ -103,7 +103,7 @@ class ServeCommand:
     def vllm(cls, model: str, *, port: int = 8000, extra_args: Sequence[str] = (), **kw: object) -> ServeCommand:
         """``vllm serve MODEL --host {host} --port {port} ...``."""
         return cls(("vllm", "serve", "{model}", "--host", "{host}", "--port", "{port}", *extra_args),
-                   model=model, port=port, **kw)  # type: ignore[arg-type]
+                   model=model, port=port, **kw)  # type: ignore[arg-type]  # kw: the other fields, checked on init
 
     def host_of(self, instance: Instance, runner: Runner) -> str:
         target = getattr(runner, "target", None)

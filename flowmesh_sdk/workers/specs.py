@@ -9,9 +9,9 @@ out of ``repr`` (they may hold a Hugging Face token).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ..errors import SpecError
 from ..specs import check_choice, check_number, frozen_env
@@ -44,9 +44,11 @@ def _check_text(field_name: str, value: object) -> None:
 
 
 def _check_args(field_name: str, value: object) -> tuple[str, ...]:
-    if isinstance(value, str) or not all(isinstance(a, str) for a in value):
+    items = () if isinstance(value, str) else tuple(cast("Iterable[object]", value))  # not iterable: TypeError
+    args = tuple(a for a in items if isinstance(a, str))
+    if isinstance(value, str) or len(args) != len(items):
         raise SpecError(field_name, f"must be a list of strings (one per argument); got {value!r}")
-    return tuple(value)  # type: ignore[arg-type]
+    return args
 
 
 @dataclass(frozen=True, slots=True)

@@ -320,9 +320,9 @@ class TrainingWorker(WorkerBase):
                 self._emit(EventKind.CHECKPOINT_PUBLISHED, f"{ck.name} {ck.digest}")
             final = None
             if complete.get(""):
-                step = checkpoints[-1].step if checkpoints else None
+                final_step = checkpoints[-1].step if checkpoints else None
                 final = await publish_files(self.store, local_root, complete[""], name="final",
-                                            step=step, ref_prefix=self.ref_prefix)
+                                            step=final_step, ref_prefix=self.ref_prefix)
                 self._emit(EventKind.CHECKPOINT_PUBLISHED, f"final {final.digest}")
         finally:
             if cleanup is not None:

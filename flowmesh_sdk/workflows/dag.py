@@ -177,7 +177,11 @@ class Workflow:
             raise SpecError(f"workflow.ops[{name!r}].sandbox", "give exactly one of image= or sandbox=")
         if sandbox is not None and not isinstance(sandbox, SandboxSpec):
             raise SpecError(f"workflow.ops[{name!r}].sandbox", "must be a SandboxSpec")
-        spec = sandbox if sandbox is not None else SandboxSpec(image=image)  # type: ignore[arg-type]
+        if sandbox is not None:
+            spec = sandbox
+        else:
+            assert image is not None   # exactly one of image= and sandbox=, checked above
+            spec = SandboxSpec(image=image)
         refs = self._refs(name, inputs)
         static = dict(files or {})
         for path in refs:

@@ -41,7 +41,7 @@ throttled call fails with a ``Throttling`` code).  Decisions on the doubtful one
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from flowmesh_sdk.errors import (AuthError, CapacityError, FlowMeshError, NotFoundError, ProviderError,
                                  ProviderUnavailableError, QuotaError, SpecError, ThrottledError)
@@ -150,7 +150,8 @@ def map_error(exc: Any, *, where: str) -> FlowMeshError:
                               and retry_after > 0 else None)
     if cls is AuthError:
         return AuthError(f"{text}; {_hint_for(code)}", provider=PROVIDER, code=code or str(status))
-    return cls(text, provider=PROVIDER, code=code or str(status))  # type: ignore[call-arg]
+    # the table's classes other than SpecError (handled above) are ProviderErrors, which take provider= and code=
+    return cast("type[ProviderError]", cls)(text, provider=PROVIDER, code=code or str(status))
 
 
 def missing_credentials() -> AuthError:

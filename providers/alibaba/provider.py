@@ -62,7 +62,6 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from flowmesh_sdk import settings as _settings
@@ -79,21 +78,18 @@ from flowmesh_sdk.tags import PlainTags
 from .client import (DELETE_CHUNK, DESCRIBE_CHUNK, MAX_LAUNCH_BATCH, MAX_TAGS, RATES, TYPES_CHUNK, Credentials,
                      EcsClient, sdk)
 from .errors import PROVIDER
+from .shapes import (DEFAULT_INSTANCE_TYPES, IN_STOCK, InstanceType, gpu_short, in_stock, instance_type_of,
+                     region_of_zone)
 
 log = logging.getLogger("flowmesh.providers.alibaba")
 
 ENV_ENDPOINT = "FLOWMESH_ALIBABA_ENDPOINT"
 DEFAULT_REGION = "cn-hangzhou"
 DEFAULT_IMAGE = "debian_12_9_x64_20G_alibase_20250117.vhd"
-# families searched by default: compute (c), general (g), memory (r) of recent generations,
-# and the GPU families gn7i (A10) / gn6i (T4) / gn7 (A100)
-DEFAULT_INSTANCE_TYPES: tuple[str, ...] = ("ecs.c8a.", "ecs.c8i.", "ecs.g8a.", "ecs.g8i.", "ecs.r8a.", "ecs.c7.",
-                                           "ecs.g7.", "ecs.r7.", "ecs.gn7i-", "ecs.gn6i-", "ecs.gn7-")
 TAGS = PlainTags(max_key=128, max_value=128)
 STATE_MAP = {"Pending": ProviderState.PENDING, "Starting": ProviderState.PENDING,
              "Running": ProviderState.RUNNING, "Stopping": ProviderState.STOPPING,
              "Stopped": ProviderState.STOPPED}
-IN_STOCK = ("WithStock", "ClosedWithStock")
 _REGION = re.compile(r"^[a-z]{2,}-[a-z0-9-]+$")
 _INSTANCE_ID = re.compile(r"^i-[a-z0-9]{8,32}$")
 RunnerFactory = Callable[[Instance], Runner]
@@ -111,38 +107,6 @@ def client_token(request_id: str) -> str:
     if request_id.isascii() and 0 < len(request_id) <= 64 and request_id.isprintable():
         return request_id
     return "fm-" + hashlib.sha256(request_id.encode()).hexdigest()[:48]
-
-
-def region_of_zone(zone: str) -> str:
-    """``cn-hangzhou-h`` -> ``cn-hangzhou``."""
-    return zone.rsplit("-", 1)[0]
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceType:
-    name: str
-    cpus: int
-    memory_gb: float
-    gpus: int
-    gpu_name: str | None
-    arch: str
-
-    def offer(self, region: str, zone: str, spot: bool) -> Offer | None:
-        try:
-            return Offer(provider=PROVIDER, region=region, zone=zone, instance_type=self.name, cpus=max(1, self.cpus),
-                         memory_gb=self.memory_gb, price_per_hour=None, gpus=min(self.gpus, 16),
-                         gpu_name=self.gpu_name if self.gpus else None, spot=spot, arch=self.arch,
-                         source="ECS DescribeAvailableResource + DescribeInstanceTypes")
-        except SpecError:
-            return None
-
-
-def gpu_short(spec: str | None) -> str | None:
-    """``NVIDIA A10`` -> ``a10``, ``NVIDIA T4`` -> ``t4``."""
-    if not spec:
-        return None
-    words = spec.replace("NVIDIA", "").replace("Nvidia", "").split()
-    return words[0].lower() if words else None
 
 
 class AlibabaProvider(Provider):
@@ -166,7 +130,7 @@ class AlibabaProvider(Provider):
                  image_id: str = DEFAULT_IMAGE, endpoint: str | None = None, access_key_id: str | None = None,
                  access_key_secret: str | None = None, security_token: str | None = None,
                  ram_role: bool | str = False, instance_types: Sequence[str] | None = None, spot: bool = True,
-                 public_ip: bool = False, ssh: SshMode | bool | None = None,
+                 public_ip: bool = False, ssh: _SshMode | bool | None = None,
                  runner_factory: RunnerFactory | None = None) -> None:
         vsw = dict(vswitch_ids or {})
         if not all(isinstance(k, str) and isinstance(v, str) and v.startswith("vsw-") for k, v in vsw.items()):
@@ -226,29 +190,13 @@ class AlibabaProvider(Provider):
                 f"endpoint={redact_url(self.endpoint)!r}{', ssh' if self.ssh else ''})")
 
     # ---- shapes --------------------------------------------------------------------
-    def _wanted(self, name: str) -> bool:
-        return any(name == t or (t.endswith((".", "-")) and name.startswith(t)) for t in self.instance_types)
-
     async def _stock(self, region: str, spot: bool) -> list[tuple[str, str]]:
         """(zone, type) pairs in stock in ``region`` for the market."""
         _c, models, _o, _r = sdk()
         body = await self._client.call(region, "describe_available_resource", models.DescribeAvailableResourceRequest(
             region_id=region, destination_resource="InstanceType", instance_charge_type="PostPaid",
             spot_strategy="SpotAsPriceGo" if spot else "NoSpot"))
-        out = []
-        zones = (body.available_zones.available_zone or []) if body.available_zones else []
-        for z in zones:
-            if self.zones and z.zone_id not in self.zones:
-                continue
-            if z.status != "Available" or z.status_category not in IN_STOCK:
-                continue
-            for res in (z.available_resources.available_resource or []) if z.available_resources else []:
-                if res.type != "InstanceType" or not res.supported_resources:
-                    continue
-                for s in res.supported_resources.supported_resource or []:
-                    if s.status == "Available" and s.status_category in IN_STOCK and self._wanted(str(s.value)):
-                        out.append((str(z.zone_id), str(s.value)))
-        return out
+        return in_stock(body, self.zones, self.instance_types)
 
     async def _describe_types(self, region: str, names: Iterable[str]) -> dict[str, InstanceType]:
         async with self._type_lock:
@@ -259,11 +207,7 @@ class AlibabaProvider(Provider):
                 body = await self._client.call(region, "describe_instance_types", models.DescribeInstanceTypesRequest(
                     instance_types=missing[i:i + TYPES_CHUNK], max_results=100))
                 for t in (body.instance_types.instance_type or []) if body.instance_types else []:
-                    gpus = int(t.gpuamount or 0)
-                    known[str(t.instance_type_id)] = InstanceType(
-                        str(t.instance_type_id), int(t.cpu_core_count or 0), float(t.memory_size or 0), gpus,
-                        gpu_short(t.gpuspec) if gpus else None,
-                        "arm64" if str(t.cpu_architecture or "").upper() == "ARM" else "x86_64")
+                    known[str(t.instance_type_id)] = instance_type_of(t)
             return known
 
     async def offers(self, spec: InstanceSpec) -> list[Offer]:
@@ -484,7 +428,8 @@ class AlibabaProvider(Provider):
     # ---- the rest ------------------------------------------------------------------
     def runner(self, instance: Instance) -> Runner:
         return instance_runner(instance, self._keys, self._ips, self.runner_factory, provider=PROVIDER,
-                               hint="pass AlibabaProvider(ssh=SshMode()) to inject keys at launch (docs/providers/alibaba.md), or runner_factory=...")
+                               hint="pass AlibabaProvider(ssh=SshMode()) to inject keys at launch "
+                                    "(docs/providers/alibaba.md), or runner_factory=...")
 
     async def close(self) -> None:
         if self._keys is not None:
@@ -492,4 +437,6 @@ class AlibabaProvider(Provider):
         await self._client.close()
 
 
-__all__ = ["AlibabaProvider", "DEFAULT_INSTANCE_TYPES", "SshMode", "client_token", "gpu_short"]
+# The names this module had before shapes.py took them stay importable here.
+__all__ = ["AlibabaProvider", "DEFAULT_INSTANCE_TYPES", "IN_STOCK", "InstanceType", "SshMode", "client_token",
+           "gpu_short", "region_of_zone"]

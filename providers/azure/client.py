@@ -121,13 +121,17 @@ class AzureClient:
         return self._calls.client(kind)
 
     def _make_client(self, kind: str) -> Any:
+        cls: Callable[..., Any]    # the management client class of ``kind`` (three unrelated classes)
         try:
             if kind == "compute":
-                from azure.mgmt.compute import ComputeManagementClient as cls
+                from azure.mgmt.compute import ComputeManagementClient
+                cls = ComputeManagementClient
             elif kind == "network":
-                from azure.mgmt.network import NetworkManagementClient as cls
+                from azure.mgmt.network import NetworkManagementClient
+                cls = NetworkManagementClient
             else:
-                from azure.mgmt.resource.resources import ResourceManagementClient as cls
+                from azure.mgmt.resource.resources import ResourceManagementClient
+                cls = ResourceManagementClient
         except ImportError as exc:
             raise ProviderError(_INSTALL_HINT, provider=PROVIDER, code="MissingDependency") from exc
         kwargs: dict[str, Any] = {"retry_total": 0, "polling_interval": self.polling_interval_s}

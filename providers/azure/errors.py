@@ -36,7 +36,7 @@ Decisions:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from flowmesh_sdk.errors import (AuthError, CapacityError, FlowMeshError, NotFoundError, ProviderError,
                                  ProviderUnavailableError, QuotaError, SpecError, ThrottledError)
@@ -125,7 +125,8 @@ def map_http_error(exc: Any, *, subscription: str, where: str) -> FlowMeshError:
     if cls is SpecError:
         return SpecError("launch", text, code=code, provider=PROVIDER)
     if cls is not None:
-        return cls(text, provider=PROVIDER, code=code or str(status))  # type: ignore[call-arg]
+        # the table's classes other than SpecError (handled above) are ProviderErrors, which take provider= and code=
+        return cast("type[ProviderError]", cls)(text, provider=PROVIDER, code=code or str(status))
     if status >= 500:
         return ProviderUnavailableError(text, provider=PROVIDER, code=code or str(status))
     return ProviderError(text, provider=PROVIDER, code=code or (str(status) if status else type(exc).__name__))

@@ -62,29 +62,27 @@ rates in :mod:`.client`, ``stop_start`` False.
 from __future__ import annotations
 
 import asyncio
-import base64
 import datetime as _dt
-import hashlib
 import logging
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from flowmesh_sdk import settings as _settings
 from flowmesh_sdk.errors import FlowMeshError, NotFoundError, SpecError
-from flowmesh_sdk.provider import (TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest,
-                                   Provider, ProviderState)
+from flowmesh_sdk.provider import TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest, Provider, ProviderState
 from flowmesh_sdk.redaction import redact_url
 from flowmesh_sdk.remote.injection import KeyInjector, instance_runner
 from flowmesh_sdk.remote.injection import SshMode as _SshMode
 from flowmesh_sdk.remote.runner import Runner
 from flowmesh_sdk.specs import InstanceSpec, Offer
-from flowmesh_sdk.tags import PlainTags
 
 from .client import RATES, AzureClient, deadline_polling
 from .errors import PROVIDER
+from .shapes import DEFAULT_VM_SIZES, VmSize, gpu_model, sizes_of
+from .shapes import plain as _plain
+from .vms import MAX_BATCH, MAX_TAGS, SUBNET, TAGS, check_request, vm_body, vm_name, vnet_body
 
 log = logging.getLogger("flowmesh.providers.azure")
 
@@ -92,17 +90,9 @@ ENV_SUBSCRIPTION = "AZURE_SUBSCRIPTION_ID"
 ENV_ENDPOINT = "FLOWMESH_AZURE_ENDPOINT"
 DEFAULT_LOCATION = "eastus"
 DEFAULT_IMAGE = {"publisher": "Canonical", "offer": "ubuntu-24_04-lts", "sku": "server", "version": "latest"}
-DEFAULT_VM_SIZES: tuple[str, ...] = ("Standard_D", "Standard_F", "Standard_E", "Standard_NC", "Standard_ND",
-                                     "Standard_NV")
-TAGS = PlainTags(max_key=512, max_value=256)
-MAX_TAGS = 50
-MAX_BATCH = 100
-_TAG_NAME_BAD = re.compile(r"[<>%&\\?/]")
 _LOCATION = re.compile(r"^[a-z][a-z0-9]{2,40}$")
 _GUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _RG = re.compile(r"^[-\w._()]{1,90}$")
-_GPU_MODELS = (("H100", "h100"), ("H200", "h200"), ("A100", "a100"), ("A10", "a10"), ("T4", "t4"),
-               ("V100", "v100"), ("MI300", "mi300x"), ("L4", "l4"))
 STATE_MAP = {"Creating": ProviderState.PENDING, "Succeeded": ProviderState.RUNNING,
              "Updating": ProviderState.RUNNING, "Migrating": ProviderState.RUNNING,
              "Deleting": ProviderState.STOPPING, "Failed": ProviderState.TERMINATED,
@@ -119,44 +109,6 @@ class SshMode(_SshMode):
 
     __slots__ = ()
     field_prefix = "azure.ssh"
-
-
-def vm_name(request_id: str, k: int) -> str:
-    """The deterministic name of the ``k``-th VM of a launch request."""
-    return f"fm-{hashlib.sha256(request_id.encode()).hexdigest()[:12]}-{k}"
-
-
-def gpu_model(size: str) -> str | None:
-    upper = size.upper()
-    return next((name for token, name in _GPU_MODELS if token in upper), None)
-
-
-@dataclass(frozen=True, slots=True)
-class VmSize:
-    name: str
-    location: str
-    cpus: int
-    memory_gb: float
-    gpus: int
-    arch: str
-
-    def offer(self) -> Offer | None:
-        try:
-            gpus = min(self.gpus, 16)
-            return Offer(provider=PROVIDER, region=self.location, zone=None, instance_type=self.name,
-                         cpus=max(1, self.cpus), memory_gb=self.memory_gb, price_per_hour=None, gpus=gpus,
-                         gpu_name=gpu_model(self.name) if gpus else None, spot=False, arch=self.arch,
-                         source="Azure resourceSkus.list")
-        except SpecError:
-            return None
-
-
-def _plain(model: Any) -> dict[str, Any]:
-    """An SDK model as its wire-format JSON (the TypeSpec models are mappings of REST names)."""
-    if isinstance(model, Mapping):
-        return {k: _plain(v) if isinstance(v, Mapping) else ([_plain(x) if isinstance(x, Mapping) else x for x in v]
-                                                            if isinstance(v, list) else v) for k, v in model.items()}
-    return model.as_dict() if hasattr(model, "as_dict") else dict(model)
 
 
 class AzureProvider(Provider):
@@ -179,7 +131,7 @@ class AzureProvider(Provider):
                  image: Mapping[str, str] | None = None, admin_username: str = "azureuser",
                  credential: Any = None, base_url: str | None = None, allow_http: bool = False,
                  vm_sizes: Sequence[str] | None = None, max_workers: int = 8, operation_timeout_s: float = 900.0,
-                 polling_interval_s: float = 5.0, public_ip: bool = False, ssh: SshMode | bool | None = None,
+                 polling_interval_s: float = 5.0, public_ip: bool = False, ssh: _SshMode | bool | None = None,
                  runner_factory: RunnerFactory | None = None) -> None:
         subscription_id = subscription_id or _settings.value("providers.azure.subscription_id")
         if not subscription_id or not _GUID.match(str(subscription_id)):
@@ -251,22 +203,7 @@ class AzureProvider(Provider):
             if location not in self._sizes:
                 skus = await self._client.call(f"location {location}", "compute", lambda c: [
                     _plain(s) for s in c.resource_skus.list(filter=f"location eq '{location}'")])
-                found = []
-                for sku in skus:
-                    name = str(sku.get("name") or "")
-                    if sku.get("resourceType") != "virtualMachines" or not name.startswith(self.vm_sizes):
-                        continue
-                    if any(r.get("type") == "Location" for r in sku.get("restrictions") or []):
-                        continue   # NotAvailableForSubscription here
-                    caps = {c.get("name"): c.get("value") for c in sku.get("capabilities") or []}
-                    try:
-                        found.append(VmSize(name, location, int(caps.get("vCPUs") or 0),
-                                            float(caps.get("MemoryGB") or 0), int(caps.get("GPUs") or 0),
-                                            "arm64" if str(caps.get("CpuArchitectureType", "")).lower() == "arm64"
-                                            else "x86_64"))
-                    except ValueError:
-                        continue
-                self._sizes[location] = sorted(found, key=lambda s: (s.cpus, s.memory_gb, s.name))
+                self._sizes[location] = sizes_of(skus, location, self.vm_sizes)
         return self._sizes[location]
 
     async def offers(self, spec: InstanceSpec) -> list[Offer]:
@@ -346,22 +283,6 @@ class AzureProvider(Provider):
         self._ips[vm_id] = (ipc.get("privateIPAddress"), public)
 
     # ---- launch --------------------------------------------------------------------
-    def _check(self, request: LaunchRequest) -> dict[str, str]:
-        offer = request.offer
-        if offer.provider != PROVIDER:
-            raise SpecError("launch.offer", f"an offer of provider {offer.provider!r} was given to azure")
-        if offer.region not in self.locations:
-            raise SpecError("launch.offer.region", f"{offer.region!r} is not one of this provider's locations "
-                                                   f"{list(self.locations)}")
-        if request.count > MAX_BATCH:
-            raise SpecError("launch.count", f"at most {MAX_BATCH} per launch call, got {request.count}")
-        tags = TAGS.encode_launch({**request.tags, TAG_REQUEST: request.request_id}, limit=MAX_TAGS,
-                                  cloud="Azure", per="resource")
-        bad = [k for k in tags if _TAG_NAME_BAD.search(k)]
-        if bad:
-            raise SpecError("launch.tags", f"Azure tag names may not contain < > % & \\ ? /; got {bad}")
-        return tags
-
     async def _ensure_network(self, location: str) -> str:
         async with self._net_lock:
             if not self._rg_ready:
@@ -373,10 +294,7 @@ class AzureProvider(Provider):
                 return self.subnet_id
             if location not in self._subnets:
                 vnet = f"flowmesh-{location}"
-                body = {"location": location, "tags": {"flowmesh:managed": "true"},
-                        "properties": {"addressSpace": {"addressPrefixes": ["10.20.0.0/16"]},
-                                       "subnets": [{"name": "flowmesh",
-                                                    "properties": {"addressPrefix": "10.20.0.0/20"}}]}}
+                body = vnet_body(location)
                 made = await self._client.call(f"vnet {vnet}", "network", lambda c: _plain(
                     c.virtual_networks.begin_create_or_update(
                         self.resource_group, vnet, body,
@@ -385,40 +303,14 @@ class AzureProvider(Provider):
                 subnets = (made.get("properties") or {}).get("subnets") or []
                 self._subnets[location] = str(subnets[0]["id"]) if subnets else (
                     f"/subscriptions/{self.subscription_id}/resourceGroups/{self.resource_group}/providers/"
-                    f"Microsoft.Network/virtualNetworks/{vnet}/subnets/flowmesh")
+                    f"Microsoft.Network/virtualNetworks/{vnet}/subnets/{SUBNET}")
             return self._subnets[location]
 
     def _vm_body(self, name: str, request: LaunchRequest, tags: Mapping[str, str], subnet: str,
                  custom_data: str | None, fleet_public: str | None) -> dict[str, Any]:
-        offer = request.offer
-        image = ({"id": self.image["id"]} if "id" in self.image else
-                 {k: self.image[k] for k in ("publisher", "offer", "sku", "version") if k in self.image})
-        ipconf: dict[str, Any] = {"name": "ipconfig1", "properties": {"subnet": {"id": subnet}, "primary": True}}
-        if self.public_ip or (self.ssh is not None and self.ssh.address == "public"):
-            ipconf["properties"]["publicIPAddressConfiguration"] = {
-                "name": f"{name}-ip", "properties": {"deleteOption": "Delete"}, "sku": {"name": "Standard"}}
-        linux: dict[str, Any] = {"disablePasswordAuthentication": True}
-        if fleet_public:
-            linux["ssh"] = {"publicKeys": [{"path": f"/home/{self.admin_username}/.ssh/authorized_keys",
-                                            "keyData": fleet_public}]}
-        os_profile: dict[str, Any] = {"computerName": name, "adminUsername": self.admin_username,
-                                      "linuxConfiguration": linux}
-        if custom_data is not None:
-            os_profile["customData"] = base64.b64encode(custom_data.encode()).decode()
-        props: dict[str, Any] = {
-            "hardwareProfile": {"vmSize": offer.instance_type},
-            "storageProfile": {"imageReference": image,
-                               "osDisk": {"createOption": "FromImage", "deleteOption": "Delete",
-                                          "diskSizeGB": request.spec.disk_gb,
-                                          "managedDisk": {"storageAccountType": "Premium_LRS"}}},
-            "osProfile": os_profile,
-            "networkProfile": {"networkApiVersion": "2022-11-01", "networkInterfaceConfigurations": [
-                {"name": f"{name}-nic", "properties": {"primary": True, "deleteOption": "Delete",
-                                                       "ipConfigurations": [ipconf]}}]},
-        }
-        if offer.spot:
-            props.update({"priority": "Spot", "evictionPolicy": "Delete", "billingProfile": {"maxPrice": -1}})
-        return {"location": offer.region, "tags": dict(tags), "properties": props}
+        return vm_body(name, request, tags, subnet, image=self.image, admin_username=self.admin_username,
+                       public_address=self.public_ip or (self.ssh is not None and self.ssh.address == "public"),
+                       custom_data=custom_data, fleet_public=fleet_public)
 
     async def _create(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self._client.call(f"vm {name}", "compute", lambda c: _plain(
@@ -428,7 +320,7 @@ class AzureProvider(Provider):
                                          f"vm {name}")).result()))
 
     async def launch(self, request: LaunchRequest) -> list[Instance]:
-        tags = self._check(request)
+        tags = check_request(request, self.locations)
         offer = request.offer
         sizes = await self._location_sizes(offer.region)
         if not any(s.name == offer.instance_type for s in sizes):
@@ -519,7 +411,8 @@ class AzureProvider(Provider):
     # ---- the rest ------------------------------------------------------------------
     def runner(self, instance: Instance) -> Runner:
         return instance_runner(instance, self._keys, self._ips, self.runner_factory, provider=PROVIDER,
-                               hint="pass AzureProvider(ssh=SshMode()) to inject keys at launch (docs/providers/azure.md), or runner_factory=...")
+                               hint="pass AzureProvider(ssh=SshMode()) to inject keys at launch "
+                                    "(docs/providers/azure.md), or runner_factory=...")
 
     async def close(self) -> None:
         if self._keys is not None:
@@ -527,4 +420,6 @@ class AzureProvider(Provider):
         await self._client.close()
 
 
-__all__ = ["AzureProvider", "DEFAULT_VM_SIZES", "SshMode", "gpu_model", "vm_name"]
+# The names this module had before shapes.py and vms.py took them stay importable here.
+__all__ = ["AzureProvider", "DEFAULT_VM_SIZES", "MAX_BATCH", "MAX_TAGS", "POWER_MAP", "STATE_MAP", "SshMode", "TAGS",
+           "VmSize", "gpu_model", "vm_name"]

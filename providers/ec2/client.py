@@ -1,12 +1,13 @@
 """boto3 EC2 clients, one per region, driven off the event loop.
 
 Every boto3 call runs in the bounded thread pool of a :class:`~flowmesh_sdk.offloop.OffLoop`
-(``max_workers``); nothing blocks the event loop, not even creating a client.  botocore's own retries are off (``retries={"mode": "standard",
-"total_max_attempts": 1}``: one attempt, no retry -- note that botocore's
-``max_attempts`` in a ``Config`` counts *retries*, so ``max_attempts=1`` would still
-retry once).  Retries, rate limits and failover wrap the provider contract from outside
-(:mod:`flowmesh_sdk.provisioning`); a hidden retry inside the driver would double-count
-against the account's buckets and delay failover.
+(``max_workers``); nothing blocks the event loop, not even creating a client.  botocore's
+own retries are off (``retries={"mode": "standard", "total_max_attempts": 1}``: one
+attempt, no retry -- note that botocore's ``max_attempts`` in a ``Config`` counts
+*retries*, so ``max_attempts=1`` would still retry once).  Retries, rate limits and
+failover wrap the provider contract from outside (:mod:`flowmesh_sdk.provisioning`); a
+hidden retry inside the driver would double-count against the account's buckets and
+delay failover.
 
 boto3 and botocore are imported lazily, on the first call, so importing this package
 (or :mod:`flowmesh_sdk`) never imports them; without the ``ec2`` extra installed the

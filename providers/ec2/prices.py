@@ -137,8 +137,10 @@ def _fetch_blocking(endpoint: str | None, regions: Sequence[str], shapes: Sequen
         seen: dict[str, CatalogRow] = {}
         for doc in docs:
             row = parse_product(doc, region, by_type, stamp)
-            if row is not None and (row.instance_type not in seen
-                                    or row.on_demand_per_hour < (seen[row.instance_type].on_demand_per_hour or 0)):
+            if row is None:
+                continue
+            best = seen.get(row.instance_type)     # the cheapest row per type (parse_product always prices one)
+            if best is None or (row.on_demand_per_hour or 0) < (best.on_demand_per_hour or 0):
                 seen[row.instance_type] = row
         rows.extend(seen[k] for k in sorted(seen))
     return rows

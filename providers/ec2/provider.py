@@ -91,35 +91,31 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as _dt
-import hashlib
 import logging
-import os
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from flowmesh_sdk import settings as _settings
 from flowmesh_sdk.errors import NotFoundError, ProviderError, SpecError
-from flowmesh_sdk.provider import (TAG_FLEET, TAG_POOL, TAG_REQUEST, Capabilities, Instance, LaunchRequest,
-                                   Provider, ProviderState)
+from flowmesh_sdk.provider import TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest, Provider, ProviderState
 from flowmesh_sdk.redaction import redact_url
 from flowmesh_sdk.remote.injection import KeyInjector, instance_runner
 from flowmesh_sdk.remote.injection import SshMode as _SshMode
 from flowmesh_sdk.remote.keys import PublicKey
 from flowmesh_sdk.remote.runner import Runner
 from flowmesh_sdk.specs import InstanceSpec, Offer
-from flowmesh_sdk.tags import PlainTags
 
 from .client import DESCRIBE_PAGE, ID_FILTER_CHUNK, MAX_LAUNCH_BATCH, RATES, TERMINATE_CHUNK, Ec2Client
 from .errors import PROVIDER, missing_instance_ids
+from .launch import MAX_TAGS, TAGS, check_request, client_token, run_instances_params
+from .options import (DEFAULT_INSTANCE_TYPES, DEFAULT_REGION, ENV_AMI, ENV_ENDPOINT, Ec2Options, RunnerFactory,
+                      SshMode, trust_id)
+from .shapes import TYPE_FILTER_CHUNK, ImageInfo, Shapes, TypeInfo
+from .shapes import chunks as _chunks
 
 log = logging.getLogger("flowmesh.providers.ec2")
 
-DEFAULT_REGION = "us-east-1"
-ENV_ENDPOINT = "FLOWMESH_EC2_ENDPOINT_URL"
-ENV_AMI = "FLOWMESH_EC2_AMI"
 LIVE_STATES = ("pending", "running", "stopping", "stopped")
 STATE_MAP = {
     "pending": ProviderState.PENDING,
@@ -129,100 +125,8 @@ STATE_MAP = {
     "shutting-down": ProviderState.TERMINATED,
     "terminated": ProviderState.TERMINATED,
 }
-TYPE_FILTER_CHUNK = 100            # instance-type filter values per DescribeInstanceTypes call
-MAX_TAGS = 50                      # EC2: 50 user tags per resource
-TAGS = PlainTags(max_key=128, max_value=256)   # EC2 tag limits (keys 128, values 256 characters)
-# The families offers() describes by default (DescribeInstanceTypes ``instance-type``
-# filter values, wildcards allowed): current general purpose, compute and memory families
-# (Intel, AMD, Graviton) and the GPU families.  Shapes only; which of them can be launched
-# at what price is the catalog's business.  ``Ec2Provider(instance_types=...)`` replaces
-# the list (``("*",)``: every type the region has, several hundred).
-DEFAULT_INSTANCE_TYPES: tuple[str, ...] = (
-    "c5.*", "c6a.*", "c6i.*", "c7a.*", "c7i.*", "c7g.*",
-    "m5.*", "m6a.*", "m6i.*", "m7a.*", "m7i.*", "m7g.*",
-    "r5.*", "r6a.*", "r6i.*", "r7i.*", "r7g.*",
-    "g4ad.*", "g4dn.*", "g5.*", "g5g.*", "g6.*", "g6e.*", "gr6.*", "g7.*", "g7e.*",
-    "p3dn.*", "p4d.*", "p4de.*", "p5.*", "p5en.*", "p6-b200.*", "p6-b300.*",
-)
-_TYPE_PATTERN = re.compile(r"^[a-z0-9*?][a-z0-9.*?-]{0,63}$")
 _INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8}(?:[0-9a-f]{9})?$")
-_REGION = re.compile(r"^[a-z]{2}(?:-[a-z]+)+-\d+$")
-
-RunnerFactory = Callable[[Instance], Runner]
 PUBLIC_IP_WAIT_S = 120.0           # SSH mode, address="public": how long launch waits for public IPs
-
-
-class SshMode(_SshMode):
-    """:class:`flowmesh_sdk.remote.injection.SshMode` for EC2 (errors name ``ec2.ssh.*``).
-
-    ``address="public"`` makes launch wait, up to 120 s, until EC2 has assigned public IPs;
-    ``imds_hop_limit`` is the IMDSv2 PUT response hop limit (1: processes in containers
-    cannot reach the metadata service, so cannot read the user-data; raise it only if
-    containers must use the instance role).  ``address_map``: a test hook
-    (``flowmesh_sdk.testing.cloudinit``)."""
-
-    __slots__ = ()
-    field_prefix = "ec2.ssh"
-
-
-def trust_id(instance_id: str) -> str:
-    """How an EC2 instance's injected host key is named in the trust record."""
-    return f"ec2:{instance_id}"
-
-
-@dataclass(frozen=True, slots=True)
-class TypeInfo:
-    """What ``DescribeInstanceTypes`` says of one instance type."""
-
-    name: str
-    cpus: int
-    memory_gb: float
-    gpus: int
-    gpu_name: str | None
-    arch: str | None               # "x86_64" | "arm64" | None (neither: not offered)
-
-    @classmethod
-    def parse(cls, item: Mapping[str, Any]) -> TypeInfo:
-        archs = (item.get("ProcessorInfo") or {}).get("SupportedArchitectures") or []
-        arch = "arm64" if "arm64" in archs else "x86_64" if "x86_64" in archs else None
-        gpus_info = (item.get("GpuInfo") or {}).get("Gpus") or []
-        gpus = sum(int(g.get("Count") or 0) for g in gpus_info)
-        gpu_name = next((str(g["Name"]).lower() for g in gpus_info if g.get("Name")), None)
-        return cls(name=item["InstanceType"], cpus=int((item.get("VCpuInfo") or {}).get("DefaultVCpus") or 0),
-                   memory_gb=round(int((item.get("MemoryInfo") or {}).get("SizeInMiB") or 0) / 1024, 3),
-                   gpus=gpus, gpu_name=gpu_name if gpus else None, arch=arch)
-
-    def spec(self, gpu_name: str | None = None) -> InstanceSpec | None:
-        try:
-            gpus = min(self.gpus, 16)
-            return InstanceSpec(cpus=max(1, min(self.cpus, 1024)), memory_gb=self.memory_gb,
-                                gpus=gpus, gpu_name=(gpu_name or self.gpu_name) if gpus else None,
-                                arch=self.arch or "x86_64")
-        except SpecError:
-            return None
-
-
-@dataclass(frozen=True, slots=True)
-class ImageInfo:
-    image_id: str
-    arch: str | None
-    root_device: str | None
-
-
-def _default_regions() -> list[str]:
-    return [os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or DEFAULT_REGION]
-
-
-def _chunks(items: Sequence[str], size: int) -> Iterable[list[str]]:
-    for i in range(0, len(items), size):
-        yield list(items[i:i + size])
-
-
-def client_token(request_id: str) -> str:
-    """EC2's ClientToken: up to 64 ASCII characters; longer or non-ASCII ids are hashed."""
-    if 0 < len(request_id) <= 64 and request_id.isascii() and request_id.isprintable():
-        return request_id
-    return "fm-" + hashlib.sha256(request_id.encode()).hexdigest()[:61]
 
 
 class Ec2Provider(Provider):
@@ -234,7 +138,8 @@ class Ec2Provider(Provider):
     as a test fixture does); they are never logged or shown.  ``instance_types`` are the
     instance types (names or ``DescribeInstanceTypes`` wildcards such as ``"c7i.*"``)
     that :meth:`offers` reports, default :data:`DEFAULT_INSTANCE_TYPES`.  The provider
-    holds no prices: the fleet prices its offers from the catalog."""
+    holds no prices: the fleet prices its offers from the catalog.  The options are
+    checked into :attr:`options` (an :class:`~.options.Ec2Options`)."""
 
     name = "ec2"
     capabilities = Capabilities(spot=True, gpus=True, stop_start=False, max_batch=MAX_LAUNCH_BATCH,
@@ -246,161 +151,74 @@ class Ec2Provider(Provider):
                  user_data: str | None = None, iam_instance_profile: str | None = None,
                  max_workers: int = 8, runner_factory: RunnerFactory | None = None,
                  session_kwargs: Mapping[str, Any] | None = None, partial_ok: bool = False,
-                 instance_types: Sequence[str] | None = None, ssh: SshMode | bool | None = None) -> None:
-        if regions is None:
-            regions = _default_regions()
-        elif isinstance(regions, str):
-            regions = [regions]
-        regs: list[str] = []
-        for r in regions:
-            if not isinstance(r, str) or not _REGION.match(r):
-                raise SpecError("ec2.regions", f"must be AWS region names like 'us-east-1', got {r!r}")
-            if r not in regs:
-                regs.append(r)
-        if not regs:
-            raise SpecError("ec2.regions", "must name at least one region")
-        self.regions: tuple[str, ...] = tuple(regs)
-
-        endpoint_url = endpoint_url if endpoint_url is not None else _settings.value("providers.ec2.endpoint_url")
-        if endpoint_url is not None and not re.match(r"^https?://[^/\s]+", str(endpoint_url)):
-            raise SpecError("ec2.endpoint_url", f"must be an http(s) URL, got {redact_url(str(endpoint_url))!r}")
-        self.endpoint_url = endpoint_url
-
-        if image_id is None:
-            image_id = _settings.value("providers.ec2.image_id")
-        if isinstance(image_id, Mapping):
-            images = {}
-            for reg, ami in image_id.items():
-                if not isinstance(ami, str) or not ami.strip():
-                    raise SpecError(f"ec2.image_id[{reg!r}]", f"must be an AMI id, got {ami!r}")
-                images[str(reg)] = ami.strip()
-            self._image_ids: dict[str, str] | str | None = images
-        elif image_id is not None:
-            if not isinstance(image_id, str) or not image_id.strip():
-                raise SpecError("ec2.image_id", f"must be an AMI id like 'ami-0abc...', got {image_id!r}")
-            self._image_ids = image_id.strip()
-        else:
-            self._image_ids = None
-
-        if isinstance(security_group_ids, str):
-            security_group_ids = (security_group_ids,)
-        self.subnet_id = subnet_id
-        self.security_group_ids = tuple(security_group_ids)
-        self.key_name = key_name
-        self._user_data = user_data
-        self.iam_instance_profile = iam_instance_profile
-        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or not 1 <= max_workers <= 256:
-            raise SpecError("ec2.max_workers", f"must be an integer in [1, 256], got {max_workers!r}")
-        if runner_factory is not None and not callable(runner_factory):
-            raise SpecError("ec2.runner_factory", "must be a callable Instance -> Runner")
-        self.runner_factory = runner_factory
-        ssh = SshMode.coerce(ssh, "ec2.ssh")
-        if ssh is not None and user_data is not None:
-            raise SpecError("ec2.user_data", "cannot be combined with ssh=: in SSH mode the provider writes "
-                                             "the user-data itself (the instance's host key and the fleet's "
-                                             "client key); put other setup in the AMI or the bootstrap steps")
-        if ssh is not None and runner_factory is not None:
-            raise SpecError("ec2.runner_factory", "cannot be combined with ssh=: SSH mode makes the runners")
-        self.ssh = ssh
-        self._keys = KeyInjector(PROVIDER, ssh) if ssh is not None else None   # SSH mode's keys and runners
+                 instance_types: Sequence[str] | None = None, ssh: _SshMode | bool | None = None) -> None:
+        self.options = opts = Ec2Options.build(
+            regions=regions, endpoint_url=endpoint_url, image_id=image_id, subnet_id=subnet_id,
+            security_group_ids=security_group_ids, key_name=key_name, user_data=user_data,
+            iam_instance_profile=iam_instance_profile, max_workers=max_workers, runner_factory=runner_factory,
+            session_kwargs=session_kwargs, partial_ok=partial_ok, instance_types=instance_types, ssh=ssh)
+        self.runner_factory = opts.runner_factory
+        self._keys = KeyInjector(PROVIDER, opts.ssh) if opts.ssh is not None else None   # SSH mode's keys, runners
         self._ips: dict[str, tuple[str | None, str | None]] = {}    # instance id -> (private, public)
-        self.partial_ok = bool(partial_ok)
-        if instance_types is None:
-            instance_types = DEFAULT_INSTANCE_TYPES
-        elif isinstance(instance_types, str):
-            instance_types = (instance_types,)
-        patterns = tuple(dict.fromkeys(instance_types))
-        bad = [t for t in patterns if not isinstance(t, str) or not _TYPE_PATTERN.match(t)]
-        if bad or not patterns:
-            raise SpecError("ec2.instance_types", "must be EC2 instance types or DescribeInstanceTypes "
-                                                  f"wildcards like 'c7i.*' or 'm6i.2xlarge', got {bad or patterns!r}")
-        self.instance_types: tuple[str, ...] = patterns
-        self._client = Ec2Client(endpoint_url=self.endpoint_url, max_workers=max_workers,
-                                 session_kwargs=session_kwargs)
-
-        self._types: dict[str, dict[str, TypeInfo | None]] = {}     # region -> name -> info (None: none)
-        self._type_locks: dict[str, asyncio.Lock] = {}
-        self._shapes: dict[str, list[TypeInfo]] = {}                # region -> the searched families' types
+        self._client = Ec2Client(endpoint_url=opts.endpoint_url, max_workers=opts.max_workers,
+                                 session_kwargs=opts.session_kwargs)
+        self._shapes = Shapes(self._client, opts.instance_types)    # instance types and AMIs described
         self._price_of: dict[str, float] = {}                       # instance id -> its launch offer's price
-        self._images: dict[tuple[str, str], ImageInfo] = {}
         self._region_of: dict[str, str] = {}                        # instance id -> region
         self._spec_of: dict[str, InstanceSpec] = {}                 # instance id -> spec it was launched for
 
+    # The checked options, as the attributes they always were (read-only: see self.options).
+    @property
+    def regions(self) -> tuple[str, ...]:
+        return self.options.regions
+
+    @property
+    def endpoint_url(self) -> str | None:
+        return self.options.endpoint_url
+
+    @property
+    def subnet_id(self) -> str | None:
+        return self.options.subnet_id
+
+    @property
+    def security_group_ids(self) -> tuple[str, ...]:
+        return self.options.security_group_ids
+
+    @property
+    def key_name(self) -> str | None:
+        return self.options.key_name
+
+    @property
+    def iam_instance_profile(self) -> str | None:
+        return self.options.iam_instance_profile
+
+    @property
+    def partial_ok(self) -> bool:
+        return self.options.partial_ok
+
+    @property
+    def instance_types(self) -> tuple[str, ...]:
+        return self.options.instance_types
+
+    @property
+    def ssh(self) -> _SshMode | None:
+        return self.options.ssh
+
     def __repr__(self) -> str:
         return (f"Ec2Provider(regions={list(self.regions)!r}, endpoint_url={redact_url(self.endpoint_url)!r}, "
-                f"image_id={self._image_ids!r}{', ssh' if self.ssh else ''})")
+                f"image_id={self.options.image_ids!r}{', ssh' if self.ssh else ''})")
 
-    # ---- instance types and prices ---------------------------------------------------
+    # ---- instance types ----------------------------------------------------------------
     def image_for(self, region: str) -> str:
         """The AMI to launch in ``region``; SpecError naming ``ec2.image_id`` when none is set."""
-        ids = self._image_ids
-        ami = ids.get(region) if isinstance(ids, dict) else ids
-        if not ami:
-            raise SpecError("ec2.image_id",
-                            f"no AMI configured for region {region}: pass Ec2Provider(image_id='ami-...') "
-                            f"(or a mapping region -> AMI id), or set {ENV_AMI}")
-        return ami
-
-    async def _ensure_types(self, region: str, names: Iterable[str]) -> dict[str, TypeInfo | None]:
-        """Type info for ``names`` in ``region`` (fetched once, cached; None: no such type)."""
-        known = self._types.setdefault(region, {})
-        lock = self._type_locks.setdefault(region, asyncio.Lock())
-        async with lock:
-            missing = sorted({n for n in names if n not in known})
-            for chunk in _chunks(missing, TYPE_FILTER_CHUNK):
-                pages = await self._client.pages(region, "describe_instance_types",
-                                                 Filters=[{"Name": "instance-type", "Values": chunk}])
-                for page in pages:
-                    for item in page.get("InstanceTypes") or []:
-                        info = TypeInfo.parse(item)
-                        known[info.name] = info
-                for name in chunk:
-                    known.setdefault(name, None)
-        return known
-
-    async def _region_shapes(self, region: str) -> list[TypeInfo]:
-        """The types of :attr:`instance_types` in ``region`` (one paginated
-        ``DescribeInstanceTypes`` per 100 patterns, once per region; cached)."""
-        lock = self._type_locks.setdefault(region, asyncio.Lock())
-        async with lock:
-            if region not in self._shapes:
-                found: dict[str, TypeInfo] = {}
-                for chunk in _chunks(list(self.instance_types), TYPE_FILTER_CHUNK):
-                    pages = await self._client.pages(region, "describe_instance_types",
-                                                     Filters=[{"Name": "instance-type", "Values": chunk}])
-                    for page in pages:
-                        for item in page.get("InstanceTypes") or []:
-                            info = TypeInfo.parse(item)
-                            found[info.name] = info
-                self._types.setdefault(region, {}).update(found)
-                self._shapes[region] = sorted(found.values(), key=lambda i: (i.cpus, i.memory_gb, i.name))
-        return self._shapes[region]
-
-    async def _region_offers(self, region: str, spec: InstanceSpec) -> list[Offer]:
-        out = []
-        for info in await self._region_shapes(region):
-            if info.arch is None or info.cpus < 1 or info.memory_gb <= 0:
-                continue
-            offer = Offer(provider=PROVIDER, region=region, instance_type=info.name, cpus=info.cpus,
-                          memory_gb=info.memory_gb, price_per_hour=None, gpus=info.gpus,
-                          gpu_name=info.gpu_name if info.gpus else None, zone=None, spot=False, arch=info.arch,
-                          source="EC2 DescribeInstanceTypes")
-            if offer.fits(spec):
-                out.append(offer)
-        return out
+        return self.options.image_for(region)
 
     async def offers(self, spec: InstanceSpec) -> list[Offer]:
-        per_region = await asyncio.gather(*(self._region_offers(r, spec) for r in self.regions))
+        per_region = await asyncio.gather(*(self._shapes.region_offers(r, spec) for r in self.regions))
         return [o for group in per_region for o in group]
 
     def explain_misfit(self, spec: InstanceSpec) -> str:
-        gpu = f", {spec.gpus} x {spec.gpu_name or 'any'} GPU" if spec.gpus else ""
-        searched = ", ".join(self.instance_types[:8]) + (", ..." if len(self.instance_types) > 8 else "")
-        known = {r: len(v) for r, v in self._shapes.items() if r in self.regions}
-        seen = ", ".join(f"{n} in {r}" for r, n in known.items()) or "none described yet"
-        return (f"no EC2 instance type of the families searched ({searched}; types found: {seen}) in "
-                f"{', '.join(self.regions)} has {spec.cpus} vCPUs, {spec.memory_gb:g} GiB{gpu}, arch {spec.arch}; "
-                "Ec2Provider(instance_types=...) widens the search")
+        return self._shapes.explain_misfit(spec, self.regions)
 
     # ---- instances -----------------------------------------------------------------
     def _to_instance(self, region: str, item: Mapping[str, Any], *, spec: InstanceSpec | None = None,
@@ -414,7 +232,7 @@ class Ec2Provider(Provider):
         if spec is None:
             spec = self._spec_of.get(iid)
         if spec is None:
-            info = self._types.get(region, {}).get(itype)
+            info = self._shapes.info(region, itype)
             spec = (info.spec() if info else None) or InstanceSpec()
         self._region_of[iid] = region
         self._spec_of.setdefault(iid, spec)
@@ -439,54 +257,18 @@ class Ec2Provider(Provider):
         unknown = {str(i.get("InstanceType")) for i in raw
                    if str(i.get("InstanceId")) not in self._spec_of and i.get("InstanceType")}
         if unknown:
-            await self._ensure_types(region, unknown)
+            await self._shapes.ensure(region, unknown)
         return [self._to_instance(region, i) for i in raw]
 
     # ---- launch --------------------------------------------------------------------
-    def _check_request(self, request: LaunchRequest) -> tuple[str, str, dict[str, str]]:
-        offer = request.offer
-        if offer.provider != PROVIDER:
-            raise SpecError("launch.offer", f"an offer of provider {offer.provider!r} was given to ec2")
-        if offer.region not in self.regions:
-            raise SpecError("launch.offer.region",
-                            f"{offer.region!r} is not one of this provider's regions {list(self.regions)} "
-                            "(an instance launched there could not be listed again)")
-        if request.count > self.capabilities.max_batch:
-            raise SpecError("launch.count", f"at most {self.capabilities.max_batch} per launch call, "
-                                            f"got {request.count}")
-        ami = self.image_for(offer.region)
-        tags = {str(k): str(v) for k, v in request.tags.items()}
-        tags[TAG_REQUEST] = request.request_id
-        tags.setdefault("Name", f"flowmesh-{tags.get(TAG_POOL) or 'instance'}")
-        tags = TAGS.encode_launch(tags, limit=MAX_TAGS, cloud="EC2", per="resource")
-        for k, v in tags.items():
-            if not k or len(k) > 128 or k.lower().startswith("aws:") or len(v) > 256:
-                raise SpecError(f"launch.tags[{k!r}]", "EC2 tag keys are 1-128 characters not starting with "
-                                                       "'aws:', values at most 256 characters")
-        return offer.region, ami, tags
-
-    async def _image(self, region: str, ami: str) -> ImageInfo | None:
-        if ami.startswith("resolve:ssm:"):
-            return None  # EC2 resolves it at launch; nothing to check here
-        key = (region, ami)
-        if key not in self._images:
-            resp = await self._client.call(region, "describe_images", ImageIds=[ami])
-            images = resp.get("Images") or []
-            if not images:
-                raise SpecError("ec2.image_id", f"AMI {ami} does not exist in {region} (or is not visible "
-                                                "to this account)")
-            img = images[0]
-            self._images[key] = ImageInfo(ami, img.get("Architecture"), img.get("RootDeviceName"))
-        return self._images[key]
-
     async def launch(self, request: LaunchRequest) -> list[Instance]:
-        region, ami, tags = self._check_request(request)
+        region, ami, tags = check_request(self.options, request, self.capabilities.max_batch)
         offer = request.offer
-        infos = await self._ensure_types(region, [offer.instance_type])
+        infos = await self._shapes.ensure(region, [offer.instance_type])
         if infos.get(offer.instance_type) is None:
             raise SpecError("launch.offer.instance_type",
                             f"{offer.instance_type!r} is not an EC2 instance type offered in {region}")
-        image = await self._image(region, ami)
+        image = await self._shapes.image(region, ami)
         if image is not None and image.arch and image.arch != offer.arch:
             raise SpecError("ec2.image_id", f"AMI {ami} is built for {image.arch}, but {offer.instance_type} "
                                             f"is {offer.arch}; configure an {offer.arch} AMI for {region}")
@@ -505,43 +287,12 @@ class Ec2Provider(Provider):
                 found = await self._with_public_ips(region, found)
             return found
 
-        tag_list = [{"Key": k, "Value": v} for k, v in tags.items()]
-        params: dict[str, Any] = {
-            "ImageId": ami,
-            "InstanceType": offer.instance_type,
-            "MinCount": 1 if self.partial_ok else request.count,
-            "MaxCount": request.count,
-            "ClientToken": client_token(request.request_id),
-            "TagSpecifications": [{"ResourceType": "instance", "Tags": tag_list},
-                                  {"ResourceType": "volume", "Tags": tag_list}],
-        }
-        if image is not None and image.root_device:
-            params["BlockDeviceMappings"] = [{"DeviceName": image.root_device,
-                                              "Ebs": {"VolumeSize": request.spec.disk_gb, "VolumeType": "gp3",
-                                                      "DeleteOnTermination": True}}]
         host_key: PublicKey | None = None
-        if self.ssh is not None and self._keys is not None:
-            params["UserData"], host_key = await self._keys.user_data(request.request_id)
-            params["MetadataOptions"] = {"HttpTokens": "required", "HttpEndpoint": "enabled",
-                                         "HttpPutResponseHopLimit": self.ssh.imds_hop_limit}
-        elif self._user_data is not None:
-            params["UserData"] = self._user_data   # botocore base64-encodes it
-        if self.subnet_id:
-            params["SubnetId"] = self.subnet_id
-        if self.security_group_ids:
-            params["SecurityGroupIds"] = list(self.security_group_ids)
-        if self.key_name:
-            params["KeyName"] = self.key_name
-        if self.iam_instance_profile:
-            prof = self.iam_instance_profile
-            params["IamInstanceProfile"] = {"Arn": prof} if prof.startswith("arn:") else {"Name": prof}
-        if offer.spot:
-            params["InstanceMarketOptions"] = {
-                "MarketType": "spot",
-                "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
-        if offer.zone:
-            params["Placement"] = {"AvailabilityZone": offer.zone}
-
+        injected: str | None = None
+        if self._keys is not None:
+            injected, host_key = await self._keys.user_data(request.request_id)
+        params = run_instances_params(self.options, request, ami=ami, tags=tags, image=image,
+                                      injected_user_data=injected)
         resp = await self._client.call(region, "run_instances", **params)
         out = []
         for item in resp.get("Instances") or []:
@@ -627,7 +378,8 @@ class Ec2Provider(Provider):
     # ---- the rest ------------------------------------------------------------------
     def runner(self, instance: Instance) -> Runner:
         return instance_runner(instance, self._keys, self._ips, self.runner_factory, provider=PROVIDER,
-                               hint="pass Ec2Provider(ssh=SshMode()) to inject keys at launch (docs/ssh.md), or runner_factory=... to supply runners")
+                               hint="pass Ec2Provider(ssh=SshMode()) to inject keys at launch (docs/ssh.md), "
+                                    "or runner_factory=... to supply runners")
 
     async def close(self) -> None:
         if self._keys is not None:
@@ -672,5 +424,7 @@ class Ec2Provider(Provider):
             await self._describe_ids(region, missing)   # refreshes self._ips
 
 
-__all__ = ["DEFAULT_INSTANCE_TYPES", "Ec2Provider", "ImageInfo", "SshMode", "TypeInfo", "client_token",
-           "trust_id"]
+# The names this module had before options.py, shapes.py and launch.py took them stay importable here.
+__all__ = ["DEFAULT_INSTANCE_TYPES", "DEFAULT_REGION", "ENV_AMI", "ENV_ENDPOINT", "LIVE_STATES", "MAX_TAGS",
+           "PUBLIC_IP_WAIT_S", "STATE_MAP", "TAGS", "TYPE_FILTER_CHUNK", "Ec2Options", "Ec2Provider", "ImageInfo",
+           "RunnerFactory", "SshMode", "TypeInfo", "client_token", "trust_id"]

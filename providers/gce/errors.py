@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from flowmesh_sdk.errors import (AuthError, CapacityError, FlowMeshError, NotFoundError, ProviderError,
                                  ProviderUnavailableError, QuotaError, SpecError, ThrottledError)
@@ -109,10 +109,11 @@ def _build(cls: type[FlowMeshError], message: str, code: str, *, field: str = "l
         return SpecError(field, message, code=code, provider=PROVIDER)
     if cls is ThrottledError:
         return ThrottledError(message, provider=PROVIDER, code=code, retry_after_s=retry_after_s)
-    err = cls(message, provider=PROVIDER, code=code)  # type: ignore[call-arg]
+    # the table's classes other than SpecError (handled above) are ProviderErrors, which take provider= and code=
+    err = cast("type[ProviderError]", cls)(message, provider=PROVIDER, code=code)
     if isinstance(err, QuotaError):
         m = _REGION_IN_QUOTA.search(message)
-        err.scope = m.group(1) if m else ""   # type: ignore[attr-defined]
+        err.scope = m.group(1) if m else ""   # type: ignore[attr-defined]  # gce's own extra attribute on QuotaError
     return err
 
 

@@ -71,7 +71,6 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from flowmesh_sdk import settings as _settings
@@ -87,6 +86,7 @@ from flowmesh_sdk.tags import LabelTags
 
 from .client import MAX_LAUNCH_BATCH, RATES, GceClient
 from .errors import PROVIDER
+from .shapes import DEFAULT_MACHINE_TYPES, MachineType, gpu_name, machine_types_of, region_of
 
 log = logging.getLogger("flowmesh.providers.gce")
 
@@ -94,9 +94,6 @@ ENV_PROJECT = "FLOWMESH_GCE_PROJECT"
 ENV_ENDPOINT = "FLOWMESH_GCE_ENDPOINT"
 DEFAULT_ZONE = "us-central1-a"
 DEFAULT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
-DEFAULT_MACHINE_TYPES: tuple[str, ...] = ("e2-standard-", "e2-highmem-", "n2-standard-", "n2-highmem-",
-                                          "n2d-standard-", "c3-standard-", "c3d-standard-", "n4-standard-",
-                                          "g2-standard-", "a2-highgpu-", "a2-ultragpu-", "a3-highgpu-")
 TAGS = LabelTags()
 REQUEST_LABEL = next(iter(TAGS.encode({TAG_REQUEST: "x"})))   # flowmesh_3arequest
 FLEET_LABEL = next(iter(TAGS.encode({TAG_FLEET: "x"})))
@@ -125,20 +122,6 @@ class SshMode(_SshMode):
     field_prefix = "gce.ssh"
 
 
-def gpu_name(accelerator_type: str) -> str:
-    """``nvidia-tesla-a100`` -> ``a100``, ``nvidia-l4`` -> ``l4``, ``nvidia-h100-80gb`` -> ``h100``."""
-    name = accelerator_type.rsplit("/", 1)[-1].lower()
-    for prefix in ("nvidia-tesla-", "nvidia-"):
-        if name.startswith(prefix):
-            name = name[len(prefix):]
-            break
-    return name.split("-", 1)[0]
-
-
-def region_of(zone: str) -> str:
-    return zone.rsplit("-", 1)[0]
-
-
 def gce_request_id(request_id: str, what: str = "launch") -> str:
     """Compute Engine's ``requestId`` (a UUID) for one SDK request id."""
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"flowmesh:{what}:{request_id}"))
@@ -146,27 +129,6 @@ def gce_request_id(request_id: str, what: str = "launch") -> str:
 
 def name_prefix(request_id: str) -> str:
     return "fm-" + hashlib.sha256(request_id.encode()).hexdigest()[:12]
-
-
-@dataclass(frozen=True, slots=True)
-class MachineType:
-    name: str
-    zone: str
-    cpus: int
-    memory_gb: float
-    gpus: int
-    gpu_type: str | None
-
-    def offer(self) -> Offer | None:
-        try:
-            gpus = min(self.gpus, 16)
-            return Offer(provider=PROVIDER, region=region_of(self.zone), zone=self.zone, instance_type=self.name,
-                         cpus=max(1, self.cpus), memory_gb=self.memory_gb, price_per_hour=None, gpus=gpus,
-                         gpu_name=gpu_name(self.gpu_type) if gpus and self.gpu_type else None, spot=False,
-                         arch="arm64" if self.name.startswith(("t2a-", "c4a-", "n4a-")) else "x86_64",
-                         source="GCE machineTypes.list")
-        except SpecError:
-            return None
 
 
 def _label_filter(labels: Mapping[str, str]) -> str:
@@ -193,7 +155,7 @@ class GceProvider(Provider):
                  network: str = "global/networks/default", subnetwork: str | None = None,
                  service_account: str | None = None, machine_types: Sequence[str] | None = None,
                  max_workers: int = 8, operation_timeout_s: float = 300.0,
-                 ssh: SshMode | bool | None = None, runner_factory: RunnerFactory | None = None,
+                 ssh: _SshMode | bool | None = None, runner_factory: RunnerFactory | None = None,
                  external_ip: bool = False) -> None:
         project = project or _settings.value("providers.gce.project")
         if not project or not isinstance(project, str) or not _PROJECT.match(project):
@@ -250,23 +212,12 @@ class GceProvider(Provider):
                 f"{', ssh' if self.ssh else ''})")
 
     # ---- shapes --------------------------------------------------------------------
-    def _wanted(self, name: str) -> bool:
-        return any(name == t or (t.endswith("-") and name.startswith(t)) for t in self.machine_types)
-
     async def _zone_types(self, zone: str) -> list[MachineType]:
         async with self._type_lock:
             if zone not in self._types:
                 items = await self._client.call(f"zone {zone}", "machine_types", "list", project=self.project,
                                                 zone=zone)
-                found = []
-                for mt in items:
-                    if not self._wanted(mt.name):
-                        continue
-                    accs = list(mt.accelerators)
-                    gpus = sum(int(a.guest_accelerator_count) for a in accs)
-                    found.append(MachineType(mt.name, zone, int(mt.guest_cpus), round(int(mt.memory_mb) / 1024, 3),
-                                             gpus, accs[0].guest_accelerator_type if accs else None))
-                self._types[zone] = sorted(found, key=lambda t: (t.cpus, t.memory_gb, t.name))
+                self._types[zone] = machine_types_of(items, zone, self.machine_types)
         return self._types[zone]
 
     async def offers(self, spec: InstanceSpec) -> list[Offer]:
@@ -371,7 +322,7 @@ class GceProvider(Provider):
             text, host_key = await self._keys.user_data(request.request_id)
             fleet = await self._keys.fleet()
             items = [compute_v1.Items(key="user-data", value=text),
-                     compute_v1.Items(key="ssh-keys", value=f"{self.ssh.user}:{fleet.public.line}")]  # type: ignore[union-attr]
+                     compute_v1.Items(key="ssh-keys", value=f"{self._keys.mode.user}:{fleet.public.line}")]
         nic = compute_v1.NetworkInterface(network=self.network)
         if self.subnetwork:
             nic.subnetwork = self.subnetwork
@@ -385,8 +336,9 @@ class GceProvider(Provider):
             scheduling.on_host_maintenance = "TERMINATE"
         props = compute_v1.InstanceProperties(
             machine_type=mt.name, labels=labels, metadata=compute_v1.Metadata(items=items),
-            disks=[compute_v1.AttachedDisk(boot=True, auto_delete=True, initialize_params=compute_v1.AttachedDiskInitializeParams(
-                source_image=self.image, disk_size_gb=request.spec.disk_gb))],
+            disks=[compute_v1.AttachedDisk(boot=True, auto_delete=True,
+                                           initialize_params=compute_v1.AttachedDiskInitializeParams(
+                                               source_image=self.image, disk_size_gb=request.spec.disk_gb))],
             network_interfaces=[nic], scheduling=scheduling)
         if mt.gpus and mt.gpu_type:
             props.guest_accelerators = [compute_v1.AcceleratorConfig(accelerator_type=mt.gpu_type,
@@ -468,7 +420,8 @@ class GceProvider(Provider):
     # ---- the rest ------------------------------------------------------------------
     def runner(self, instance: Instance) -> Runner:
         return instance_runner(instance, self._keys, self._ips, self.runner_factory, provider=PROVIDER,
-                               hint="pass GceProvider(ssh=SshMode()) to inject keys at launch (docs/providers/gce.md), or runner_factory=...")
+                               hint="pass GceProvider(ssh=SshMode()) to inject keys at launch "
+                                    "(docs/providers/gce.md), or runner_factory=...")
 
     async def close(self) -> None:
         if self._keys is not None:
@@ -490,4 +443,6 @@ def _id_filter(ids: Sequence[str]) -> str:
     return " OR ".join(f"(id = {i})" for i in ids)
 
 
-__all__ = ["DEFAULT_MACHINE_TYPES", "GceProvider", "SshMode", "gce_request_id", "gpu_name"]
+# The names this module had before shapes.py took them stay importable here.
+__all__ = ["DEFAULT_MACHINE_TYPES", "GceProvider", "MachineType", "SshMode", "gce_request_id", "gpu_name",
+           "region_of"]

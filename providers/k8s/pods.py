@@ -158,6 +158,16 @@ def allow_names(network: tuple[str, ...]) -> list[str]:
     return sorted({h for e in network if (h := allow_list_host(e)) is not None})
 
 
+def _subnet_of(inner: ipaddress.IPv4Network | ipaddress.IPv6Network,
+               outer: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+    """``inner`` lies inside ``outer`` (never across IP versions)."""
+    if isinstance(inner, ipaddress.IPv4Network) and isinstance(outer, ipaddress.IPv4Network):
+        return inner.subnet_of(outer)
+    if isinstance(inner, ipaddress.IPv6Network) and isinstance(outer, ipaddress.IPv6Network):
+        return inner.subnet_of(outer)
+    return False
+
+
 def allow_list_policy(label: str, network: tuple[str, ...], resolved: Mapping[str, Sequence[str]],
                       metadata_networks: Sequence[str]) -> dict[str, Any]:
     """The NetworkPolicy of one allow-list: egress only to its entries (a CIDR on every port;
@@ -168,10 +178,10 @@ def allow_list_policy(label: str, network: tuple[str, ...], resolved: Mapping[st
     for entry in network:
         if "/" in entry:
             net = ipaddress.ip_network(entry, strict=False)
-            if any(net.version == m.version and net.subnet_of(m) for m in meta):   # type: ignore[arg-type]
+            if any(_subnet_of(net, m) for m in meta):
                 continue
             block: dict[str, Any] = {"cidr": str(net)}
-            inside = [str(m) for m in meta if m.version == net.version and m.subnet_of(net)]  # type: ignore[arg-type]
+            inside = [str(m) for m in meta if _subnet_of(m, net)]
             if inside:
                 block["except"] = inside
             rules.append({"to": [{"ipBlock": block}]})

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import ipaddress
 import logging
 import random
@@ -237,7 +238,7 @@ class _Relay:
         with contextlib.suppress(ConnectionError, OSError):
             while data := await self._reader.read(1 << 16):
                 frame = bytes([DATA]) + data
-                await self._send(lambda f=frame: self._ws.send_binary(f))   # type: ignore[misc]
+                await self._send(functools.partial(self._ws.send_binary, frame))
 
     def _from_pod(self) -> None:
         """The reader thread: frames from the pod to the local connection."""

@@ -35,34 +35,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 from flowmesh_sdk import backends
 from flowmesh_sdk.errors import CapacityError, FlowMeshError, InstanceLost, NotFoundError, ProviderError, SpecError
-from flowmesh_sdk.offloop import OffLoop
 from flowmesh_sdk.provider import TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest, Provider, ProviderState
 from flowmesh_sdk.remote.runner import Runner
 from flowmesh_sdk.specs import InstanceSpec, Offer, check_number
 
 from . import capacity, config, pods
-from .client import RATES
-from .errors import PROVIDER, map_api_error, unreachable
 from .agent_sandbox import AgentSandbox, AgentSandboxSupport
-from .portforward import Forwarded, PodPorts
+from .api import Clusters, core, json_of
+from .client import RATES
+from .errors import PROVIDER
+from .policies import EgressPolicies
+from .portforward import Forwarded
+from .runners import CUT_VERDICT_S, pod_runner
 from .stream import PodRunner
 from .tolerations import GPU_TOLERATION, Toleration, pod_tolerations, tolerations_of
 from .watch import PodWatch
 
 log = logging.getLogger("flowmesh.providers.k8s")
-T = TypeVar("T")
 DEFAULT_RUNTIME_CLASSES = {"gvisor": "gvisor"}   # SandboxSpec.kernel -> the cluster's runtimeClassName
-# how long a stream cut without an exit status waits for the watch's word on its pod: the kubelet
-# reports an eviction only once the container is stopped, seconds after the stream died (stress
-# run c16 saw more than 5 s on a busy 2-core machine)
-CUT_VERDICT_S = 30.0
 
 
 class K8sProvider(Provider):
@@ -111,58 +107,17 @@ class K8sProvider(Provider):
         self.runtime_classes = dict(DEFAULT_RUNTIME_CLASSES if runtime_classes is None else runtime_classes)
         self.pull_secrets = tuple(image_pull_secrets)
         self._metadata = tuple(metadata_networks if metadata_networks is not None else backends.metadata_networks())
-        self._off = OffLoop("flowmesh-k8s", max_workers, self._make_client,
-                            closed_error=lambda: ProviderError("provider closed", provider=PROVIDER, code="Closed"))
-        self._setup: asyncio.Task[tuple[list[config.Target], dict[str, Any]]] | None = None
+        self._api = Clusters(kubeconfig, contexts, namespaces, max_workers)   # the kubeconfig's contexts
+        self._policies = EgressPolicies(self._api.call, self._metadata)   # the namespaces' egress NetworkPolicies
         self._watches: dict[str, PodWatch] = {}
         self._where: dict[str, tuple[config.Target, str]] = {}     # uid -> (target, pod name)
         self._uid_of: dict[tuple[str, str], str] = {}                # (target key, pod name) -> uid
         self._runners: dict[str, PodRunner] = {}
-        self._policies: set[str | tuple[str, str]] = set()   # namespaces; (namespace, allow-list label)
         self._deleting: set[str] = set()                            # uids whose delete the server accepted
-        self._agent = AgentSandbox(enabled=agent_sandbox, call=self._call, timeout_s=self.schedule_timeout_s,
-                                   api_client=lambda ctx: self._off.run(lambda: self._off.client(ctx)))
+        self._agent = AgentSandbox(enabled=agent_sandbox, call=self._api.call, timeout_s=self.schedule_timeout_s,
+                                   api_client=self._api.api_client)
 
     # ---- plumbing --------------------------------------------------------------------
-    def _make_client(self, context: str) -> Any:
-        from kubernetes import client   # the k8s extra
-        assert self._setup is not None and self._setup.done()
-        return client.ApiClient(self._setup.result()[1][context])
-
-    async def _targets(self) -> tuple[list[config.Target], dict[str, Any]]:
-        if self._setup is None:
-            self._setup = asyncio.ensure_future(self._off.run(
-                lambda: config.load(self._kubeconfig, self._contexts, self._namespaces)))
-        return await asyncio.shield(self._setup)
-
-    async def _call(self, context: str, where: str, fn: Callable[[Any], T]) -> T:
-        """``fn(ApiClient)`` off the loop, its errors the SDK's."""
-        from kubernetes.client.exceptions import ApiException   # the k8s extra
-
-        def run() -> T:
-            return fn(self._off.client(context))
-
-        try:
-            return await self._off.run(run)
-        except ApiException as exc:
-            raise map_api_error(exc, where=where, context=context) from exc
-        except FlowMeshError:
-            raise
-        except OSError as exc:
-            raise unreachable(exc, where=where, context=context, server=self._server(context)) from exc
-        except Exception as exc:  # urllib3's MaxRetryError/ProtocolError: no answer
-            if type(exc).__module__.startswith("urllib3"):
-                raise unreachable(exc, where=where, context=context, server=self._server(context)) from exc
-            raise
-
-    def _server(self, context: str) -> str:
-        if self._setup is None or not self._setup.done():
-            return "?"
-        return str(self._setup.result()[1][context].host)
-
-    async def _send(self, fn: Callable[[], T]) -> T:
-        return await self._off.run(fn)
-
     def _remember(self, uid: str, target: config.Target, name: str) -> None:
         self._where[uid] = (target, name)
         self._uid_of[(target.key, name)] = uid
@@ -170,9 +125,8 @@ class K8sProvider(Provider):
     async def _watch(self, target: config.Target) -> PodWatch:
         w = self._watches.get(target.key)
         if w is None:
-            await self._targets()
-            from kubernetes import client   # the k8s extra
-            api = client.CoreV1Api(await self._off.run(lambda: self._off.client(target.context)))
+            await self._api.targets()
+            api = core(await self._api.api_client(target.context))
             w = self._watches.get(target.key)   # another call may have made it meanwhile
             if w is None:
                 w = self._watches[target.key] = PodWatch(target, api, asyncio.get_running_loop(),
@@ -198,7 +152,7 @@ class K8sProvider(Provider):
         return round(spec.cpus * cpu + spec.memory_gb * gib + spec.gpus * gpu, 6)
 
     async def offers(self, spec: InstanceSpec) -> list[Offer]:
-        targets, _ = await self._targets()
+        targets, _ = await self._api.targets()
         out = []
         for ctx in sorted({t.context for t in targets}):
             fits = await self._node_fits(ctx, spec)
@@ -215,14 +169,14 @@ class K8sProvider(Provider):
         return out
 
     async def _quotas(self, t: config.Target) -> list[dict[str, Any]]:
-        got = await self._call(t.context, "list resource quotas", lambda c: _json(
-            _core(c).list_namespaced_resource_quota(t.namespace, _preload_content=False)))
+        got = await self._api.call(t.context, "list resource quotas", lambda c: json_of(
+            core(c).list_namespaced_resource_quota(t.namespace, _preload_content=False)))
         return list(got.get("items") or ())
 
     async def _node_fits(self, ctx: str, spec: InstanceSpec) -> int | None:
-        nodes = await self._call(ctx, "list nodes", lambda c: _json(_core(c).list_node(_preload_content=False)))
+        nodes = await self._api.call(ctx, "list nodes", lambda c: json_of(core(c).list_node(_preload_content=False)))
         try:
-            bound = await self._call(ctx, "list pods", lambda c: _json(_core(c).list_pod_for_all_namespaces(
+            bound = await self._api.call(ctx, "list pods", lambda c: json_of(core(c).list_pod_for_all_namespaces(
                 field_selector="status.phase!=Succeeded,status.phase!=Failed", _preload_content=False)))
         except FlowMeshError as exc:
             if getattr(exc, "code", "") not in ("Forbidden", "403"):
@@ -243,7 +197,7 @@ class K8sProvider(Provider):
         if offer.provider != PROVIDER:
             raise SpecError("launch.offer", f"is an offer of {offer.provider!r}, not of k8s")
         target = config.Target(offer.region, offer.zone or "default")
-        targets, _ = await self._targets()
+        targets, _ = await self._api.targets()
         if target not in targets:
             raise SpecError("launch.offer", f"names {target.key}, which is not a target of this provider "
                                             f"({', '.join(t.key for t in targets)})")
@@ -258,9 +212,9 @@ class K8sProvider(Provider):
             raise SpecError("sandbox.kernel", f"{kernel!r} needs the cluster's runtimeClassName for it "
                                               f"(K8sProvider(runtime_classes={{{kernel!r}: ...}}))")
         watch = await self._watch(target)
-        await self._ensure_policies(target)
+        await self._policies.ensure(target)
         network = request.container.sandbox.network if request.container is not None else False
-        resolved = await self._allow_list(target, network) if isinstance(network, tuple) else None
+        resolved = await self._policies.allow_list(target, network) if isinstance(network, tuple) else None
         if request.container is not None and request.container.stock and await self._agent.usable(target):
             return await self._launch_claims(target, watch, request, image, runtime_class, resolved)
         names = [pods.pod_name(request.request_id, i) for i in range(request.count)]
@@ -285,7 +239,8 @@ class K8sProvider(Provider):
             raise errors[0]
         out = []
         for name, pod in zip(names, placed):
-            inst = pods.instance_of(pod, target)   # type: ignore[arg-type]
+            assert not isinstance(pod, BaseException)   # none failed: errors is empty
+            inst = pods.instance_of(pod, target)
             self._remember(inst.id, target, name)
             out.append(inst)
         return out
@@ -308,12 +263,12 @@ class K8sProvider(Provider):
 
     async def agent_sandbox_support(self, context: str | None = None) -> AgentSandboxSupport:
         """Whether ``context`` (default: the first target's) serves agent-sandbox's CRDs at v1beta1."""
-        targets, _ = await self._targets()
+        targets, _ = await self._api.targets()
         return await self._agent.support(context or targets[0].context)
 
     async def _create(self, target: config.Target, name: str, body: dict[str, Any]) -> None:
         try:
-            await self._call(target.context, f"create pod {name}", lambda c: _core(c).create_namespaced_pod(
+            await self._api.call(target.context, f"create pod {name}", lambda c: core(c).create_namespaced_pod(
                 target.namespace, body, _preload_content=False))
         except ProviderError as exc:
             if exc.code != "AlreadyExists":
@@ -336,40 +291,6 @@ class K8sProvider(Provider):
                                 code="Deleted")
         return pod
 
-    async def _ensure_policies(self, target: config.Target) -> None:
-        if target.key in self._policies:
-            return
-        for body in pods.network_policies(self._metadata):
-            await self._create_policy(target, body)
-        self._policies.add(target.key)
-
-    async def _allow_list(self, target: config.Target, network: tuple[str, ...]) -> dict[str, list[str]]:
-        """Resolve the allow-list's host names here, on the coordinator (a NetworkPolicy
-        cannot name hosts; the cluster's DNS may answer otherwise), and make sure its policy
-        exists in the namespace.  The addresses are in the policy's name: a host that
-        resolves elsewhere later gets a new policy for its new pods."""
-        resolved: dict[str, list[str]] = {}
-        for host in pods.allow_names(network):
-            try:
-                infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
-            except OSError as exc:
-                raise SpecError("sandbox.network", f"the allow-list host {host!r} does not resolve here "
-                                                   f"({exc}); k8s pods get the addresses it resolves to") from exc
-            resolved[host] = sorted({str(i[4][0]) for i in infos}, key=lambda a: (":" in a, a))
-        label = pods.network_label(network, resolved)
-        if (target.key, label) not in self._policies:
-            await self._create_policy(target, pods.allow_list_policy(label, network, resolved, self._metadata))
-            self._policies.add((target.key, label))
-        return resolved
-
-    async def _create_policy(self, target: config.Target, body: dict[str, Any]) -> None:
-        try:
-            await self._call(target.context, "create network policy", lambda c: _networking(c)
-                             .create_namespaced_network_policy(target.namespace, body, _preload_content=False))
-        except ProviderError as exc:
-            if exc.code != "AlreadyExists":
-                raise
-
     # ---- describe, list, terminate ---------------------------------------------------
     async def _find(self, uid: str) -> tuple[config.Target, str, Mapping[str, Any]] | None:
         where = self._where.get(uid)
@@ -378,7 +299,7 @@ class K8sProvider(Provider):
             pod = watch.get(where[1])
             if pod is not None:
                 return where[0], where[1], pod
-        targets, _ = await self._targets()
+        targets, _ = await self._api.targets()
         for t in targets:
             found = (await self._watch(t)).by_uid(uid)
             if found is not None:
@@ -400,7 +321,7 @@ class K8sProvider(Provider):
         return out
 
     async def list_tagged(self, tags: Mapping[str, str]) -> list[Instance]:
-        targets, _ = await self._targets()
+        targets, _ = await self._api.targets()
         want = dict(tags) or {}
         out = []
         for t in targets:
@@ -417,7 +338,7 @@ class K8sProvider(Provider):
 
     async def _delete(self, target: config.Target, name: str, uid: str | None = None) -> None:
         try:
-            await self._call(target.context, f"delete pod {name}", lambda c: _core(c).delete_namespaced_pod(
+            await self._api.call(target.context, f"delete pod {name}", lambda c: core(c).delete_namespaced_pod(
                 name, target.namespace, grace_period_seconds=0, _preload_content=False))
         except NotFoundError:
             pass
@@ -476,43 +397,8 @@ class K8sProvider(Provider):
             where = (config.Target(instance.region, instance.zone or "default"), str(instance.address))
             self._remember(instance.id, *where)
         target, name = where
-        assert self._setup is not None and self._setup.done()
-        cfg = self._setup.result()[1][target.context]
-        path = f"/api/v1/namespaces/{target.namespace}/pods/{name}"
-        ports = PodPorts(label=f"k8s:{target.key}/{name}", path=path, configuration=cfg, send=self._send)
-
-        async def ready(timeout_s: float) -> None:
-            watch = await self._watch(target)
-
-            def running(pod: Mapping[str, Any] | None) -> bool:
-                if pod is None:
-                    return True
-                inst = pods.instance_of(pod, target)
-                return inst.state is not ProviderState.PENDING or inst.fault is not None
-
-            pod = await watch.wait(name, running, timeout_s)
-            inst = pods.instance_of(pod, target) if pod is not None else None
-            if inst is None or inst.state is not ProviderState.RUNNING:
-                why = inst.fault.message if inst is not None and inst.fault else "it is gone"
-                raise InstanceLost(f"pod {target.key}/{name} does not run: {why}")
-            if self.forward_ports:
-                await ports.open(self.forward_ports)
-
-        async def why_cut() -> Exception | None:
-            """A stream ended without an exit status: the pod's loss, if the watch reports one
-            within CUT_VERDICT_S (evicted, preempted, its node lost, deleted), else None."""
-            watch = await self._watch(target)
-
-            def ended(pod: Mapping[str, Any] | None) -> bool:
-                return pod is None or pods.instance_of(pod, target).state is ProviderState.TERMINATED
-
-            pod = await watch.wait(name, ended, CUT_VERDICT_S)
-            fault = pods.instance_of(pod, target).fault if pod is not None else None
-            return InstanceLost(fault.message if fault else f"pod {target.key}/{name} was deleted")
-
-        runner = PodRunner(label=f"k8s:{target.key}/{name}",
-                           path=f"/api/v1/namespaces/{target.namespace}/pods/{name}", configuration=cfg,
-                           loop_send=self._send, ready=ready, why_cut=why_cut, target=ports)
+        runner = pod_runner(target, name, self._api.configuration(target.context), watch=self._watch,
+                            send=self._api.send, forward_ports=self.forward_ports)
         self._runners[instance.id] = runner
         return runner
 
@@ -534,26 +420,13 @@ class K8sProvider(Provider):
         for w in self._watches.values():
             await asyncio.to_thread(w.stop)
         self._watches.clear()
-        await self._off.close()
-
-
-def _core(api_client: Any) -> Any:
-    from kubernetes import client   # the k8s extra
-    return client.CoreV1Api(api_client)
-
-
-def _networking(api_client: Any) -> Any:
-    from kubernetes import client   # the k8s extra
-    return client.NetworkingV1Api(api_client)
-
-
-def _json(resp: Any) -> dict[str, Any]:
-    import json
-    data = json.loads(resp.data or b"{}")
-    return data if isinstance(data, dict) else {}
+        await self._api.close()
 
 
 def _shape(spec: InstanceSpec) -> str:
     gpu = f"-{spec.gpus}x{(spec.gpu_name or 'gpu').replace(' ', '')}" if spec.gpus else ""
     return f"pod-{spec.cpus}c-{spec.memory_gb:g}g{gpu}"
 
+
+# CUT_VERDICT_S moved to .runners, the network policies to .policies: still importable here
+__all__ = ["CUT_VERDICT_S", "DEFAULT_RUNTIME_CLASSES", "K8sProvider"]

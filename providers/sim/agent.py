@@ -13,6 +13,9 @@ A command ``sim-work SECONDS [EXIT]`` takes that long and prints ``ok``; any oth
 ends at once with exit code 0.  Signals arrive as the host sends them, as a command on
 another channel (``kill -SIG -PID`` for a process, the session signal script for a
 session's command), and end the signalled command with 128 + SIG.
+
+The container these channels run in (:class:`SimContainer`: its channels and running
+jobs) is recorded here too; the machine is known through :class:`SimHost` only.
 """
 
 from __future__ import annotations
@@ -20,14 +23,12 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from flowmesh_sdk import clock
 from flowmesh_sdk.errors import ProviderUnavailableError
 from flowmesh_sdk.remote.runner import StreamChannel
-
-if TYPE_CHECKING:
-    from .machine import SimContainer, SimMachine
 
 WORK = re.compile(rb"sim-work\s+([0-9]+(?:\.[0-9]+)?)(?:\s+(-?[0-9]+))?")
 # KIND ID TIMEOUT CAP SCRIPT_LEN STDIN_LEN [LINES]; a session's: __fm_srun ID CAP SCRIPT_LEN LINES
@@ -38,8 +39,19 @@ _KILL = re.compile(rb"^kill -(\d+) -(\d+) ")                       # Process.kil
 _SIGNAL = re.compile(rb"^set -- (\d+) \d+ (\d+) ")                 # the session signal script
 
 
+class SimHost(Protocol):
+    """What a channel needs of its machine (a :class:`~.machine.SimMachine` is one): named
+    here, so that this module does not import the machine's."""
+
+    label: str
+    alive: bool
+    work_done_s: float
+
+    def _check(self) -> None: ...
+
+
 class SimChannel(StreamChannel):
-    def __init__(self, machine: SimMachine) -> None:
+    def __init__(self, machine: SimHost) -> None:
         self.machine = machine
         self._out = asyncio.StreamReader()
         err = asyncio.StreamReader()
@@ -87,7 +99,7 @@ class SimJob:
         if not self._signal.done():
             self._signal.set_result(sig)
 
-    async def run(self, machine: SimMachine) -> None:
+    async def run(self, machine: SimHost) -> None:
         t0 = clock.monotonic()
         if self.seconds:
             try:
@@ -98,10 +110,25 @@ class SimJob:
         machine.work_done_s += clock.monotonic() - t0
 
 
+@dataclass
+class SimContainer:
+    id: str
+    name: str
+    image: str
+    labels: dict[str, str]
+    channels: list[AgentShell] = field(default_factory=list)
+    jobs: dict[int, SimJob] = field(default_factory=dict)      # running processes and session commands by pid
+    last_pid: int = 1
+
+    def new_pid(self) -> int:
+        self.last_pid += 1
+        return self.last_pid
+
+
 class AgentShell(SimChannel):
     """The agent (or a session shell) inside a container."""
 
-    def __init__(self, machine: SimMachine, container: SimContainer) -> None:
+    def __init__(self, machine: SimHost, container: SimContainer) -> None:
         super().__init__(machine)
         self.container = container
         self._tasks: set[asyncio.Task[None]] = set()

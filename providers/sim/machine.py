@@ -22,13 +22,14 @@ import asyncio
 import json
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from flowmesh_sdk.errors import ProviderUnavailableError
 from flowmesh_sdk.remote.runner import Channel, CommandResult, Runner
 
-from .agent import AgentShell, EchoShell, SimJob
+from .agent import AgentShell, EchoShell, SimContainer
 from .network import Link, transfer
+
+__all__ = ["SimContainer", "SimMachine"]   # SimContainer lives in .agent now (beside the shells it holds)
 
 # CapEff, ulimit -Hn, cgroups, runc, uid, max user namespaces, subuid `containers` lines, nsenter+ip
 _PROBE_FACTS = "0000003fffffffff\n1048576\nv2\n/usr/bin/runc\n0\n63000\n0\nnetns\n"
@@ -36,21 +37,6 @@ _PROBE_FACTS = "0000003fffffffff\n1048576\nv2\n/usr/bin/runc\n0\n63000\n0\nnetns
 
 def _ok(argv: Sequence[str], out: str = "", rc: int = 0, err: str = "") -> CommandResult:
     return CommandResult(tuple(argv), rc, out.encode(), err.encode(), 0.0)
-
-
-@dataclass
-class SimContainer:
-    id: str
-    name: str
-    image: str
-    labels: dict[str, str]
-    channels: list[AgentShell] = field(default_factory=list)
-    jobs: dict[int, SimJob] = field(default_factory=dict)      # running processes and session commands by pid
-    last_pid: int = 1
-
-    def new_pid(self) -> int:
-        self.last_pid += 1
-        return self.last_pid
 
 
 class SimMachine(Runner):

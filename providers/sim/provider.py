@@ -88,7 +88,7 @@ class SimProvider(Provider):
         self.sticky_terminations = cloud.sticky_terminations if sticky_terminations is None \
             else sticky_terminations
         check_number("sim.sticky_terminations", self.sticky_terminations, lo=0, hi=1_000_000, integer=True)
-        self.name = cloud.name  # type: ignore[misc]
+        self.name = cloud.name  # type: ignore[misc]  # Provider.name is a ClassVar; a simulated one is its cloud's
         self.capabilities = Capabilities(spot=True, max_batch=cloud.max_batch, remote=True,
                                          rates=cloud.rates)
         self.rng = random.Random(seed)

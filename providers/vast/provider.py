@@ -146,7 +146,7 @@ class VastProvider(Provider):
     def __init__(self, *, api_key: str | None = None, server_url: str | None = None, image: str = DEFAULT_IMAGE,
                  spot: bool = True, min_reliability: float = 0.95, min_inet_down_mbps: float = 100.0,
                  min_cuda: float | None = None, min_gpu_ram_gb: float | None = None, verified: bool = True,
-                 limit: int = 64, max_workers: int = 4, ssh: SshMode | bool | None = None,
+                 limit: int = 64, max_workers: int = 4, ssh: _SshMode | bool | None = None,
                  runner_factory: RunnerFactory | None = None) -> None:
         if server_url is not None and not re.match(r"^https?://[^/\s]+/?$", str(server_url)):
             raise SpecError("vast.server_url", "must be an http(s) URL like http://127.0.0.1:PORT, "
@@ -196,7 +196,8 @@ class VastProvider(Provider):
             price = float(row["min_bid"] if bid else row["dph_total"])
             rel = row.get("reliability2", row.get("reliability"))
             return Offer(provider=PROVIDER, region=str(row.get("geolocation") or "unknown"),
-                         zone=f"machine-{row.get('machine_id')}", instance_type=instance_type(gpus, row.get("gpu_name")),
+                         zone=f"machine-{row.get('machine_id')}",
+                         instance_type=instance_type(gpus, row.get("gpu_name")),
                          cpus=max(1, int(float(row.get("cpu_cores_effective") or 1))),
                          memory_gb=round(float(row.get("cpu_ram") or 0) / 1024, 3), price_per_hour=max(price, 0.0),
                          gpus=min(gpus, 16), gpu_name=gpu_short(row.get("gpu_name")) if gpus else None, spot=bid,
@@ -212,8 +213,11 @@ class VastProvider(Provider):
         q = self._query(spec)
         out = []
         for bid in ([False, True] if self.spot else [False]):
-            rows = await self._client.call(f"search ({'bid' if bid else 'on-demand'})", lambda v, b=bid: v.search_offers(
-                query=dict(q), type="bid" if b else "on-demand", order="dph_total", limit=self.limit))
+            market = "bid" if bid else "on-demand"
+
+            def search(v: Any, market: str = market) -> Any:
+                return v.search_offers(query=dict(q), type=market, order="dph_total", limit=self.limit)
+            rows = await self._client.call(f"search ({market})", search)
             for row in rows or []:
                 offer = self._offer(row, bid)
                 if offer is not None and offer.fits(spec) and (spec.gpu_name is None or offer.gpu_name is not None):
@@ -239,7 +243,8 @@ class VastProvider(Provider):
         price = row.get("dph_total") if not row.get("is_bid") else row.get("bid_price", row.get("dph_total"))
         return Instance(id=iid, provider=PROVIDER, region=str(row.get("geolocation") or "unknown"),
                         instance_type=instance_type(gpus, row.get("gpu_name")), spec=spec,
-                        state=STATE_MAP.get(status, ProviderState.PENDING), tags=TAGS.decode({"label": row.get("label") or ""}),
+                        state=STATE_MAP.get(status, ProviderState.PENDING),
+                        tags=TAGS.decode({"label": row.get("label") or ""}),
                         launched_at=float(row.get("start_date") or time.time()),
                         price_per_hour=float(price or 0.0), address=str(row.get("ssh_host") or "") or None,
                         port=int(row["ssh_port"]) if row.get("ssh_port") else None,

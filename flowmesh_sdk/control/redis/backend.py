@@ -26,6 +26,7 @@ from ..limits import QuotaLimits
 from ..shared import Adoption, SharedHolders, SharedInstance
 from . import fleet_state, scripts
 from .client import RedisClient, RetrySettings, check_url
+from .context import RedisContext
 from .coordinator import Coordinator
 from .events import EventStream
 from .fleet_state import SharedSpendLedger
@@ -53,14 +54,13 @@ class RedisBackend(ControlBackend):
         self.client = RedisClient(url, scripts.ALL, retry=retry)
         self.coordinator = Coordinator(self.client, self.keys, lease_s=lease_s, on_lost=self._fenced,
                                        on_adopted=self._adopted)
+        self.ctx = RedisContext(self.client, self.keys, self.coordinator)   # what the parts below read
         self._buckets: dict[str, RedisTokenBucket] = {}
         self._sems: dict[str, RedisSemaphore] = {}
         self._quotas: dict[str, RedisQuota] = {}
         self._queues: dict[str, TaskQueue] = {}
         self._ledgers: dict[str, SharedSpendLedger] = {}
-        self._bg: set[asyncio.Task[Any]] = set()
-        self._events: dict[str, asyncio.Event] = {}
-        self._new_channels: set[str] = set()
+        self._bg = self.ctx.tasks   # background calls in flight
         self._listener: asyncio.Task[None] | None = None
         self._fence_hooks: list[Any] = []
         self._adopt_hooks: list[Callable[[Adoption], None]] = []
@@ -125,102 +125,86 @@ class RedisBackend(ControlBackend):
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Background work whose failure is logged (a release Redis never got is reclaimed
         when the lease lapses)."""
-        task = asyncio.ensure_future(coro)
-        self._bg.add(task)
-        task.add_done_callback(self._bg_done)
-
-    def _bg_done(self, task: asyncio.Task[Any]) -> None:
-        self._bg.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("redis background call failed: %s", task.exception())
+        self.ctx.spawn(coro)
 
     # ---- the seam ---------------------------------------------------------------------
-    def rate_limiter(self, key: str, rate: float, burst: float) -> RedisTokenBucket:  # type: ignore[override]
+    def rate_limiter(  # type: ignore[override]  # the bucket on Redis: TokenBucket's methods, not its class
+            self, key: str, rate: float, burst: float) -> RedisTokenBucket:
         if key not in self._buckets:
-            self._buckets[key] = RedisTokenBucket(self, key, rate, burst)
+            self._buckets[key] = RedisTokenBucket(self.ctx, key, rate, burst)
         return self._buckets[key]
 
-    def semaphore(self, key: str, capacity: int) -> RedisSemaphore:  # type: ignore[override]
+    def semaphore(  # type: ignore[override]  # the semaphore on Redis: Semaphore's methods, not its class
+            self, key: str, capacity: int) -> RedisSemaphore:
         sem = self._sems.get(key)
         if sem is None:
-            sem = self._sems[key] = RedisSemaphore(self, key, capacity)
+            sem = self._sems[key] = RedisSemaphore(self.ctx, key, capacity)
         elif sem.capacity != capacity:
             sem.resize(capacity)
         return sem
 
     def quota(self, key: str, default: QuotaLimits | None = None) -> RedisQuota:
         if key not in self._quotas:
-            self._quotas[key] = RedisQuota(self, key, default)
+            self._quotas[key] = RedisQuota(self.ctx, key, default)
         return self._quotas[key]
 
     def queue(self, name: str) -> TaskQueue:
         if name not in self._queues:
-            self._queues[name] = TaskQueue(self, name)
+            self._queues[name] = TaskQueue(self.ctx, name)
         return self._queues[name]
 
     def ledger(self, fleet: str) -> SharedSpendLedger:
         self._own(fleet)
         if fleet not in self._ledgers:
-            self._ledgers[fleet] = SharedSpendLedger(self, fleet)
+            self._ledgers[fleet] = SharedSpendLedger(self.ctx, fleet)
         return self._ledgers[fleet]
 
     def attach(self, fleet: str, bus: EventBus) -> None:
         """Forward ``bus`` to the fleet's stream; mirror the fleet's spend."""
         self._own(fleet)
-        EventStream(self, fleet).attach(bus)
+        EventStream(self.ctx, fleet).attach(bus)
         self.ledger(fleet).run()
 
     async def shared_instances(self, fleet: str | None = None) -> SharedHolders:
-        return await fleet_state.holders(self, fleet)
+        return await fleet_state.holders(self.ctx, fleet)
 
     async def forget_instances(self, insts: Sequence[SharedInstance]) -> None:
-        await asyncio.gather(*(fleet_state.forget(self, i) for i in insts))
+        await asyncio.gather(*(fleet_state.forget(self.ctx, i) for i in insts))
 
     def events(self, fleet: str) -> EventStream:
-        return EventStream(self, fleet)
+        return EventStream(self.ctx, fleet)
 
     async def release(self, zkey: str, members: list[str], *, channel: str) -> int:
-        n = int(await self.client.script("RELEASE", (zkey, self.coordinator.leases_key), (channel, *members)))
-        if channel:
-            self.notify(channel)
-        return n
+        return await self.ctx.release(zkey, members, channel=channel)
 
     # ---- wake-ups (pub/sub) -----------------------------------------------------------
     def event(self, channel: str) -> asyncio.Event:
         """Set when ``channel`` is published on (a release, a push, an adoption), and after a
         reconnect; clear it before asking, wait on it after."""
-        ev = self._events.get(channel)
-        if ev is None:
-            ev = self._events[channel] = asyncio.Event()
-            ev.set()   # not subscribed yet: the first wait returns at once and asks again
-            self._new_channels.add(channel)
-        return ev
+        return self.ctx.event(channel)
 
     def notify(self, channel: str) -> None:
-        ev = self._events.get(channel)
-        if ev is not None:
-            ev.set()
+        self.ctx.notify(channel)
 
     async def wait(self, channel: str, timeout_s: float) -> None:
-        ev = self.event(channel)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(ev.wait(), timeout_s)
-        ev.clear()
+        await self.ctx.wait(channel, timeout_s)
 
     async def _listen(self) -> None:
         attempt = 0
         errors = self.client._errors
+        wakeups, new_channels = self.ctx.wakeups, self.ctx.new_channels
         while True:
             ps = self.client.redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await ps.subscribe(self.key("_wake"), *self._events)
-                self._new_channels.clear()
+                await ps.subscribe(self.key("_wake"), *wakeups)
+                new_channels.clear()
                 attempt = 0
-                for ev in self._events.values():
+                for ev in wakeups.values():
                     ev.set()   # a message may have been missed while disconnected
                 while True:
-                    if self._new_channels:
-                        chans, self._new_channels = list(self._new_channels), set()
+                    if new_channels:
+                        chans = list(new_channels)
+                        new_channels.clear()
                         await ps.subscribe(*chans)
                     msg = await ps.get_message(timeout=0.2)
                     if msg is not None:

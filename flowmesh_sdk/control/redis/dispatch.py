@@ -30,6 +30,7 @@ from ...cas.base import ContentStore
 from ...errors import FlowMeshError
 from ...specs import check_number
 from ..limits import QuotaLimits
+from .backend import RedisBackend
 from .queue import Claim
 
 log = logging.getLogger("flowmesh.control.redis")
@@ -71,7 +72,7 @@ class SharedQueue:
     coordinator; ``results``: the store results are published to (shared by every
     coordinator: a shared directory or S3)."""
 
-    def __init__(self, backend, name: str, *, results: ContentStore, capacity: int = 64,   # type: ignore[no-untyped-def]
+    def __init__(self, backend: RedisBackend, name: str, *, results: ContentStore, capacity: int = 64,
                  quotas: dict[str, QuotaLimits] | None = None) -> None:
         check_number("queue.capacity", capacity, lo=1, integer=True)
         self.backend = backend

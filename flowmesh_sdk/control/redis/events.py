@@ -20,7 +20,7 @@ from ...specs import PhaseTimings
 from ..events import Event, EventBus, EventKind
 
 if TYPE_CHECKING:
-    from .backend import RedisBackend
+    from .context import RedisContext
 
 log = logging.getLogger("flowmesh.control.redis")
 
@@ -62,10 +62,10 @@ def decode(entry_id: bytes | str, fields: dict[bytes, bytes]) -> StreamEvent:
 
 
 class EventStream:
-    def __init__(self, backend: RedisBackend, fleet: str, *, maxlen: int = 100_000) -> None:
-        self.backend = backend
+    def __init__(self, ctx: RedisContext, fleet: str, *, maxlen: int = 100_000) -> None:
+        self.ctx = ctx
         self.fleet = fleet
-        self.key = backend.keys.of(fleet).key("events")
+        self.key = ctx.keys.of(fleet).key("events")
         self.maxlen = maxlen
 
     def attach(self, bus: EventBus) -> None:
@@ -73,36 +73,37 @@ class EventStream:
 
     def forward(self, ev: Event) -> None:
         if ev.fleet == self.fleet:
-            self.backend.spawn(self.publish(ev))
+            self.ctx.spawn(self.publish(ev))
 
     async def publish(self, ev: Event) -> str:
-        rid = await self.backend.client.command("xadd", self.key, encode(ev, self.backend.coordinator.id),
+        rid = await self.ctx.client.command("xadd", self.key, encode(ev, self.ctx.coordinator.id),
                                                 maxlen=self.maxlen, approximate=True)
         return rid.decode() if isinstance(rid, bytes) else str(rid)
 
     async def ensure_group(self, group: str, start: str = "0") -> None:
         try:
-            await self.backend.client.command("xgroup_create", self.key, group, start, mkstream=True)
+            await self.ctx.client.command("xgroup_create", self.key, group, start, mkstream=True)
         except FlowMeshError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
 
-    async def read(self, group: str, consumer: str, *, count: int = 100, block_ms: int | None = None) -> list[StreamEvent]:
+    async def read(self, group: str, consumer: str, *, count: int = 100,
+                   block_ms: int | None = None) -> list[StreamEvent]:
         """New entries for ``consumer`` of ``group`` (blocking up to ``block_ms`` when given)."""
-        res: Any = await self.backend.client.direct("xreadgroup", group, consumer, {self.key: ">"}, count=count,
-                                               block=block_ms)
+        res: Any = await self.ctx.client.direct("xreadgroup", group, consumer, {self.key: ">"}, count=count,
+                                                block=block_ms)
         return [decode(i, f) for _, entries in (res or []) for i, f in entries]
 
     async def ack(self, group: str, ids: list[str]) -> int:
-        return int(await self.backend.client.command("xack", self.key, group, *ids)) if ids else 0
+        return int(await self.ctx.client.command("xack", self.key, group, *ids)) if ids else 0
 
     async def claim_stale(self, group: str, consumer: str, *, min_idle_ms: int, count: int = 100) -> list[StreamEvent]:
         """Entries other consumers read and did not acknowledge for ``min_idle_ms``."""
-        res = await self.backend.client.command("xautoclaim", self.key, group, consumer, min_idle_ms, "0-0",
+        res = await self.ctx.client.command("xautoclaim", self.key, group, consumer, min_idle_ms, "0-0",
                                                 count=count)
         return [decode(i, f) for i, f in res[1] if f]
 
     async def tail(self, count: int = 50) -> list[StreamEvent]:
         """The newest ``count`` events, oldest first (``flowmesh status``)."""
-        res = await self.backend.client.command("xrevrange", self.key, "+", "-", count=count)
+        res = await self.ctx.client.command("xrevrange", self.key, "+", "-", count=count)
         return [decode(i, f) for i, f in reversed(res)]

@@ -25,22 +25,22 @@ from ..shared import SharedHolders, SharedInstance
 from ..spend import Charge, SpendLedger
 
 if TYPE_CHECKING:
-    from .backend import RedisBackend
+    from .context import RedisAccess, RedisContext
 
 log = logging.getLogger("flowmesh.control.redis")
 
 
 class SharedSpendLedger(SpendLedger):
-    def __init__(self, backend: RedisBackend, fleet: str, *, refresh_s: float = 1.0) -> None:
+    def __init__(self, ctx: RedisContext, fleet: str, *, refresh_s: float = 1.0) -> None:
         super().__init__()
-        self.backend = backend
+        self.ctx = ctx
         self.fleet = fleet
         self.refresh_s = refresh_s
         self._mine: set[str] = set()
         self._task: asyncio.Task[None] | None = None
 
     def _keys(self) -> tuple[str, str, str, str]:
-        be = self.backend
+        be = self.ctx
         return be.key("charges"), be.key("instances"), be.key("holder"), be.coordinator.instances_key
 
     def start(self, instance_id: str, *, pool: str, provider: str, price_per_hour: float,
@@ -54,16 +54,16 @@ class SharedSpendLedger(SpendLedger):
         minimum = profile(provider).billing_min_s if billing_min_s is None else billing_min_s
         charge = json.dumps({"pool": pool, "provider": provider, "price": float(price_per_hour), "min_s": minimum})
         inst = json.dumps({"pool": pool, "provider": provider, "host": socket.gethostname()})
-        self.backend.spawn(self.backend.client.script(
-            "CHARGE_START", self._keys(), (self.fleet, instance_id, self.backend.coordinator.id, charge, inst)))
+        self.ctx.spawn(self.ctx.client.script(
+            "CHARGE_START", self._keys(), (self.fleet, instance_id, self.ctx.coordinator.id, charge, inst)))
 
     def end(self, instance_id: str) -> None:
         super().end(instance_id)
-        self.backend.spawn(self.backend.client.script("CHARGE_END", self._keys(), (self.fleet, instance_id)))
+        self.ctx.spawn(self.ctx.client.script("CHARGE_END", self._keys(), (self.fleet, instance_id)))
 
     async def refresh(self) -> None:
         """Mirror the other coordinators' charges now."""
-        flat = await self.backend.client.script("CHARGES", (self._keys()[0],), ())
+        flat = await self.ctx.client.script("CHARGES", (self._keys()[0],), ())
         server_now, mono_now = int(flat[0]), clock.monotonic()
         for i in range(1, len(flat), 2):
             cid = flat[i].decode()
@@ -92,11 +92,11 @@ class SharedSpendLedger(SpendLedger):
             self._task = None
 
 
-async def instances(backend: RedisBackend, fleet: str) -> list[SharedInstance]:
+async def instances(ctx: RedisAccess, fleet: str) -> list[SharedInstance]:
     """The fleet's live instances and which coordinator holds each."""
-    k = backend.keys.of(fleet)
-    rows = await backend.client.command("hgetall", k.key("instances"))
-    holders = await backend.client.command("hgetall", k.key("holder"))
+    k = ctx.keys.of(fleet)
+    rows = await ctx.client.command("hgetall", k.key("instances"))
+    holders = await ctx.client.command("hgetall", k.key("holder"))
     out = []
     for iid, v in sorted(rows.items()):
         d = json.loads(v)
@@ -105,19 +105,19 @@ async def instances(backend: RedisBackend, fleet: str) -> list[SharedInstance]:
     return out
 
 
-async def forget(backend: RedisBackend, inst: SharedInstance) -> None:
+async def forget(ctx: RedisAccess, inst: SharedInstance) -> None:
     """``inst`` is gone (terminated by ``flowmesh gc``): its charge ends at server time and
     it leaves the fleet's list and its holder's."""
-    k = backend.keys.of(inst.fleet)
+    k = ctx.keys.of(inst.fleet)
     keys = (k.key("charges"), k.key("instances"), k.key("holder"), k.key("coord", inst.holder, "instances"))
-    await backend.client.script("CHARGE_END", keys, (inst.fleet, inst.id))
+    await ctx.client.script("CHARGE_END", keys, (inst.fleet, inst.id))
 
 
-async def fleets(backend: RedisBackend, *, having: str = "instances") -> list[str]:
+async def fleets(ctx: RedisAccess, *, having: str = "instances") -> list[str]:
     """The fleets of the backend's namespace that have the key ``having`` (``instances``:
     those with instances listed; ``epoch``: those a coordinator ever joined)."""
-    ks, found = backend.keys, set()
-    async for raw in backend.client.redis.scan_iter(match=ks.pattern(having), count=500):
+    ks, found = ctx.keys, set()
+    async for raw in ctx.client.redis.scan_iter(match=ks.pattern(having), count=500):
         key = raw.decode()
         fleet = ks.fleet_of(key)
         if fleet is not None and key == ks.of(fleet).key(having):
@@ -125,17 +125,17 @@ async def fleets(backend: RedisBackend, *, having: str = "instances") -> list[st
     return sorted(found)
 
 
-async def live_coordinators(backend: RedisBackend, fleet: str) -> frozenset[str]:
+async def live_coordinators(ctx: RedisAccess, fleet: str) -> frozenset[str]:
     """The coordinators of ``fleet`` whose lease runs."""
-    k = backend.keys.of(fleet)
-    coords = [c.decode() for c in await backend.client.command("zrange", k.key("coords"), 0, -1)]
-    alive = await asyncio.gather(*(backend.client.command("exists", k.key("coord", c)) for c in coords))
+    k = ctx.keys.of(fleet)
+    coords = [c.decode() for c in await ctx.client.command("zrange", k.key("coords"), 0, -1)]
+    alive = await asyncio.gather(*(ctx.client.command("exists", k.key("coord", c)) for c in coords))
     return frozenset(c for c, a in zip(coords, alive) if a)
 
 
-async def holders(backend: RedisBackend, fleet: str | None = None) -> SharedHolders:
+async def holders(ctx: RedisAccess, fleet: str | None = None) -> SharedHolders:
     """``fleet``'s instances (every fleet's: None) and the coordinators whose lease runs."""
-    names = [fleet] if fleet is not None else await fleets(backend)
-    insts = [i for f in names for i in await instances(backend, f)]
-    live = [await live_coordinators(backend, f) for f in names]
+    names = [fleet] if fleet is not None else await fleets(ctx)
+    insts = [i for f in names for i in await instances(ctx, f)]
+    live = [await live_coordinators(ctx, f) for f in names]
     return SharedHolders(tuple(insts), frozenset().union(*live))

@@ -22,20 +22,20 @@ from ...specs import check_number
 from ..limits import Quota, QuotaLimits, quota_error
 
 if TYPE_CHECKING:
-    from .backend import RedisBackend
+    from .context import RedisContext
 
 
 class RedisTokenBucket:
     """``rate`` tokens per second shared by every coordinator, at most ``burst`` saved up."""
 
-    def __init__(self, backend: RedisBackend, key: str, rate: float, burst: float) -> None:
+    def __init__(self, ctx: RedisContext, key: str, rate: float, burst: float) -> None:
         check_number(f"rate_limit[{key}].rate", rate, lo=0, lo_open=True)
         check_number(f"rate_limit[{key}].burst", burst, lo=1)
-        self.backend = backend
+        self.ctx = ctx
         self.key = key
         self.rate = float(rate)
         self.burst = float(burst)
-        self._rkey = backend.key("bucket", key)
+        self._rkey = ctx.key("bucket", key)
         self._seen = float(burst)   # tokens as of the last call (what available() reports)
         self._lock = asyncio.Lock()
 
@@ -48,7 +48,7 @@ class RedisTokenBucket:
         if tokens > self.burst:
             raise SpecError(f"rate_limit[{self.key}].tokens",
                             f"{tokens:g} tokens exceed the burst {self.burst:g}: they could never be taken")
-        ok, wait_ms, left = await self.backend.client.script(
+        ok, wait_ms, left = await self.ctx.client.script(
             "BUCKET_TAKE", (self._rkey,), (repr(self.rate), repr(self.burst), repr(float(tokens))))
         self._seen = float(left)
         return 0.0 if ok else int(wait_ms) / 1000.0
@@ -71,12 +71,12 @@ class RedisSemaphore:
     """In flight <= capacity across every coordinator; a dead holder's permits come back
     when its lease lapses.  ``in_flight`` and ``waiting`` are this coordinator's."""
 
-    def __init__(self, backend: RedisBackend, key: str, capacity: int) -> None:
+    def __init__(self, ctx: RedisContext, key: str, capacity: int) -> None:
         check_number(f"semaphore[{key}].capacity", capacity, lo=1, integer=True)
-        self.backend = backend
+        self.ctx = ctx
         self.key = key
         self.capacity = capacity
-        self._rkey = backend.key("sem", key)
+        self._rkey = ctx.key("sem", key)
         self._held: list[str] = []   # members this coordinator holds
         self._waiters: collections.deque[tuple[asyncio.Future[str], str]] = collections.deque()
         self._seq = itertools.count()
@@ -93,13 +93,13 @@ class RedisSemaphore:
     def resize(self, capacity: int) -> None:
         check_number(f"semaphore[{self.key}].capacity", capacity, lo=1, integer=True)
         self.capacity = capacity
-        self.backend.notify(self._rkey)
+        self.ctx.notify(self._rkey)
 
     def _member(self) -> str:
-        return f"{self.backend.coordinator.id}:{next(self._seq)}"
+        return f"{self.ctx.coordinator.id}:{next(self._seq)}"
 
     async def acquire(self) -> None:
-        self.backend.coordinator.check()
+        self.ctx.coordinator.check()
         fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._waiters.append((fut, self._member()))
         if self._pump is None or self._pump.done():
@@ -116,7 +116,7 @@ class RedisSemaphore:
 
     async def _serve(self) -> None:
         """Ask for every waiter at once, FIFO; sleep until a release or a lease expiry."""
-        be = self.backend
+        be = self.ctx
         while True:
             while self._waiters and self._waiters[0][0].done():
                 self._waiters.popleft()
@@ -153,10 +153,10 @@ class RedisSemaphore:
 
     async def release_async(self) -> None:
         if self._held:
-            await self.backend.release(self._rkey, [self._held.pop()], channel=self._rkey)
+            await self.ctx.release(self._rkey, [self._held.pop()], channel=self._rkey)
 
     def _give_back(self, members: list[str]) -> None:
-        self.backend.spawn(self.backend.release(self._rkey, members, channel=self._rkey))
+        self.ctx.spawn(self.ctx.release(self._rkey, members, channel=self._rkey))
 
     def drop_local(self) -> None:
         """Forget the permits this coordinator held (fenced: they were adopted)."""
@@ -164,7 +164,7 @@ class RedisSemaphore:
 
     async def held(self) -> int:
         """Permits held now by every coordinator together."""
-        return int(await self.backend.client.script("SEM_COUNT", (self._rkey,), ()))
+        return int(await self.ctx.client.script("SEM_COUNT", (self._rkey,), ()))
 
 
 class RedisQuota(Quota):
@@ -172,15 +172,15 @@ class RedisQuota(Quota):
     configuration (give every coordinator the same; ``set`` and ``limits`` as in
     :class:`~flowmesh_sdk.control.limits.Quota`); the counts are the fleet's."""
 
-    def __init__(self, backend: RedisBackend, key: str, default: QuotaLimits | None = None) -> None:
+    def __init__(self, ctx: RedisContext, key: str, default: QuotaLimits | None = None) -> None:
         super().__init__(default)
-        self.backend = backend
+        self.ctx = ctx
         self.key = key
         self._held: collections.defaultdict[str, list[str]] = collections.defaultdict(list)
         self._seq = itertools.count()
 
     def _keys(self, tenant: str) -> tuple[str, str]:
-        return self.backend.key("quota", self.key, tenant, "inflight"), self.backend.key("quota", self.key, tenant, "total")
+        return self.ctx.key("quota", self.key, tenant, "inflight"), self.ctx.key("quota", self.key, tenant, "total")
 
     def admit(self, tenant: str) -> None:
         raise SpecError("quota.admit", "a quota on Redis is asked with 'await quota.admit_async(tenant)'")
@@ -193,7 +193,7 @@ class RedisQuota(Quota):
         """Take a slot for ``tenant`` or raise QuotaError with the numbers.  With ``task_id``
         the slot belongs to that queued task (it outlives this coordinator and is freed when
         the task is acked), else to this coordinator's lease (``release_async`` frees it)."""
-        be = self.backend
+        be = self.ctx
         be.coordinator.check()
         lim = self.limits(tenant)
         inflight, total = self._keys(tenant)
@@ -217,18 +217,18 @@ class RedisQuota(Quota):
 
     def release(self, tenant: str) -> None:
         if self._held.get(tenant):
-            self.backend.spawn(self.release_async(tenant))
+            self.ctx.spawn(self.release_async(tenant))
 
     async def release_async(self, tenant: str) -> None:
         members = self._held.get(tenant)
         if members:
-            await self.backend.release(self._keys(tenant)[0], [members.pop()], channel="")
+            await self.ctx.release(self._keys(tenant)[0], [members.pop()], channel="")
 
     def drop_local(self) -> None:
         self._held.clear()
 
     async def in_flight_async(self, tenant: str) -> int:
-        return int(await self.backend.client.script("SEM_COUNT", (self._keys(tenant)[0],), ()))
+        return int(await self.ctx.client.script("SEM_COUNT", (self._keys(tenant)[0],), ()))
 
     def in_flight(self, tenant: str) -> int:
         """This coordinator's share (``in_flight_async`` counts the fleet's)."""

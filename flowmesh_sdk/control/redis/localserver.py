@@ -40,7 +40,8 @@ class LocalRedis:
         self.appendonly = appendonly
         self.fsync = fsync
         if password is not None and (not password or any(c in password for c in '"\\\r\n')):
-            raise FlowMeshError("LocalRedis(password=...): a non-empty password without quotes, backslashes or newlines")
+            raise FlowMeshError("LocalRedis(password=...): a non-empty password without quotes, backslashes "
+                                "or newlines")
         self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from ...specs import check_name
 
 if TYPE_CHECKING:
-    from .backend import RedisBackend
+    from .context import RedisContext
     from .client import RedisClient
 
 log = logging.getLogger("flowmesh.control.redis")
@@ -43,23 +43,23 @@ class Claim:
 
 
 class TaskQueue:
-    def __init__(self, backend: RedisBackend, name: str) -> None:
+    def __init__(self, ctx: RedisContext, name: str) -> None:
         check_name("queue.name", name)
-        self.backend = backend
+        self.ctx = ctx
         self.name = name
-        self._base = base = backend.key("q", name)
+        self._base = base = ctx.key("q", name)
         self._ready, self._tasks = f"{base}:ready", f"{base}:tasks"
         self._claimed, self._attempts = f"{base}:claimed", f"{base}:attempts"
         self._order, self._seq = f"{base}:order", f"{base}:seq"
 
     def __repr__(self) -> str:
-        return f"TaskQueue({self.name!r}, fleet={self.backend.keys.fleet!r})"
+        return f"TaskQueue({self.name!r}, fleet={self.ctx.keys.fleet!r})"
 
     async def migrate(self) -> int:
         """Move the tasks an older version queued under ``<namespace>:q:<name>`` (the
         layout without the fleet) to the front of this queue; how many.  While a coordinator
         of that version still holds a lease they stay where they are (a warning says so)."""
-        be = self.backend
+        be = self.ctx
         old = f"{be.keys.legacy}q:{self.name}"
         moved, live, left = await be.client.script(
             "Q_MIGRATE", (*(f"{old}:{part}" for part in ("ready", "tasks", "claimed", "attempts", "order", "seq")),
@@ -81,12 +81,12 @@ class TaskQueue:
             flat += [task_id, payload]
         if not flat:
             return 0
-        return int(await self.backend.client.script("Q_PUSH", (self._ready, self._tasks, self._order, self._seq),
+        return int(await self.ctx.client.script("Q_PUSH", (self._ready, self._tasks, self._order, self._seq),
                                                       (self._ready, *flat)))
 
     async def claim(self, n: int = 1) -> list[Claim]:
         """Up to ``n`` tasks from the front, held under this coordinator's lease."""
-        be = self.backend
+        be = self.ctx
         be.coordinator.check()
         request = f"{self._base}:claim:{uuid.uuid4().hex}"   # the same through retries of this call
         for _ in range(2):
@@ -101,7 +101,7 @@ class TaskQueue:
 
     async def wait(self, timeout_s: float) -> None:
         """Until something is pushed or given back (or ``timeout_s``)."""
-        ev = self.backend.event(self._ready)
+        ev = self.ctx.event(self._ready)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(ev.wait(), timeout_s)
         ev.clear()
@@ -114,20 +114,20 @@ class TaskQueue:
             return 0
         keys = list(slots) if slots is not None else [""] * len(ids)
         flat = [x for pair in zip(ids, keys) for x in pair]
-        return int(await self.backend.client.script(
-            "Q_ACK", (self._claimed, self._tasks, self._attempts, self.backend.coordinator.leases_key,
+        return int(await self.ctx.client.script(
+            "Q_ACK", (self._claimed, self._tasks, self._attempts, self.ctx.coordinator.leases_key,
                       self._order), flat))
 
     async def nack(self, ids: Iterable[str]) -> int:
         ids = list(ids)
         if not ids:
             return 0
-        return int(await self.backend.client.script(
-            "Q_NACK", (self._claimed, self._ready, self.backend.coordinator.leases_key), (self._ready, *ids)))
+        return int(await self.ctx.client.script(
+            "Q_NACK", (self._claimed, self._ready, self.ctx.coordinator.leases_key), (self._ready, *ids)))
 
     async def depth(self) -> tuple[int, int]:
         """(queued, claimed) now."""
-        return await depth(self.backend.client, self._base)
+        return await depth(self.ctx.client, self._base)
 
 
 async def depth(client: RedisClient, base: str) -> tuple[int, int]:

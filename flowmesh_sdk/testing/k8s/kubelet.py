@@ -59,67 +59,27 @@ once wrote it) and :meth:`Kubelet.restore_node`.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import copy
-import json
-import os
-import re
-import subprocess
-import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from ...remote.runtime import gvisor_run_args
-from .. import hygiene
-from . import netpol, podstatus
-from .admission import DOCKER_CONFIG_JSON
-from .objects import Obj, ObjectStore, now_rfc3339, parse_quantity
+from . import podstatus
+from .containers import EMULATOR_LABEL, POD_UID_LABEL, ConfigError, Containers
+from .objects import Obj, ObjectStore, now_rfc3339
+from .podman import MAX_BACKOFF_S, KubeletCore, _last_error, _PodRun
+from .pulls import ImagePuller
 from .scheduler import DEFAULT_NODES, Node, Scheduler, node_object
 
-__all__ = ["DEFAULT_NODES", "Kubelet", "Node", "node_object"]
-
-EMULATOR_LABEL = "io.flowmesh.k8s-emulator"
-POD_UID_LABEL = "io.kubernetes.pod.uid"
-MAX_BACKOFF_S = 300.0   # the kubelet's MaxContainerBackOff / image back-off cap
-
-
-def _registry_allowed(image: str) -> bool:
-    """Whether an image reference names a registry on 127.0.0.0/8 (or localhost)."""
-    first = image.split("/", 1)[0] if "/" in image else ""
-    if not first or not ("." in first or ":" in first or first == "localhost"):
-        return False   # a short name: podman would search registries elsewhere
-    host = first.rsplit(":", 1)[0] if first.count(":") == 1 else first
-    return host == "localhost" or re.fullmatch(r"127\.\d{1,3}\.\d{1,3}\.\d{1,3}", host) is not None
-
-
-def _expand(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes' ``$(VAR)`` expansion (``$$`` escapes a ``$``; unknown references stay)."""
-    def sub(m: re.Match[str]) -> str:
-        if m.group(0) == "$$":
-            return "$"
-        return env.get(m.group(1), m.group(0))
-    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", sub, text)
-
-
-class ConfigError(Exception):
-    """A container's configuration the emulator cannot honour (CreateContainerConfigError)."""
-
-
-@dataclass
-class _PodRun:
-    uid: str
-    namespace: str
-    name: str
-    container: str                       # the podman container's name
-    task: asyncio.Task[None] | None = None
-    cid: str = ""                         # the running container's id
+__all__ = ["DEFAULT_NODES", "Kubelet", "Node", "node_object",
+           # importable from here as before the split
+           "ConfigError", "EMULATOR_LABEL", "MAX_BACKOFF_S", "POD_UID_LABEL"]
 
 
 class Kubelet:
-    """The kubelet of every node, and the scheduler's owner (see the module docstring)."""
+    """The kubelet of every node, and the scheduler's owner (see the module docstring).  Its
+    parts: ``core`` (the state and podman, :mod:`.podman`), ``scheduler``, ``puller``
+    (:mod:`.pulls`) and ``containers`` (:mod:`.containers`)."""
 
     def __init__(self, store: ObjectStore, nodes: Sequence[Node], *, root: Path, emulator_id: str, version: str,
                  runtime_classes: Mapping[str, str], pull_backoff_s: float = 10.0,
@@ -128,71 +88,67 @@ class Kubelet:
         self.store = store
         self.nodes = {n.name: n for n in nodes}
         self.ready = {n.name: True for n in nodes}
-        self.root = root
-        self.env = hygiene.store_env(root)
-        self.id = emulator_id
         self.version = version
-        self.runtime_classes = dict(runtime_classes)
-        self.pull_backoff_s = pull_backoff_s
-        self.refuse_pulls: str | None = None   # every pull fails with this (the node cannot reach the registry)
         self.restart_backoff_s = restart_backoff_s
-        self._runtime_flags = podman_runtime_args()
-        self._ulimit_flags = podman_run_ulimit_args()
-        self._runs: dict[str, _PodRun] = {}           # by pod uid
-        self._procs: set[asyncio.subprocess.Process] = set()
-        self._pull_locks: dict[str, asyncio.Lock] = {}
-        self.scheduler = Scheduler(store, self.nodes, self.ready, running=self._runs, start=self._start)
-        self.pulls: list[str] = []                    # every image pull started, in order
-        self.closing = False
+        self.core = KubeletCore(store, root=root)
+        self.puller = ImagePuller(self.core, pull_backoff_s=pull_backoff_s)
+        self.containers = Containers(self.core, emulator_id=emulator_id, runtime_classes=runtime_classes,
+                                     runtime_flags=podman_runtime_args(), ulimit_flags=podman_run_ulimit_args())
+        self.scheduler = Scheduler(store, self.nodes, self.ready, running=self.core.runs, start=self._start)
 
-    # ---- podman ------------------------------------------------------------------------
+    # ---- the parts' settings and services, as the API and the emulator use them ---------------
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment podman runs in (the emulator's container store)."""
+        return self.core.env
+
+    @property
+    def closing(self) -> bool:
+        return self.core.closing
+
+    @property
+    def pulls(self) -> list[str]:
+        """Every image pull started, in order."""
+        return self.puller.pulls
+
+    @property
+    def pull_backoff_s(self) -> float:
+        return self.puller.pull_backoff_s
+
+    @pull_backoff_s.setter
+    def pull_backoff_s(self, value: float) -> None:
+        self.puller.pull_backoff_s = value
+
+    @property
+    def refuse_pulls(self) -> str | None:
+        """When set, every pull fails with this (the node cannot reach the registry)."""
+        return self.puller.refuse_pulls
+
+    @refuse_pulls.setter
+    def refuse_pulls(self, value: str | None) -> None:
+        self.puller.refuse_pulls = value
+
     async def podman(self, *args: str, kill_on_cancel: bool = True) -> tuple[int, str, str]:
-        """Run podman in the store; (exit code, stdout, stderr).  Cancelled: the process is
-        killed (or, ``kill_on_cancel=False``, waited for) before the cancel goes on."""
-        return await self.command("podman", *args, kill_on_cancel=kill_on_cancel)
-
-    async def command(self, *argv: str, stdin: bytes | None = None,
-                      kill_on_cancel: bool = True) -> tuple[int, str, str]:
-        """Run ``argv`` (podman, or nsenter into a pod), as :meth:`podman` says."""
-        proc = await asyncio.create_subprocess_exec(
-            *argv, env=self.env, stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self._procs.add(proc)
-        try:
-            out, err = await proc.communicate(stdin)
-        except asyncio.CancelledError:
-            if kill_on_cancel or self.closing:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-            await proc.wait()
-            raise
-        finally:
-            self._procs.discard(proc)
-        return proc.returncode or 0, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+        """Run podman in the store (:meth:`.podman.KubeletCore.podman`)."""
+        return await self.core.podman(*args, kill_on_cancel=kill_on_cancel)
 
     def track(self, proc: asyncio.subprocess.Process) -> None:
         """A process started elsewhere (an exec, ``podman logs -f``) that shutdown must end."""
-        self._procs.add(proc)
+        self.core.track(proc)
 
     def untrack(self, proc: asyncio.subprocess.Process) -> None:
-        self._procs.discard(proc)
+        self.core.untrack(proc)
 
     def container_name(self, pod: Obj) -> str:
-        meta = pod["metadata"]
-        return f"k8s_{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
+        return self.core.container_name(pod)
 
     def container_id(self, pod: Obj) -> str:
         """The running container of a pod ('' when none)."""
-        run = self._runs.get(pod["metadata"]["uid"])
-        return run.cid if run else ""
+        return self.core.container_id(pod)
 
-    # ---- status helpers -------------------------------------------------------------------
-    def _update(self, run: _PodRun, mutate: Any) -> Obj | None:
-        return self.store.update("pods", run.namespace, run.name, mutate, uid=run.uid)
-
-    def _waiting(self, run: _PodRun, reason: str, message: str | None = None) -> None:
-        self._update(run, lambda p: podstatus.waiting(p, reason, message))
-
+    def denies_egress(self, pod: Obj) -> bool:
+        """Whether NetworkPolicies deny the pod all egress (:meth:`.containers.Containers.denies_egress`)."""
+        return self.containers.denies_egress(pod)
     # ---- scheduling ---------------------------------------------------------------------------
     def admit(self, pod: Obj) -> None:
         """A pod was created: schedule it (now or when something frees)."""
@@ -201,7 +157,7 @@ class Kubelet:
 
     def schedule(self) -> None:
         """Bind every pending pod that fits somewhere; mark the others Unschedulable."""
-        if self.closing:
+        if self.core.closing:
             return
         self.scheduler.schedule()
 
@@ -209,9 +165,9 @@ class Kubelet:
     def _start(self, namespace: str, name: str, uid: str) -> None:
         pod = self.store.peek("pods", namespace, name)
         assert pod is not None
-        run = _PodRun(uid, namespace, name, self.container_name(pod))
-        self._runs[uid] = run
-        self._update(run, podstatus.accepted)
+        run = _PodRun(uid, namespace, name, self.core.container_name(pod))
+        self.core.runs[uid] = run
+        self.core.update(run, podstatus.accepted)
         run.task = asyncio.ensure_future(self._life(run))
 
     async def _life(self, run: _PodRun) -> None:
@@ -221,7 +177,7 @@ class Kubelet:
             if pod is None or pod["metadata"]["uid"] != run.uid:
                 return
             spec = copy.deepcopy(pod["spec"])
-            image_id = await self._ensure_image(run, spec["containers"][0], pod)
+            image_id = await self.puller.ensure_image(run, spec["containers"][0], pod)
             code = await self._run_once(run, pod, spec, image_id)
             policy = spec.get("restartPolicy", "Always")
             if policy == "Never" or (policy == "OnFailure" and code == 0):
@@ -231,178 +187,33 @@ class Kubelet:
             delay = 0.0 if restarts == 1 else min(self.restart_backoff_s * 2 ** (restarts - 2), MAX_BACKOFF_S)
             await self._backoff_restart(run, delay)
 
-    def _pull_auths(self, pod: Obj) -> dict[str, Any]:
-        """The registry credentials of the pod's ``imagePullSecrets`` (their
-        ``.dockerconfigjson`` ``auths``, the first secret naming a registry winning, as the
-        kubelet's keyring does); a secret that is missing or of another type is skipped, as
-        the kubelet skips it (and pulls without it)."""
-        auths: dict[str, Any] = {}
-        meta = pod["metadata"]
-        for ref in (pod.get("spec") or {}).get("imagePullSecrets") or ():
-            secret = self.store.peek("secrets", meta["namespace"], str(ref.get("name") or ""))
-            if secret is None or secret.get("type") != "kubernetes.io/dockerconfigjson":
-                continue
-            raw = base64.b64decode((secret.get("data") or {}).get(DOCKER_CONFIG_JSON, ""))
-            for host, entry in (json.loads(raw or b"{}").get("auths") or {}).items():
-                auths.setdefault(host, entry)
-        return auths
-
-    async def _pull(self, image: str, pod: Obj) -> tuple[int, str]:
-        """``podman pull`` of ``image`` with the pod's pull-secret credentials (an authfile
-        of them, removed after); (exit code, stderr)."""
-        auths = self._pull_auths(pod)
-        if not auths:
-            rc, _, err = await self.podman("pull", "--tls-verify=false", "--quiet", image)
-            return rc, err
-        fd, path = tempfile.mkstemp(prefix="pull-auth-", suffix=".json", dir=self.root)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"auths": auths}, f)
-            rc, _, err = await self.podman("pull", "--tls-verify=false", "--quiet", "--authfile", path, image)
-            return rc, err
-        finally:
-            os.unlink(path)
-
-    async def _ensure_image(self, run: _PodRun, container: Obj, pod: Obj) -> str:
-        image = container["image"]
-        policy = container.get("imagePullPolicy", "IfNotPresent")
-        backoff = self.pull_backoff_s
-        while True:
-            lock = self._pull_locks.setdefault(image, asyncio.Lock())
-            async with lock:
-                rc, out, _ = await self.podman("image", "inspect", "--format", "{{.Id}} {{.Digest}}", image)
-                if rc == 0 and policy != "Always":
-                    return _image_id(image, out)
-                err = ""
-                if policy == "Never":
-                    pass
-                elif self.refuse_pulls is not None:
-                    err = self.refuse_pulls
-                elif not _registry_allowed(image):
-                    err = (f"the k8s emulator pulls only from registries on 127.0.0.0/8 or localhost, "
-                           f"not {image!r}")
-                else:
-                    self.pulls.append(image)
-                    rc, stderr = await self._pull(image, pod)
-                    if rc == 0:
-                        rc, out, _ = await self.podman("image", "inspect", "--format", "{{.Id}} {{.Digest}}", image)
-                        return _image_id(image, out)
-                    err = _last_error(stderr) or f"podman pull exited {rc}"
-            if policy == "Never":
-                self._waiting(run, "ErrImageNeverPull",
-                              f'Container image "{image}" is not present with pull policy of Never')
-                await asyncio.Event().wait()
-            self._waiting(run, "ErrImagePull", err)
-            await asyncio.sleep(min(1.0, backoff))
-            self._waiting(run, "ImagePullBackOff", f'Back-off pulling image "{image}"')
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, MAX_BACKOFF_S)
-
-    def _argv(self, pod: Obj, spec: Obj) -> list[str]:
-        c = spec["containers"][0]
-        meta = pod["metadata"]
-        env: dict[str, str] = {}
-        for e in c.get("env") or []:
-            name = e["name"]
-            if "value" in e or "valueFrom" not in e:
-                env[name] = _expand(str(e.get("value", "")), env)
-                continue
-            ref = (e.get("valueFrom") or {}).get("fieldRef")
-            if ref is None:
-                kinds = ", ".join(sorted((e.get("valueFrom") or {}).keys()))
-                raise ConfigError(f"env {name}: {kinds} is not served by the k8s emulator "
-                                  "(no Secrets or ConfigMaps)")
-            env[name] = _field_ref(pod, str(ref.get("fieldPath", "")))
-        argv = ["run", "-d", "--pull=never", "--name", self.container_name(pod),
-                "--label", f"{EMULATOR_LABEL}={self.id}", "--label", f"{POD_UID_LABEL}={meta['uid']}"]
-        handler = self.runtime_classes[spec["runtimeClassName"]] if spec.get("runtimeClassName") else None
-        if handler is None:
-            argv += self._runtime_flags
-        elif Path(handler).name == "runsc":   # gVisor as the SDK runs it: its own loopback only
-            argv += gvisor_run_args([], 0)[0]
-        else:
-            argv += ["--runtime", handler]
-        argv += self._ulimit_flags
-        hostname = meta["name"][:63].rstrip("-.")
-        argv += ["--hostname", hostname]
-        if self.denies_egress(pod):
-            argv.append("--network=none")
-        for alias in spec.get("hostAliases") or ():
-            argv += [f"--add-host={name}:{alias['ip']}" for name in alias.get("hostnames") or ()]
-        limits = ((c.get("resources") or {}).get("limits") or {})
-        if "cpu" in limits:
-            argv += ["--cpus", f"{float(parse_quantity(limits['cpu'])):g}"]
-        if "memory" in limits:
-            mem = str(int(parse_quantity(limits["memory"])))
-            argv += ["--memory", mem, "--memory-swap", mem]
-        if c.get("workingDir"):
-            argv += ["--workdir", str(c["workingDir"])]
-        sec = c.get("securityContext") or {}
-        if "runAsUser" in sec:
-            argv += ["--user", f"{sec['runAsUser']}" + (f":{sec['runAsGroup']}" if "runAsGroup" in sec else "")]
-        if c.get("stdin"):
-            argv.append("-i")
-        if c.get("tty"):
-            argv.append("-t")
-        for k, v in env.items():
-            argv += ["--env", f"{k}={v}"]
-        if c.get("command"):
-            argv += ["--entrypoint", json.dumps([_expand(str(a), env) for a in c["command"]])]
-        argv.append(c["image"])
-        argv += [_expand(str(a), env) for a in c.get("args") or []]
-        return argv
-
-    def denies_egress(self, pod: Obj) -> bool:
-        """Whether NetworkPolicies deny the pod all egress: one selects it with Egress in
-        its policyTypes, and no policy selecting it for egress allows any."""
-        policies = netpol.egress_policies(self.store.items("networkpolicies.networking.k8s.io",
-                                                           pod["metadata"]["namespace"]), pod)
-        return bool(policies) and not any(spec.get("egress") for spec in policies)
-
-    async def _enforce_egress(self, pod: Obj, cid: str) -> str | None:
-        """As a CNI that enforces NetworkPolicy: the egress rules of the policies that select
-        the pod, as nftables in its network namespace (:mod:`.netpol`); None, or the error."""
-        try:
-            ruleset = netpol.egress_ruleset(netpol.egress_policies(
-                self.store.items("networkpolicies.networking.k8s.io", pod["metadata"]["namespace"]), pod))
-        except (ValueError, KeyError, TypeError) as exc:
-            return f"an egress policy the emulator cannot enforce: {exc}"
-        if ruleset is None:
-            return None
-        rc, out, err = await self.podman("inspect", "--format", "{{.State.Pid}}", cid)
-        pid = out.strip()
-        if rc != 0 or not pid.isdigit() or pid == "0":
-            return f"no network namespace for the egress policy: {err.strip() or out.strip()}"
-        rc, _, err = await self.command("nsenter", "-t", pid, "-n", "nft", "-f", "-", stdin=ruleset.encode())
-        return None if rc == 0 else f"the egress policy could not be applied: {err.strip()}"
-
     async def _run_once(self, run: _PodRun, pod: Obj, spec: Obj, image_id: str) -> int:
         """Start the container, wait for its end, record it; its exit code."""
-        await self.podman("rm", "-f", "-t", "0", "--ignore", run.container, kill_on_cancel=False)
+        await self.core.podman("rm", "-f", "-t", "0", "--ignore", run.container, kill_on_cancel=False)
         try:
-            argv = self._argv(pod, spec)
+            argv = self.containers.argv(pod, spec)
         except ConfigError as exc:
-            self._waiting(run, "CreateContainerConfigError", str(exc))
+            self.core.waiting(run, "CreateContainerConfigError", str(exc))
             await asyncio.Event().wait()
             raise
-        rc, out, err = await self.podman(*argv, kill_on_cancel=False)
+        rc, out, err = await self.core.podman(*argv, kill_on_cancel=False)
         started = now_rfc3339()
         if rc != 0:
-            await self.podman("rm", "-f", "-t", "0", "--ignore", run.container, kill_on_cancel=False)
+            await self.core.podman("rm", "-f", "-t", "0", "--ignore", run.container, kill_on_cancel=False)
             message = _last_error(err) or f"podman run exited {rc}"
             self._terminated(run, 128, "StartError", message, started, image_id, "")
             return 128
         cid = out.strip().splitlines()[-1] if out.strip() else ""
         run.cid = cid
-        if "--network=none" not in argv and (why := await self._enforce_egress(pod, cid)) is not None:
-            await self.podman("rm", "-f", "-t", "0", "--ignore", cid, kill_on_cancel=False)
+        if "--network=none" not in argv and (why := await self.containers.enforce_egress(pod, cid)) is not None:
+            await self.core.podman("rm", "-f", "-t", "0", "--ignore", cid, kill_on_cancel=False)
             run.cid = ""
             self._terminated(run, 128, "StartError", why, started, image_id, "")
             return 128
-        self._update(run, lambda p: podstatus.running(p, started, cid, image_id))
-        rc, out, err = await self.podman("wait", cid)
+        self.core.update(run, lambda p: podstatus.running(p, started, cid, image_id))
+        rc, out, err = await self.core.podman("wait", cid)
         code = int(out.strip().splitlines()[-1]) if rc == 0 and out.strip() else 137
-        rc2, info, _ = await self.podman("inspect", "--format", "{{.State.OOMKilled}}", cid)
+        rc2, info, _ = await self.core.podman("inspect", "--format", "{{.State.OOMKilled}}", cid)
         oom = rc2 == 0 and info.strip() == "true"
         reason = "OOMKilled" if oom else ("Completed" if code == 0 else "Error")
         run.cid = ""
@@ -412,14 +223,15 @@ class Kubelet:
     def _terminated(self, run: _PodRun, code: int, reason: str, message: str | None, started: str,
                     image_id: str, cid: str) -> None:
         finished = now_rfc3339()
-        self._update(run, lambda p: podstatus.terminated(p, code, reason, message, started, finished, image_id, cid))
+        self.core.update(run, lambda p: podstatus.terminated(p, code, reason, message, started, finished,
+                                                             image_id, cid))
 
     def _finish(self, run: _PodRun, code: int) -> None:
-        self._update(run, lambda p: podstatus.ended(p, code))
+        self.core.update(run, lambda p: podstatus.ended(p, code))
         self.schedule()
 
     async def _backoff_restart(self, run: _PodRun, delay: float) -> None:
-        self._update(run, lambda p: podstatus.restarting(p, delay, run.name, run.namespace, run.uid))
+        self.core.update(run, lambda p: podstatus.restarting(p, delay, run.name, run.namespace, run.uid))
         if delay:
             await asyncio.sleep(delay)
 
@@ -427,7 +239,7 @@ class Kubelet:
     async def _stop_run(self, uid: str, *, remove: bool) -> _PodRun | None:
         """End a pod's task and its container: removed (``remove``) or only killed (kept
         for its logs)."""
-        run = self._runs.get(uid)
+        run = self.core.runs.get(uid)
         if run is None:
             return None
         if run.task is not None and not run.task.done():
@@ -437,10 +249,10 @@ class Kubelet:
         run.task = None
         run.cid = ""
         if remove:
-            await self.podman("rm", "-f", "-t", "0", "--ignore", run.container, kill_on_cancel=False)
-            self._runs.pop(uid, None)
+            await self.core.podman("rm", "-f", "-t", "0", "--ignore", run.container, kill_on_cancel=False)
+            self.core.runs.pop(uid, None)
         else:
-            await self.podman("kill", run.container, kill_on_cancel=False)
+            await self.core.podman("kill", run.container, kill_on_cancel=False)
         return run
 
     async def remove(self, pod: Obj) -> None:
@@ -494,45 +306,15 @@ class Kubelet:
     # ---- the end ----------------------------------------------------------------------------
     async def shutdown(self, timeout_s: float = 20.0) -> None:
         """Cancel every pod's task and kill every podman process still running."""
-        self.closing = True
-        tasks = [r.task for r in self._runs.values() if r.task is not None]
+        self.core.closing = True
+        tasks = [r.task for r in self.core.runs.values() if r.task is not None]
         for t in tasks:
             t.cancel()
-        for proc in list(self._procs):
+        for proc in list(self.core.procs):
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
         if tasks:
             await asyncio.wait(tasks, timeout=timeout_s)
-        for proc in list(self._procs):
+        for proc in list(self.core.procs):
             with contextlib.suppress(ProcessLookupError, asyncio.TimeoutError):
                 await asyncio.wait_for(proc.wait(), 5)
-
-
-def _image_id(image: str, inspect_out: str) -> str:
-    parts = inspect_out.split()
-    digest = parts[1] if len(parts) > 1 else ""
-    repo = image.split("@", 1)[0]
-    if ":" in repo.rsplit("/", 1)[-1]:
-        repo = repo.rsplit(":", 1)[0]
-    return f"{repo}@{digest}" if digest else (f"sha256:{parts[0]}" if parts else "")
-
-
-def _last_error(stderr: str) -> str:
-    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("Error:")]
-    return (errors[-1] if errors else lines[-1]) if lines else ""
-
-
-def _field_ref(pod: Obj, path: str) -> str:
-    meta, spec = pod["metadata"], pod.get("spec") or {}
-    simple = {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace"),
-              "metadata.uid": meta.get("uid"), "spec.nodeName": spec.get("nodeName"),
-              "spec.serviceAccountName": spec.get("serviceAccountName"), "status.podIP": "127.0.0.1",
-              "status.hostIP": "127.0.0.1", "status.podIPs": "127.0.0.1", "status.hostIPs": "127.0.0.1"}
-    if path in simple:
-        return str(simple[path] or "")
-    m = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
-    if m:
-        return str((meta.get(m.group(1)) or {}).get(m.group(2), ""))
-    raise ConfigError(f"fieldRef {path!r} is not supported")
-

@@ -141,7 +141,7 @@ def connect_in_netns(pid: int, port: int, ident: str, timeout_s: float = 10.0) -
     t.start()
     t.join()
     if "error" in box:
-        raise box["error"]  # type: ignore[misc]
+        raise box["error"]  # type: ignore[misc]  # box holds the BaseException the thread caught
     sock = box["sock"]
     assert isinstance(sock, socket.socket)
     return sock
