@@ -34,7 +34,7 @@ from .bidder.demand import ModelSpec
 from .placement import Placement, place, providers_named
 from .placement.ranking import PriceBook
 from .pools.auto import AutoPool
-from .pools.base import Pool, PoolContext
+from .pools.base import MachinePool, Pool, PoolContext
 from .pools.bootstrap import BootstrapPolicy
 from .pools.ephemeral import EphemeralPool
 from .pools.machines import ReconcileResult
@@ -164,7 +164,7 @@ class Fleet:
             self.quota.set(tenant, limits)
         self.bootstrap_timeout_s = bootstrap_timeout_s
         self.bootstrap = bootstrap or BootstrapPolicy()
-        self.pools: dict[str, Pool | AutoPool] = {}
+        self.pools: dict[str, Pool] = {}
         self.elastic_roles: dict[str, ElasticWorkers] = {}   # made by elastic()
         self._closed = False
         self._results: ResultReuse | None = None   # behind .results, made on first use
@@ -238,7 +238,7 @@ class Fleet:
             self._control_started = True
         return self
 
-    async def pool(self, spec: PoolSpec | None = None, **kwargs: Any) -> Pool | AutoPool:
+    async def pool(self, spec: PoolSpec | None = None, **kwargs: Any) -> Pool:
         """Create (and start) a pool; ``kwargs`` are PoolSpec fields when no spec is given.
 
         The pool's offers are gathered from every provider of its search space
@@ -261,7 +261,7 @@ class Fleet:
                           bootstrap_timeout_s=self.bootstrap_timeout_s, bootstrap=self.bootstrap,
                           spend=self.ledger, fleet_budget_per_hour=self.budget_per_hour,
                           fleet_budget_total=self.budget_total, run=self.run_id)
-        kinds: dict[PoolMode, type[Pool | AutoPool]] = {
+        kinds: dict[PoolMode, type[MachinePool | AutoPool]] = {
             PoolMode.PERSISTENT: PersistentPool, PoolMode.EPHEMERAL: EphemeralPool, PoolMode.AUTO: AutoPool}
         cls = kinds[spec.mode]
         if cls is PersistentPool and not any(p.capabilities.nested_containers for p in providers.values()):
@@ -367,7 +367,7 @@ class Fleet:
     def results(self, reuse: ResultReuse) -> None:
         self._results = reuse
 
-    async def run(self, task: Task, *, pool: Pool | AutoPool | str, workflow: str | None = None,
+    async def run(self, task: Task, *, pool: Pool | str, workflow: str | None = None,
                   cache_failures: bool | None = None) -> TaskResult:
         """Run ``task`` on ``pool`` (a pool or its name) through :attr:`results`: a stored
         result of the same work is returned without running, the same work in flight is

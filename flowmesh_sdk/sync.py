@@ -200,7 +200,7 @@ async def _next_chunk(it: AsyncIterator[bytes]) -> bytes:
 
 
 class SyncPool:
-    def __init__(self, loop: _Loop, pool: Pool | AutoPool) -> None:
+    def __init__(self, loop: _Loop, pool: Pool) -> None:
         self._loop = loop
         self.pool = pool
 
@@ -209,6 +209,7 @@ class SyncPool:
                 tenant: str = "default", name: str | None = None,
                 isolation: str | None = None) -> Iterator[SyncSandbox]:
         """``isolation`` is for a ``mode="auto"`` pool (strict | shared)."""
+        cm: contextlib.AbstractAsyncContextManager[Sandbox]
         if isolation is not None:
             if not isinstance(self.pool, AutoPool):
                 raise SpecError("isolation", "is for a mode='auto' pool; this pool's mode is "

@@ -58,7 +58,7 @@ log = logging.getLogger("flowmesh.integrations")
 class PoolHandle:
     """A pool and the loop it runs on."""
 
-    pool: Pool | AutoPool
+    pool: Pool
     bridge: LoopBridge
 
     @property
@@ -98,13 +98,13 @@ class SandboxLease:
                 await self.bridge.hop(stack.aclose())
 
 
-def register_pool(name: str, pool: Pool | AutoPool | SyncPool) -> None:
+def register_pool(name: str, pool: Pool | SyncPool) -> None:
     """Make ``pool`` the one a config's ``pool: NAME`` means in this process.  An async pool
     must be registered in async code on its loop; a ``SyncPool`` from anywhere."""
     if not isinstance(name, str) or not name:
         raise SpecError("register_pool.name", f"must be a non-empty string, got {name!r}")
     inner = pool.pool if isinstance(pool, SyncPool) else pool
-    if not isinstance(inner, (Pool, AutoPool)):
+    if not isinstance(inner, Pool):
         raise SpecError("register_pool.pool", f"must be a FlowMesh Pool or SyncPool, got {type(pool).__name__}")
     with _lock:
         _registered[name] = PoolHandle(inner, LoopBridge.of(pool))

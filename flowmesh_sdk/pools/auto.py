@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from ..control.events import Event, EventKind
@@ -29,11 +29,13 @@ from ..placement.ranking import Placement
 from ..provider import Offer, Provider
 from ..sandbox import Sandbox
 from ..specs import ISOLATIONS, PoolMode, PoolSpec, SandboxSpec, Task, TaskResult, check_choice
-from .base import Pool, PoolContext, PoolStats, run_tasks
+from .base import MachinePool, PoolContext
 from .ephemeral import EphemeralPool
 from .instance import ManagedInstance
 from .machines import ReconcileResult
 from .persistent import PersistentPool
+from .pool import Pool
+from .records import AutoStats
 
 
 def _half(spec: PoolSpec, suffix: str, mode: PoolMode) -> PoolSpec:
@@ -44,19 +46,8 @@ def _half(spec: PoolSpec, suffix: str, mode: PoolMode) -> PoolSpec:
     return replace(spec, **changes)
 
 
-@dataclass(frozen=True, slots=True)
-class AutoStats:
-    name: str
-    strict: PoolStats
-    shared: PoolStats
-
-    @property
-    def spent(self) -> float:
-        return self.strict.spent + self.shared.spent
-
-
-class AutoPool:
-    """A ``mode="auto"`` pool (see the module docstring); the same calls as a pool."""
+class AutoPool(Pool):
+    """A ``mode="auto"`` pool (see the module docstring): a :class:`Pool` over one of each kind."""
 
     def __init__(self, ctx: PoolContext, spec: PoolSpec, providers: Mapping[str, Provider],
                  placement: Placement) -> None:
@@ -79,7 +70,7 @@ class AutoPool:
         return self
 
     # ---- routing -----------------------------------------------------------------------
-    def route(self, isolation: str | None, what: str) -> Pool:
+    def route(self, isolation: str | None, what: str) -> MachinePool:
         if isolation is not None:
             check_choice("isolation", isolation, ISOLATIONS)
             path, why = isolation, "asked by the task"
@@ -104,10 +95,6 @@ class AutoPool:
             raise SpecError("task", f"must be a Task, got {type(task).__name__}")
         return await self.route(task.isolation, task.name).run_task(task)
 
-    async def map(self, tasks: Iterable[Task], *,
-                  on_result: Callable[[TaskResult], None] | None = None) -> list[TaskResult]:
-        return await run_tasks(self.run_task, tasks, on_result)
-
     def default_sandbox(self, image: str) -> SandboxSpec:
         return self.shared.default_sandbox(image)
 
@@ -127,6 +114,10 @@ class AutoPool:
     def placement(self) -> Placement:
         return self.shared.placement
 
+    @property
+    def capacity(self) -> int:
+        return self.strict.capacity + self.shared.capacity
+
     def stats(self) -> AutoStats:
         return AutoStats(self.name, self.strict.stats(), self.shared.stats())
 
@@ -137,17 +128,9 @@ class AutoPool:
     async def drain(self, timeout_s: float | None = None) -> None:
         await asyncio.gather(self.strict.drain(timeout_s), self.shared.drain(timeout_s))
 
-    close = drain
-
     @property
     def closed(self) -> bool:
         return self.strict.closed and self.shared.closed
-
-    async def __aenter__(self) -> AutoPool:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.drain()
 
 
 def _reranked(placement: Placement, spec: PoolSpec, mode: PoolMode) -> Placement:

@@ -43,19 +43,21 @@ from .failures import infra_failure
 from .images import InstanceImages
 from .instance import ManagedInstance
 from .machines import Machines, ReconcileResult
-from .records import PoolContext, PoolStats, TaskRun
+from .pool import Pool
+from .records import AutoStats, PoolContext, PoolStats, TaskRun
 from .sandboxes import Sandboxes
 
-__all__ = ["COALESCE_S", "Pool", "PoolContext", "PoolStats", "ReconcileResult", "TaskRun", "run_tasks"]
+__all__ = ["COALESCE_S", "AutoStats", "MachinePool", "Pool", "PoolContext", "PoolStats", "ReconcileResult",
+           "TaskRun", "run_tasks"]
 
 log = logging.getLogger("flowmesh.pools")
 
 COALESCE_S = 0.02   # how long a launch (or scaling decision, or termination) waits for company
 
 
-class Pool(abc.ABC):
+class MachinePool(Pool):
     """A pool of sandboxes on the instances its :class:`Machines` keeps, placed across
-    the providers of its search space.  See the two kinds (and :class:`AutoPool`)."""
+    the providers of its search space: what the two kinds share."""
 
     def __init__(self, ctx: PoolContext, spec: PoolSpec, providers: Mapping[str, Provider],
                  placement: Placement) -> None:
@@ -120,7 +122,7 @@ class Pool(abc.ABC):
     async def _teardown(self, sandbox: Sandbox | None, inst: ManagedInstance | None) -> None:
         """Give the slot back (teardown phase)."""
 
-    async def start(self) -> Pool:
+    async def start(self) -> MachinePool:
         return self
 
     # ---- public API --------------------------------------------------------------
@@ -172,12 +174,6 @@ class Pool(abc.ABC):
                           phases=run.phases(), error=run.error, instance_id=run.instance_id,
                           image_digest=run.image_digest, infra_failure=run.failure, attempts=run.attempts,
                           cost=run.cost, run=self.ctx.run)
-
-    async def map(self, tasks: Iterable[Task], *,
-                  on_result: Callable[[TaskResult], None] | None = None) -> list[TaskResult]:
-        """Run every task (at most the pool's capacity at once); results in input order.
-        See :func:`run_tasks` for what happens when something raises."""
-        return await run_tasks(self.run_task, tasks, on_result)
 
     def _on_instance_failed(self) -> None:
         """Hook: an instance was given up (wake waiters so they see the capacity change)."""
@@ -242,17 +238,9 @@ class Pool(abc.ABC):
         self._closed = True
         self._publish(EventKind.POOL_DRAINED)
 
-    close = drain
-
     @property
     def closed(self) -> bool:
         return self._closed
-
-    async def __aenter__(self) -> Pool:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.drain()
 
     def _on_closing(self) -> None:
         """Hook: wake waiters so they see the pool is closing."""

@@ -24,7 +24,7 @@ from ..images import ImageInfo
 from ..sandbox import Sandbox
 from ..provider import ContainerRequest
 from ..specs import SandboxSpec
-from .base import COALESCE_S, Pool, TaskRun
+from .base import COALESCE_S, MachinePool, TaskRun
 from .instance import ManagedInstance
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 _ENDED = (InstanceState.FAILED, InstanceState.TERMINATING, InstanceState.TERMINATED)
 
 
-class EphemeralPool(Pool):
+class EphemeralPool(MachinePool):
     def __init__(self, ctx: PoolContext, spec: PoolSpec, providers: Mapping[str, Provider],
                  placement: Placement) -> None:
         super().__init__(ctx, spec, providers, placement)

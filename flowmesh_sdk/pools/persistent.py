@@ -30,7 +30,7 @@ from ..images import ImageInfo
 from ..lifecycle import InstanceState
 from ..sandbox import Sandbox
 from ..specs import SandboxSpec
-from .base import COALESCE_S, Pool, TaskRun
+from .base import COALESCE_S, MachinePool, TaskRun
 from .instance import ManagedInstance, WarmKey, warm_key
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ LAUNCH_BACKOFF_S = 30.0
 REAP_GRANULARITY = 0.05   # the reaper sleeps at least this share of idle_timeout_s between scans
 
 
-class PersistentPool(Pool):
+class PersistentPool(MachinePool):
     def __init__(self, ctx: PoolContext, spec: PoolSpec, providers: Mapping[str, Provider],
                  placement: Placement) -> None:
         super().__init__(ctx, spec, providers, placement)

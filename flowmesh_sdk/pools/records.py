@@ -102,3 +102,14 @@ class PoolStats:
     spent: float = 0.0                 # $ so far (launch to confirmed termination)
     burn_per_hour: float = 0.0         # $/h of the instances live now
     by_provider: tuple[tuple[str, SpendSummary], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AutoStats:
+    name: str
+    strict: PoolStats
+    shared: PoolStats
+
+    @property
+    def spent(self) -> float:
+        return self.strict.spent + self.shared.spent
