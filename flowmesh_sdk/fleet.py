@@ -285,7 +285,8 @@ class Fleet:
         fleet, on the named providers (loaded as :meth:`pool` loads them): it launches and
         terminates through the fleet's provisioner, is charged to the fleet's ledger under
         ``role`` (in :meth:`spend`, ``flowmesh status`` and the metrics), rents only what the
-        fleet's budgets allow, publishes on its bus, and is closed with the fleet.  Not
+        fleet's budgets allow, publishes on its bus, is reconciled with the fleet's pools
+        (:meth:`reconcile_pools`) and is closed with the fleet.  Not
         started: ``await role.start()`` (or ``async with``)."""
         check_name("elastic.role", role)
         if role in self.pools or (role in self.elastic_roles and not self.elastic_roles[role].closed):
@@ -299,6 +300,7 @@ class Fleet:
                                  provisioner=self.provisioner, ledger=self.ledger,
                                  budget_per_hour=self.budget_per_hour, budget_total=self.budget_total)
         self.elastic_roles[role] = workers
+        self._start_reconciler()
         return workers
 
     async def _placement(self, spec: PoolSpec) -> tuple[dict[str, Provider], Placement]:
@@ -331,15 +333,17 @@ class Fleet:
             await self.reconcile_pools()
 
     async def reconcile_pools(self) -> dict[str, ReconcileResult]:
-        """Reconcile every open pool now (what the background reconciler does on its
-        deadline): instances a provider no longer lists are given up and replaced up to
-        ``min_instances``; terminations that failed are retried."""
+        """Reconcile every open pool and elastic role now (what the background reconciler
+        does on its deadline): instances a provider no longer lists are given up and
+        replaced (up to ``min_instances``; a role's lost workers replaced by its loop);
+        terminations that failed are retried."""
         out: dict[str, ReconcileResult] = {}
-        for name, pool in list(self.pools.items()):
-            if pool.closed:
+        parts: list[tuple[str, Pool | ElasticWorkers]] = [*self.pools.items(), *self.elastic_roles.items()]
+        for name, part in parts:
+            if part.closed:
                 continue
             try:
-                out[name] = await pool.reconcile()
+                out[name] = await part.reconcile()
             except FlowMeshError as exc:
                 log.warning("pool %s: reconcile failed: %s", name, exc)
         return out

@@ -178,6 +178,7 @@ async def test_a_role_made_by_the_fleet_is_charged_to_its_ledger_held_to_its_bud
     small for one worker refuses the rental (nothing is created), and closing the fleet
     closes the role (its instance terminated, its charge ended)."""
     from flowmesh_sdk.fleet import Fleet
+    from flowmesh_sdk.pools import ReconcileResult
 
     scaling = ScalingPolicy(min_workers=1, max_workers=1, interval_s=0.2, cooldown_s=0.0, ready_timeout_s=60)
     with VastEmulator(first_host=240) as emu:
@@ -197,6 +198,7 @@ async def test_a_role_made_by_the_fleet_is_charged_to_its_ledger_held_to_its_bud
                 charged = fleet.ledger.summary(pool=("vllm",))
                 assert charged.live == 1 and charged.burn_per_hour == pytest.approx(w.candidate.offer.price_per_hour)
                 assert fleet.spend().live == 1
+                assert (await fleet.reconcile_pools())["vllm"] == ReconcileResult()   # its worker is listed
                 await fleet.store.flush()        # what `flowmesh status` reads
                 (row,) = fleet.store.instances(live_only=True)
                 assert (row.id, row.pool, row.state) == (w.instance.id, "vllm", "ready")

@@ -64,6 +64,7 @@ from ..control.spend import SpendLedger
 from ..errors import FlowMeshError, PoolClosedError, ProviderUnavailableError, SpecError
 from ..placement.ranking import Candidate, PriceBook
 from ..provider import TAG_FLEET, TAG_OWNER, TAG_POOL, Instance, Provider, ProviderState
+from ..pools.terminating import ReconcileResult
 from ..provisioning import TERMINATE_ATTEMPTS, Provisioner, RetryPolicy
 from ..specs import InstanceSpec, Offer
 from .endpoint import Completion, DrainReport, InferenceEndpoint
@@ -244,19 +245,22 @@ class ElasticWorkers:
                 now = clock.monotonic()
                 if now - self._last_reconcile >= self.scaling.interval_s:
                     self._last_reconcile = now
-                    await self._reconcile()
+                    await self.reconcile()
                 await self._scale()
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - the loop must outlive one bad tick; said in the log
                 log.exception("elastic %s: control tick failed", self.role)
 
-    async def _reconcile(self) -> None:
-        """Ask the providers about the workers' instances; stopped or gone ones are lost."""
+    async def reconcile(self) -> ReconcileResult:
+        """Ask the providers about the workers' instances; stopped or gone ones are lost (the
+        loop does this every tick, and the fleet's reconciler with its pools)."""
         by_place: dict[tuple[str, str], list[ElasticWorker]] = collections.defaultdict(list)
         for w in self._live():
             if w.instance is not None:
                 by_place[(w.instance.provider, w.instance.region)].append(w)
+        gone: list[str] = []
+        stopped: list[str] = []
         for (name, region), ws in by_place.items():
             prov = self.providers[name]
             ids = [w.instance.id for w in ws if w.instance is not None]
@@ -269,7 +273,10 @@ class ElasticWorkers:
                                                   ProviderState.TERMINATED):
                     state = inst.state.value if inst is not None else "gone"
                     why = "outbid" if w.candidate.offer.spot and inst is not None else f"lost ({state})"
+                    (stopped if inst is not None and inst.state is not ProviderState.TERMINATED
+                     else gone).append(w.instance.id)
                     self._lose(w, why)
+        return ReconcileResult(tuple(gone), tuple(stopped))
 
     def _lose(self, w: ElasticWorker, why: str) -> None:
         """Outbid or lost: fail the worker, hand its requests to others, release it, replace it."""
