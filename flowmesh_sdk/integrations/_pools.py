@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FlowMeshError, SpecError
-from ..pools.auto import AutoPool
 from ..pools.base import Pool
 from ..sandbox import Sandbox
 from ..specs import InstanceSpec, PoolSpec, SandboxSize, SandboxSpec

@@ -55,11 +55,9 @@ from . import require
 require("swerex", package="swe-rex", extra="swerex")
 
 # The runtime (:mod:`._swerex_runtime`), the deployment (:mod:`._swerex_deployment`) and
-# the request translation (:mod:`._swerex_scripts`) live beside this module; every name
-# they had here is re-exported.
+# the request translation (:mod:`._swerex_scripts`) live beside this module; every public
+# name they had here is re-exported.
 from ._swerex_deployment import FlowMeshDeployment  # noqa: E402
-from ._swerex_runtime import (_ALIVE_TIMEOUT_S, _EXEC_SHELLS, _LOST, _SHELL_OWN, NO_TIMEOUT_S,  # noqa: E402,F401
-                              PS1, FlowMeshRuntime, SandboxLostError, log)
-from ._swerex_scripts import _SYNTAX_MARK, _command_script, _os_error, _session_script  # noqa: E402,F401
+from ._swerex_runtime import NO_TIMEOUT_S, PS1, FlowMeshRuntime, SandboxLostError  # noqa: E402,F401
 
 __all__ = ["FlowMeshDeployment", "FlowMeshRuntime", "SandboxLostError"]

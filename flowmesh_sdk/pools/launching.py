@@ -150,12 +150,11 @@ class Launcher:
     async def _fill(self, slots: int, usable: Sequence[Candidate],
                     on_ready: Callable[[ManagedInstance], None] | None, container: ContainerRequest | None = None
                     ) -> tuple[list[ManagedInstance], list[BaseException]]:
-        """Launch instances holding ``slots`` sandboxes, best offer first: as many of it as
-        it has room for (a launch refused for capacity is halved until one goes through or
-        one is refused), then the next offer for the rest -- so one burst may land on
-        several offers and providers, cheapest first, as the ranking wants.  Each offer
-        given up on is a failover (reason, price delta).  Returns (READY instances,
-        bootstrap errors); raises only when not one instance launched."""
+        """Launch instances holding ``slots`` sandboxes down the ranked offers
+        (:meth:`Provisioner.fill`: the one walk, its failovers and halving), each call within
+        the pool's ``max_instances`` and budgets, each instance brought up while the rest
+        launch.  Returns (READY instances, bootstrap errors); raises only when not one
+        instance launched."""
         bring_ups: list[asyncio.Future[tuple[list[ManagedInstance], list[BaseException]]]] = []
         slots_of = {id(c.offer): c for c in usable}   # by identity: the offers handed to fill
 

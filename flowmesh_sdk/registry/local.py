@@ -53,11 +53,11 @@ from typing import Any, Callable, Iterable, Mapping
 
 from flowmesh_sdk.errors import SpecError
 
-# (the names below that this module does not use are re-exported: they were defined here)
-from .accesslog import _COMBINED, _V2_PATH, AccessLogEntry, AccessLogReader, parse_access_log
+# (the public names below that this module does not use are re-exported: they were defined here)
+from .accesslog import AccessLogEntry, AccessLogReader, parse_access_log  # noqa: F401
 from .localbase import LocalRegistryError, RegistryNotInstalled, RegistryState, TokenIssuer
-from .localhttp import _OPENER, RegistryHTTP, RegistryResponse, _http, parse_challenge
-from .localproc import _INSTALL_HINT, RegistryProcess, _free_port, _kill_process, _PortTaken
+from .localhttp import RegistryHTTP, RegistryResponse, parse_challenge  # noqa: F401
+from .localproc import RegistryProcess, _free_port, _PortTaken
 
 __all__ = ["LocalRegistry", "AccessLogEntry", "RegistryResponse", "LocalRegistryError",
            "RegistryNotInstalled", "TokenIssuer"]

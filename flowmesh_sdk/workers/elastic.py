@@ -49,7 +49,6 @@ import logging
 import math
 import uuid
 from collections.abc import Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -61,7 +60,7 @@ from ..bidder.policy import PRESETS, Policy
 from ..control.backend import ControlBackend, InProcessBackend
 from ..control.events import Event, EventBus, EventKind
 from ..control.spend import SpendLedger
-from ..errors import FlowMeshError, PoolClosedError, ProviderUnavailableError, SpecError
+from ..errors import FlowMeshError, PoolClosedError, SpecError
 from ..placement.ranking import Candidate, PriceBook
 from ..provider import TAG_FLEET, TAG_OWNER, TAG_POOL, Instance, Provider, ProviderState
 from ..pools.terminating import ReconcileResult
@@ -70,7 +69,7 @@ from ..specs import InstanceSpec, Offer
 from .endpoint import Completion, DrainReport, InferenceEndpoint
 from .specs import ClientLimits, SamplingParams
 from .elastic_engine import start_engine
-from .elastic_offers import ANYWHERE, check_role, rank_for_role
+from .elastic_offers import ANYWHERE, check_role, rank_for_role  # noqa: F401 (ANYWHERE: its old home)
 from .elastic_queue import RequestQueue
 from .elastic_records import (ElasticStats, ElasticWorker, ScalingDecision, ScalingPolicy, ServeCommand,
                               WorkerLag)
