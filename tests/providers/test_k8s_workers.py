@@ -11,7 +11,8 @@ listeners): the pods' network is ``none``, and nothing but the API server is on 
 
 * scheduling: taints and tolerations as kube-scheduler filters them (the emulator's
   scheduler, unit-tested on its own store), the provider's tolerations and capacity;
-* port-forward: the emulator checked with the official client's ``kubernetes.stream.portforward``;
+* port-forward: the emulator checked with the official client's ``kubernetes.stream.portforward`` and with
+  ``kubectl port-forward`` (SPDY/3.1 tunnelled in a WebSocket);
 * the inference role: a GPU pod on the tainted node, its engine started and health-checked
   over the held exec stream and reached through the port-forward;
 * elastic workers on k8s: rented as GPU pods while the queue grows, released when idle.
@@ -257,16 +258,45 @@ def test_portforward_with_the_official_client(gpu_cluster, tmp_path):
             core.connect_get_namespaced_pod_portforward(name, "default", ports="8000")
         assert refused.value.status == 400 and "no SPDY" in refused.value.body
         kubectl = shutil.which("kubectl")
-        if kubectl is not None:   # kubectl speaks SPDY/3.1 (1.31+: tunnelled in a WebSocket first): not served
+        if kubectl is not None:   # kubectl 1.31+ speaks SPDY/3.1 tunnelled in a WebSocket: a data+error pair each
             home = tmp_path / "home"
             home.mkdir()
             env = dict(os.environ, KUBECONFIG=str(emu.kubeconfig(tmp_path / "kc")), HOME=str(home),
                        KUBECACHEDIR=str(tmp_path / "cache"), NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
-            out = subprocess.run([kubectl, "port-forward", f"pod/{name}", "0:8000"], env=env, capture_output=True,
-                                 text=True, timeout=60)
-            assert out.returncode != 0 and "no SPDY" in out.stderr, out.stderr
+            before = emu.count("portforward", "pods")
+            assert _kubectl_port_forward(kubectl, name, env) == [(200, [SERVED])] * 2
+            assert emu.count("portforward", "pods") == before + 1   # one tunnel, many forwarded connections
     finally:
         core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+
+
+def _kubectl_port_forward(kubectl: str, pod: str, env: dict) -> list[tuple[int, list[str]]]:
+    """Test helper: ``kubectl port-forward pod/POD 0:8000``, two HTTP requests through it (two local
+    connections, so two stream pairs in the one SPDY session), then kubectl terminated."""
+    proc = subprocess.Popen([kubectl, "port-forward", f"pod/{pod}", "0:8000"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()   # "Forwarding from 127.0.0.1:PORT -> 8000", once the tunnel is up
+        if not line.startswith("Forwarding from 127.0.0.1:"):
+            proc.kill()
+            raise AssertionError(f"kubectl port-forward: {line!r} {proc.communicate(timeout=30)}")
+        port = int(line.split("127.0.0.1:", 1)[1].split()[0])
+        answers = []
+        for _ in range(2):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request("GET", "/v1/models", headers={"Connection": "close"})
+            resp = conn.getresponse()
+            answers.append((resp.status, [m["id"] for m in json.loads(resp.read())["data"]]))
+            conn.close()
+        return answers
+    finally:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
 
 
 def test_tolerations_are_validated_by_the_emulators_api(gpu_cluster):

@@ -84,11 +84,14 @@ and message:
   assigned``, ``cannot exec into a container in a completed pod; current phase is
   Failed``, ``unable to upgrade connection: container not found ("c")``); a request that
   is no WebSocket upgrade (SPDY) is 400.  ``pods/attach`` is not served (400).
-* port-forward -- ``pods/portforward`` over WebSocket (``v4.channel.k8s.io`` or no
-  subprotocol; see :mod:`.portforward`), counted as ``count("portforward", "pods")``: the
-  kubelet's channel pairs, each connection made to ``localhost:PORT`` inside the pod's network
-  namespace; a pod that is not running is 400 before the upgrade; SPDY (kubectl's
-  ``port-forward``, tunnelled in a WebSocket or not) is 400.
+* port-forward -- ``pods/portforward`` over WebSocket, counted as ``count("portforward",
+  "pods")``: ``v4.channel.k8s.io`` or no subprotocol (the kubelet's channel pairs, see
+  :mod:`.portforward`; the official Python client), and ``SPDY/3.1+portforward.k8s.io``
+  (kubectl's ``port-forward``, 1.31+: SPDY/3.1 streams tunnelled in the WebSocket, a data and
+  an error stream per forwarded connection, see :mod:`.portforward_spdy` and :mod:`.spdy`);
+  each connection made to ``localhost:PORT`` inside the pod's network namespace; a pod that
+  is not running is 400 before the upgrade; a direct ``Upgrade: SPDY/3.1`` (kubectl's
+  fallback, older kubectls) is 400.
 * taints -- ``Node(..., taints=[Taint(key, value, effect)])`` (:mod:`.taints`): served in
   ``spec.taints`` and honoured by the scheduler as kube-scheduler's TaintToleration filter
   (NoSchedule and NoExecute; Equal and Exists), ``node(s) had untolerated taint {K: V}``;
@@ -102,7 +105,8 @@ and message:
   again later.`` (``plain=True``: that text as text/plain, which is what the apiserver's
   max-in-flight and priority-and-fairness filters write).
 
-Not served: SPDY (so neither kubectl's exec before 1.31 nor its port-forward), attach,
+Not served: SPDY upgrades of the HTTP connection (so not kubectl's exec before 1.31, nor the
+port-forward of kubectls before 1.31; SPDY tunnelled in a WebSocket is served for port-forward), attach,
 PATCH other than merge patch (a strategic merge
 patch is applied as a merge patch; server-side apply is 415), protobuf, OpenAPI schemas,
 Services, Secrets, ConfigMaps, ServiceAccounts, Deployments and the rest; PATCH/PUT of a

@@ -7,10 +7,12 @@ and CRI-O's port forwarders make it.
 ``PodPortForwardOptions``: ``ports`` repeated or comma-separated, each 1-65535) upgraded to a
 WebSocket.  Subprotocols: ``v4.channel.k8s.io`` (what the official Python client's
 ``kubernetes.stream.portforward`` gets when it offers ``v5.channel.k8s.io,v4.channel.k8s.io``:
-the kubelet's port forwarder knows no v5) or none at all (the legacy binary channel
-protocol); ``v4.base64.channel.k8s.io`` is not served, and neither is SPDY (kubectl's
-``port-forward`` speaks SPDY/3.1, since 1.30 tunnelled in a WebSocket whose subprotocol is
-``SPDY/3.1+portforward.k8s.io``: refused with a 400 before the upgrade).
+the kubelet's port forwarder knows no v5), none at all (the legacy binary channel protocol),
+or ``SPDY/3.1+portforward.k8s.io`` (kubectl's ``port-forward``, 1.31+: SPDY/3.1 tunnelled in
+the WebSocket, served by :mod:`.portforward_spdy`; its ports come in stream headers, not in
+the query).  ``v4.base64.channel.k8s.io`` is not served, nor a direct ``Upgrade: SPDY/3.1``
+(kubectl's fallback, and older kubectls' only way): refused with a 400 before the upgrade.
+This module serves the two channel protocols.
 
 Wire: port number ``i`` of the request (in its order) has two channels, data ``2i`` and
 error ``2i+1``.  Right after the upgrade each channel gets one frame holding the port as two
@@ -43,11 +45,12 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import WSMsgType, web
 
-__all__ = ["PORTFORWARD_PROTOCOLS", "connect_in_netns", "negotiate_portforward", "parse_ports",
+__all__ = ["PORTFORWARD_PROTOCOLS", "SPDY_TUNNEL", "connect_in_netns", "negotiate_portforward", "parse_ports",
            "serve_portforward"]
 
 V4 = "v4.channel.k8s.io"
-PORTFORWARD_PROTOCOLS = (V4, "")   # "" : no subprotocol, the binary channel protocol
+SPDY_TUNNEL = "SPDY/3.1+portforward.k8s.io"   # client-go's constants.WebsocketsSPDYTunnelingPortForwardV1
+PORTFORWARD_PROTOCOLS = (V4, "", SPDY_TUNNEL)   # "" : no subprotocol, the binary channel protocol
 _CLONE_NEWNET = 0x40000000
 _READ = 1 << 16
 
@@ -150,7 +153,8 @@ def connect_in_netns(pid: int, port: int, ident: str, timeout_s: float = 10.0) -
 async def serve_portforward(request: web.Request, protocol: str, *, ports: Sequence[int],
                             connect: Callable[[int], Awaitable[socket.socket]],
                             error_prefix: Callable[[int], str]) -> web.WebSocketResponse:
-    """Upgrade ``request`` and forward ``ports`` (see the module docstring).  ``connect(port)``
+    """Upgrade ``request`` and forward ``ports`` over a channel protocol, ``v4.channel.k8s.io`` or
+    ``""`` (see the module docstring).  ``connect(port)``
     makes the connection in the pod; ``error_prefix(port)`` heads its error text."""
     ws = web.WebSocketResponse(protocols=(protocol,) if protocol else (), compress=False, timeout=5.0,
                                max_msg_size=16 << 20)

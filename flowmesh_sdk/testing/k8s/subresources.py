@@ -1,7 +1,8 @@
 """A pod's subresources (:class:`PodSubresources`, owned by :class:`.api.KubeApi`):
 ``pods/status`` (read), ``pods/eviction`` (a ``DisruptionTarget`` condition, then the
 pod deleted as a DELETE would), ``pods/exec`` (WebSocket, :mod:`.exec`),
-``pods/portforward`` (WebSocket, :mod:`.portforward`) and ``pods/log`` (``podman logs`` of
+``pods/portforward`` (WebSocket: :mod:`.portforward`, and kubectl's SPDY tunnelled in it,
+:mod:`.portforward_spdy`) and ``pods/log`` (``podman logs`` of
 the container); ``pods/attach`` is refused."""
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from aiohttp import web
 
 from ..httpserver import json_response
 from .exec import negotiate, serve_exec
-from .portforward import connect_in_netns, negotiate_portforward, parse_ports, serve_portforward
+from .portforward import SPDY_TUNNEL, connect_in_netns, negotiate_portforward, parse_ports, serve_portforward
+from .portforward_spdy import serve_spdy_portforward
 from .kubelet import Kubelet
 from .objects import TERMINAL, ApiError, Obj, ObjectStore
 from .podstatus import set_condition
@@ -76,16 +78,19 @@ class PodSubresources:
                                        f"{status.get('phase') or 'Pending'}")
         if request.headers.get("Upgrade", "").lower() != "websocket":
             raise ApiError.bad_request("Upgrade request required (the k8s emulator serves port-forward over "
-                                       "WebSocket, v4.channel.k8s.io; no SPDY)")
+                                       "WebSocket: v4.channel.k8s.io, or SPDY/3.1+portforward.k8s.io as kubectl "
+                                       "tunnels it; no SPDY upgrade)")
         protocol = negotiate_portforward(request)
         if protocol is None:
             raise ApiError.bad_request("requested protocol(s) are not supported by the k8s emulator's "
-                                       "port-forward: it serves v4.channel.k8s.io (no SPDY/3.1+portforward.k8s.io, "
-                                       "no v4.base64.channel.k8s.io)")
-        try:   # after the protocol: kubectl's SPDY streams carry their port in a header, not in the query
-            ports = parse_ports(request.query.getall("ports", []))
-        except ValueError as exc:
-            raise ApiError.bad_request(str(exc)) from None
+                                       "port-forward: it serves v4.channel.k8s.io and SPDY/3.1+portforward.k8s.io "
+                                       "(no v4.base64.channel.k8s.io)")
+        ports: list[int] = []
+        if protocol != SPDY_TUNNEL:   # kubectl's SPDY streams carry their port in a header, not in the query
+            try:
+                ports = parse_ports(request.query.getall("ports", []))
+            except ValueError as exc:
+                raise ApiError.bad_request(str(exc)) from None
         rc, out, err = await self.kubelet.podman("inspect", "--format", "{{.State.Pid}}", cid)
         pid = out.strip()
         if rc != 0 or not pid.isdigit() or pid == "0":
@@ -95,8 +100,12 @@ class PodSubresources:
         async def connect(port: int) -> socket.socket:
             return await asyncio.to_thread(connect_in_netns, int(pid), port, cid)
 
-        return await serve_portforward(request, protocol, ports=ports, connect=connect,
-                                       error_prefix=lambda port: f"error forwarding port {port} to pod {cid}, uid ")
+        def error_prefix(port: int) -> str:
+            return f"error forwarding port {port} to pod {cid}, uid "
+
+        if protocol == SPDY_TUNNEL:
+            return await serve_spdy_portforward(request, connect=connect, error_prefix=error_prefix)
+        return await serve_portforward(request, protocol, ports=ports, connect=connect, error_prefix=error_prefix)
 
     async def _eviction(self, request: web.Request, namespace: str, name: str) -> web.StreamResponse:
         body = await read_body(request)
