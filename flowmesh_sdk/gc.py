@@ -1,5 +1,5 @@
-"""Finding and reclaiming what the SDK left behind (a crashed coordinator's instances
-and containers), by the tags and labels every launch carries.
+"""Finding and reclaiming what the SDK left behind (a crashed coordinator's instances,
+containers and providers' leftovers), by the tags and labels every launch carries.
 
 An instance is an orphan when its ``flowmesh:owner`` process is gone (owners on this
 host are checked directly), or, for owners elsewhere, when it is older than
@@ -21,11 +21,16 @@ owner or, on a shared fleet, a live coordinator holds.  :func:`execute` records 
 in the metadata store it is given (``INSTANCE_TERMINATED``), so ``flowmesh status`` no
 longer lists what gc removed.
 
-A provider whose machines outlive its instances (``ssh``) frees the slice of an instance
-whose machine did not answer at termination and remembers its containers; with
-``leftovers=True`` :func:`plan` asks each provider what is still there
-(:meth:`Provider.leftovers`) -- listing the machines it could not reach -- and
-:func:`execute` removes it once the machine answers (:meth:`Provider.remove_leftovers`).
+With ``leftovers=True`` :func:`plan` also asks each provider what it finds outside its
+instances (:meth:`Provider.leftovers`: :class:`~flowmesh_sdk.provider.Leftover` records, and the
+machines it could not reach) and decides which to take; :func:`execute` has the provider remove
+those (:meth:`Provider.remove_leftovers`).  A leftover container without an owner (``ssh``
+frees the slice of an instance whose machine did not answer at termination and remembers its
+containers) is taken once its machine answers.  A leftover with an owner (a crashed
+coordinator's agent-sandbox ``SandboxWarmPool`` on ``k8s``) is taken by the rules of an
+instance: its owner gone, or, for an owner this host cannot check, ``run`` naming its run or
+``older_than_s`` reached; a live owner's only with ``include_live``.  ``fleet`` and ``run``
+apply to it as to an instance.
 
 On a shared fleet, :func:`plan` is given what Redis says (``shared``): an instance a live
 coordinator holds -- one it adopted from a dead coordinator included -- is never taken
@@ -38,7 +43,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .config import Owner
 from .errors import FlowMeshError
@@ -85,8 +90,8 @@ class GcPlan:
     leftovers: tuple[LeftoverScan, ...] = ()
 
     @property
-    def leftover_containers(self) -> tuple[tuple[str, Leftover], ...]:
-        """(provider, leftover) of every leftover container found."""
+    def found_leftovers(self) -> tuple[tuple[str, Leftover], ...]:
+        """(provider, leftover) of every leftover gc takes (``Leftover.kind`` says what it is)."""
         return tuple((scan.provider, lo) for scan in self.leftovers for lo in scan.found)
 
     @property
@@ -99,10 +104,12 @@ class GcResult:
     terminated: tuple[str, ...]
     still_present: tuple[str, ...]
     containers_removed: tuple[str, ...]
-    #: leftover containers removed from machines that answered again (their names)
+    #: leftovers removed (their names: containers from machines that answered again, warm pools)
     leftovers_removed: tuple[str, ...] = ()
     #: machines that did not answer: what they hold stays
     unreachable: tuple[Unreachable, ...] = ()
+    #: the records of the leftovers removed (``leftovers_removed``, with their kind)
+    swept: tuple[Leftover, ...] = ()
 
 
 def _owner_gone(owner_text: str) -> tuple[bool | None, str]:
@@ -115,6 +122,47 @@ def _owner_gone(owner_text: str) -> tuple[bool | None, str]:
     return (not alive), ("owner process exited" if not alive else "owner running")
 
 
+def _taken(gone: bool | None, why: str, age_s: float, *, run: str | None, older_than_s: float | None,
+           include_live: bool, held: bool = False) -> str | None:
+    """Why gc takes something with this owner verdict (``_owner_gone``), or None: its owner
+    is gone; an owner this host cannot check (and no live shared coordinator ``held`` it) with
+    ``run`` named or ``older_than_s`` reached; anything with ``include_live``."""
+    if gone is True:
+        return why
+    if gone is None and not held and run is not None:
+        return f"{why}, of run {run}"
+    if gone is None and not held and older_than_s is not None and age_s >= older_than_s:
+        return f"{why}, older than {older_than_s:g} s"
+    if include_live:
+        return f"{why}, --all"
+    return None
+
+
+def _leftover_taken(lo: Leftover, *, fleet: str | None, run: str | None, older_than_s: float | None,
+                    include_live: bool) -> str | None:
+    """Why gc takes the leftover ``lo``, or None (module docstring)."""
+    if fleet is not None and lo.fleet != fleet:
+        return None
+    if lo.kind == "container" and not lo.owner:   # ssh: the remains of an instance terminated already
+        return f"instance {lo.instance_id} on {lo.machine}, terminated while {lo.machine} did not answer"
+    if run is not None and lo.run != run:
+        return None
+    gone, why = _owner_gone(lo.owner)
+    return _taken(gone, why, lo.age_s, run=run, older_than_s=older_than_s, include_live=include_live)
+
+
+async def _scan(prov: Provider, *, fleet: str | None, run: str | None, older_than_s: float | None,
+                include_live: bool) -> LeftoverScan:
+    """``prov``'s leftovers, only those gc takes (each with its ``reason``)."""
+    scan = await prov.leftovers(fleet)
+    taken = []
+    for lo in scan.found:
+        why = _leftover_taken(lo, fleet=fleet, run=run, older_than_s=older_than_s, include_live=include_live)
+        if why is not None:
+            taken.append(replace(lo, reason=why))
+    return replace(scan, found=tuple(taken))
+
+
 async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, *,
                older_than_s: float | None = None, include_live: bool = False,
                known_instances: Iterable[str] = (), fleet: str | None = None,
@@ -124,8 +172,9 @@ async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, 
     containers are this home's.  ``fleet``: only that fleet's instances and containers.
     ``shared``: a shared fleet's state -- an instance a live coordinator holds is never
     taken (one adopted from a dead coordinator included) and one whose holder's lease
-    lapsed is, whatever its owner tag says.  ``leftovers``: also ask each provider what
-    terminate left on machines that did not answer then (this contacts those machines)."""
+    lapsed is, whatever its owner tag says.  ``leftovers``: also ask each provider what it
+    finds outside its instances (this contacts the machines that did not answer at their
+    termination) and take what the module docstring says."""
     now = time.time()
     orphans: list[Orphan] = []
     live_ids: set[str] = set()
@@ -147,15 +196,9 @@ async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, 
             if listed is not None and gone is None:
                 held.add(inst.id)
             age = max(0.0, now - inst.launched_at)
-            if gone is True:
-                reason = why
-            elif gone is None and inst.id not in held and run is not None:
-                reason = f"{why}, of run {run}"
-            elif gone is None and inst.id not in held and older_than_s is not None and age >= older_than_s:
-                reason = f"{why}, older than {older_than_s:g} s"
-            elif include_live:
-                reason = f"{why}, --all"
-            else:
+            reason = _taken(gone, why, age, run=run, older_than_s=older_than_s, include_live=include_live,
+                            held=inst.id in held)
+            if reason is None:
                 continue
             orphans.append(Orphan(prov.name, inst.id, inst.tags.get(TAG_POOL, ""), owner, age, reason,
                                   inst.tags.get(TAG_FLEET, ""), inst.region))
@@ -177,7 +220,11 @@ async def plan(providers: Sequence[Provider], runtime: ContainerRuntime | None, 
             if (include_live or gone is True or inst_id in orphan_ids
                     or (gone is None and inst_id not in live_ids)):
                 containers.append(c)
-    scans = [scan for scan in [await prov.leftovers(fleet) for prov in providers] if scan] if leftovers else []
+    scans = []
+    for prov in providers if leftovers else ():
+        scan = await _scan(prov, fleet=fleet, run=run, older_than_s=older_than_s, include_live=include_live)
+        if scan:
+            scans.append(scan)
     return GcPlan(tuple(orphans), tuple(containers), tuple(scans))
 
 
@@ -249,17 +296,18 @@ async def execute(gc_plan: GcPlan, providers: Sequence[Provider], runtime: Conta
         if progress:
             for c in gc_plan.containers:
                 progress(c.name)
-    swept: list[str] = []
+    swept: list[Leftover] = []
     unreachable: list[Unreachable] = []
     for scan in gc_plan.leftovers:
         prov = by_provider.get(scan.provider)
         if prov is None:
             continue
         after = await prov.remove_leftovers(scan)
-        kept = {lo.container_id for lo in after.found}
-        swept += [lo.container_name for lo in scan.found if lo.container_id not in kept]
+        kept = {(lo.kind, lo.machine, lo.container_id) for lo in after.found}
+        swept += [lo for lo in scan.found if (lo.kind, lo.machine, lo.container_id) not in kept]
         unreachable += [Unreachable(scan.provider, m, why) for m, why in after.unreachable]
         if progress:
             for lo in scan.found:
                 progress(lo.container_name)
-    return GcResult(tuple(terminated), tuple(still), tuple(removed), tuple(swept), tuple(unreachable))
+    return GcResult(tuple(terminated), tuple(still), tuple(removed), tuple(lo.container_name for lo in swept),
+                    tuple(unreachable), tuple(swept))

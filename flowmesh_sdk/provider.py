@@ -23,9 +23,10 @@ its runner's commands run inside it, and no container runtime is nested in it
 ran in :attr:`Instance.fault` (an image its machine could not pull, no room to schedule
 it, a machine lost), so the pool raises the right error at once instead of waiting.
 
-Optional: ``leftovers()`` / ``remove_leftovers(scan)`` for a provider whose machines
-outlive its instances (``ssh``): containers ``terminate`` could not remove because the
-machine did not answer, which ``flowmesh gc`` sweeps once it answers again.
+Optional: ``leftovers()`` / ``remove_leftovers(scan)`` for what a provider finds outside its
+instances (:class:`Leftover`): containers ``terminate`` could not remove because their machine
+did not answer (``ssh``), which ``flowmesh gc`` sweeps once it answers again; a crashed
+coordinator's agent-sandbox warm pools (``k8s``).  The provider lists and removes; gc decides.
 
 What callers may assume: instance ids are the cloud's unique ids (never names a user could
 reuse), unique per provider and never reused, not even after termination; a
@@ -177,9 +178,19 @@ class Instance:
 
 @dataclass(frozen=True, slots=True)
 class Leftover:
-    """A container ``terminate`` could not remove because its machine did not answer then
-    (a provider whose machines outlive its instances: ``ssh``); ``flowmesh gc`` removes it
-    once the machine answers again."""
+    """Something of the SDK's that a provider finds outside its instances, for ``flowmesh gc``:
+
+    * ``kind="container"`` (``ssh``): a container ``terminate`` could not remove because its
+      machine did not answer then; no ``owner`` (its instance is terminated already), removed
+      once the machine answers again;
+    * ``kind="SandboxWarmPool"`` (``k8s``): an agent-sandbox warm pool (and its template) a
+      coordinator made and did not delete (it crashed); ``owner`` is its owner tag, and gc
+      takes it by the rules it applies to instances (:mod:`flowmesh_sdk.gc`).
+
+    ``machine``: where it is (a host's name, a ``context/namespace``); ``container_id`` and
+    ``container_name``: its id and name there (a container's, a warm pool's uid and name);
+    ``instance_id``: the terminated instance it belonged to ("" when none).  ``reason``: why
+    gc takes it, set by :func:`flowmesh_sdk.gc.plan` (a provider leaves it empty)."""
 
     machine: str
     instance_id: str
@@ -187,13 +198,18 @@ class Leftover:
     container_name: str
     fleet: str = ""
     pool: str = ""
+    kind: str = "container"
+    owner: str = ""          # the flowmesh:owner tag ("" when none)
+    run: str = ""            # the flowmesh:run tag ("" when none)
+    age_s: float = 0.0       # since it was made (0 when unknown)
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class LeftoverScan:
-    """What one provider's machines still hold of terminated instances: the containers
-    found (``found``), the machines that could not be asked (``unreachable``: machine and
-    why) and the instances whose machine answered with nothing of them left (``settled``)."""
+    """What one provider found outside its instances (``found``), the machines (or namespaces)
+    that could not be asked (``unreachable``: machine and why) and the terminated instances
+    whose machine answered with nothing of them left (``settled``)."""
 
     provider: str
     found: tuple[Leftover, ...] = ()
@@ -235,8 +251,9 @@ class Provider(abc.ABC):
         return None
 
     async def leftovers(self, fleet: str | None = None) -> LeftoverScan:
-        """What ``terminate`` left on machines that did not answer then (``fleet``: only that
-        fleet's).  None for a cloud, whose terminate takes everything with the VM."""
+        """What the SDK left outside this provider's instances (``fleet``: only that fleet's):
+        containers ``terminate`` left on machines that did not answer then, a crashed
+        coordinator's warm pools.  None for a cloud, whose terminate takes everything with the VM."""
         return LeftoverScan(self.name)
 
     async def remove_leftovers(self, scan: LeftoverScan) -> LeftoverScan:

@@ -281,7 +281,8 @@ def gc(provider: list[str] = typer.Option(["local"], "--provider", "-p",
     """Find instances and containers this FLOWMESH_HOME left behind (by their tags and its
     records) and remove them; removals are recorded in the metadata store.  With -p ssh,
     also the containers of instances terminated while their machine did not answer, once
-    it answers (machines that do not are named)."""
+    it answers (machines that do not are named); with -p k8s, also the agent-sandbox warm
+    pools (SandboxWarmPool and its template) of coordinators gone."""
     known = available_providers()
     for name in provider:
         if name not in known:
@@ -335,11 +336,11 @@ async def _gc_table(the_plan: gc_mod.GcPlan, providers: list, runtime: Container
     for c in the_plan.containers:
         table.add_row("container", "local", c.name, c.labels.get(LABEL_POOL, ""), "-",
                       f"instance {c.labels.get(LABEL_INSTANCE, '?')}")
-    for prov, lo in the_plan.leftover_containers:
-        table.add_row("container", prov, lo.container_name, lo.pool, "-",
-                      f"instance {lo.instance_id} on {lo.machine}, terminated while {lo.machine} did not answer")
+    for prov, lo in the_plan.found_leftovers:
+        name = lo.container_name if lo.kind == "container" else f"{lo.machine}/{lo.container_name}"
+        table.add_row(lo.kind, prov, name, lo.pool, f"{lo.age_s:.0f}s" if lo.age_s else "-", lo.reason)
     _print_unreachable(the_plan.unreachable)
-    total = len(the_plan.instances) + len(the_plan.containers) + len(the_plan.leftover_containers)
+    total = len(the_plan.instances) + len(the_plan.containers) + len(the_plan.found_leftovers)
     if not total:
         console.print("nothing left behind" + (" on what answered" if the_plan.unreachable else ""))
         if yes and the_plan.unreachable:
@@ -354,8 +355,12 @@ async def _gc_table(the_plan: gc_mod.GcPlan, providers: list, runtime: Container
         bar = prog.add_task("removing", total=total)
         res = await gc_mod.execute(the_plan, providers, runtime,
                                    progress=lambda _i: prog.advance(bar), store=store, record=shared.record)
+    kinds: dict[str, int] = {"container": 0}
+    for lo in res.swept:
+        kinds[lo.kind] = kinds.get(lo.kind, 0) + 1
+    others = "".join(f", {n} {kind}(s)" for kind, n in sorted(kinds.items()) if kind != "container")
     console.print(f"terminated {len(res.terminated)} instance(s), removed "
-                  f"{len(res.containers_removed) + len(res.leftovers_removed)} container(s)")
+                  f"{len(res.containers_removed) + kinds['container']} container(s){others}")
     _print_unreachable(res.unreachable)
     if res.still_present:
         err.print(f"[red]still present after terminate:[/red] {', '.join(res.still_present)}")
@@ -374,7 +379,7 @@ async def _gc_json(the_plan: gc_mod.GcPlan, providers: list, runtime: ContainerR
     found = {"instances": [dataclasses.asdict(o) for o in the_plan.instances],
              "containers": [{"name": c.name, "pool": c.labels.get(LABEL_POOL, ""),
                              "instance": c.labels.get(LABEL_INSTANCE, "")} for c in the_plan.containers],
-             "leftovers": [{"provider": prov, **dataclasses.asdict(lo)} for prov, lo in the_plan.leftover_containers],
+             "leftovers": [{"provider": prov, **dataclasses.asdict(lo)} for prov, lo in the_plan.found_leftovers],
              "unreachable": [dataclasses.asdict(u) for u in the_plan.unreachable]}
     if not yes:
         emit("gc", dry_run=True, found=found, result=None)

@@ -27,7 +27,9 @@ the pool asks for (named as the pod would be: idempotent), one watch of the name
 claims (:class:`~.watch.PodWatch` over the claims' list), and the release of a claim when its
 pod is terminated.  The SDK's tags go on the claims (labels) and, for a pool's fixed tags, on
 the template's pods; a claim's ``additionalPodMetadata`` is not used (the controller allows
-only label domains on its allow-list, ``sandbox.users.io`` by default).
+only label domains on its allow-list, ``sandbox.users.io`` by default).  The warm pools and
+templates go in :meth:`AgentSandbox.close`; a crashed coordinator's are ``flowmesh gc``'s
+(:mod:`.sandbox_leftovers`: they carry the pool's labels, owner tag included).
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class AgentSandboxSupport:
     served: bool                     # both groups at v1beta1
     versions: tuple[str, ...]        # of extensions.agents.x-k8s.io, as discovery lists them
     reason: str                      # why not, when not
+    failed: bool = False             # discovery did not answer (unknown, not "not installed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +178,7 @@ class AgentSandbox:
                     _preload_content=False))
                 found = support_of(context, json.loads(resp.data or b"{}"))
             except ProviderError as exc:
-                found = AgentSandboxSupport(context, False, (), f"discovery failed: {exc}")
+                found = AgentSandboxSupport(context, False, (), f"discovery failed: {exc}", failed=True)
             self._support[context] = found
         return found
 
@@ -211,6 +214,23 @@ class AgentSandbox:
                 EXT_GROUP, VERSION, target.namespace, plural, name, _preload_content=False))
         except NotFoundError:
             pass
+
+    async def warm_pools(self, target: Target, label_selector: str) -> list[dict[str, Any]]:
+        """The namespace's SandboxWarmPools that ``label_selector`` selects (through ``call``)."""
+        got = await self._custom(target.context, "list sandboxwarmpools", lambda c: json.loads(
+            c.list_namespaced_custom_object(EXT_GROUP, VERSION, target.namespace, "sandboxwarmpools",
+                                            label_selector=label_selector, _preload_content=False).data or b"{}"))
+        return list(got.get("items") or ())
+
+    def made(self, target: Target, name: str) -> bool:
+        """Whether this provider made the warm pool ``name`` there and still holds it."""
+        return (target.key, name) in self._pools
+
+    async def delete_pool(self, target: Target, name: str) -> None:
+        """Delete a SandboxWarmPool and its SandboxTemplate (same name); its unclaimed sandboxes go."""
+        for plural in ("sandboxwarmpools", "sandboxtemplates"):
+            await self._delete(target, plural, name)
+        self._pools.pop((target.key, name), None)
 
     async def _watch(self, target: Target) -> PodWatch:
         w = self._claims.get(target.key)
@@ -336,11 +356,10 @@ class AgentSandbox:
     async def close(self) -> None:
         """Delete the warm pools and templates this provider made (their unclaimed sandboxes go)."""
         for (_, name), target in list(self._pools.items()):
-            for plural in ("sandboxwarmpools", "sandboxtemplates"):
-                try:
-                    await self._delete(target, plural, name)
-                except ProviderError as exc:
-                    log.warning("k8s: %s %s/%s not deleted: %s", plural, target.key, name, exc)
+            try:
+                await self.delete_pool(target, name)
+            except ProviderError as exc:
+                log.warning("k8s: warm pool %s/%s not deleted: %s", target.key, name, exc)
         self._pools.clear()
         for w in self._claims.values():
             await asyncio.to_thread(w.stop)

@@ -24,6 +24,8 @@ agent's shell is exec'd into it once and held (:mod:`.stream`).  Where it runs: 
     From the namespace's watch (:mod:`.watch`): no API call.  Ids are pod uids.
 ``terminate(ids)``
     ``DELETE`` each pod with grace period 0; a pod already gone is not an error.
+``leftovers(fleet)`` / ``remove_leftovers(scan)``
+    A crashed coordinator's agent-sandbox warm pools and templates (:mod:`.sandbox_leftovers`).
 ``runner(instance)``
     A :class:`.stream.PodRunner` over exec streams; its channels end with ``InstanceLost``
     the moment the watch sees the pod fail (evicted, preempted, node lost) or vanish.
@@ -41,7 +43,8 @@ from typing import Any
 
 from flowmesh_sdk import backends
 from flowmesh_sdk.errors import CapacityError, FlowMeshError, InstanceLost, NotFoundError, ProviderError, SpecError
-from flowmesh_sdk.provider import TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest, Provider, ProviderState
+from flowmesh_sdk.provider import (TAG_FLEET, TAG_REQUEST, Capabilities, Instance, LaunchRequest, LeftoverScan, Provider,
+                                   ProviderState)
 from flowmesh_sdk.remote.runner import Runner
 from flowmesh_sdk.specs import InstanceSpec, Offer, check_number
 
@@ -53,6 +56,7 @@ from .errors import PROVIDER
 from .policies import EgressPolicies
 from .portforward import Forwarded
 from .runners import CUT_VERDICT_S, pod_runner
+from .sandbox_leftovers import WarmPoolLeftovers
 from .stream import PodRunner
 from .tolerations import GPU_TOLERATION, Toleration, pod_tolerations, tolerations_of
 from .watch import PodWatch
@@ -116,8 +120,12 @@ class K8sProvider(Provider):
         self._deleting: set[str] = set()                            # uids whose delete the server accepted
         self._agent = AgentSandbox(enabled=agent_sandbox, call=self._api.call, timeout_s=self.schedule_timeout_s,
                                    api_client=self._api.api_client)
+        self._leftovers = WarmPoolLeftovers(self._agent, self._targets)   # a crashed coordinator's warm pools
 
     # ---- plumbing --------------------------------------------------------------------
+    async def _targets(self) -> list[config.Target]:
+        return (await self._api.targets())[0]
+
     def _remember(self, uid: str, target: config.Target, name: str) -> None:
         self._where[uid] = (target, name)
         self._uid_of[(target.key, name)] = uid
@@ -357,6 +365,15 @@ class K8sProvider(Provider):
             runner = self._runners.pop(uid, None)
             if runner is not None:
                 await runner.close()
+
+    async def leftovers(self, fleet: str | None = None) -> LeftoverScan:
+        """The agent-sandbox warm pools the SDK labelled that no coordinator deleted (a crashed
+        one's; not this provider's own): :mod:`.sandbox_leftovers`.  gc decides which to take."""
+        return await self._leftovers.scan(fleet)
+
+    async def remove_leftovers(self, scan: LeftoverScan) -> LeftoverScan:
+        """Delete the warm pools (and their templates) ``scan`` lists; returns those still there."""
+        return await self._leftovers.remove(scan)
 
     async def wait_changed(self, ids: Sequence[str], timeout_s: float) -> None:
         """Return at the first watch event that changes one of ``ids``' state (or its fault)."""

@@ -8,21 +8,30 @@ client's CustomObjectsApi and with kubectl."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from flowmesh_sdk import Fleet, PoolSpec, SpecError
+from flowmesh_sdk import Fleet, PoolSpec, SpecError, gc
+from flowmesh_sdk.config import Owner
 from flowmesh_sdk.pools import WarmPodPool
+from flowmesh_sdk.provider import TAG_FLEET, TAG_OWNER, TAG_POOL, TAG_RUN, LeftoverScan
 
 pytest.importorskip("kubernetes")
 
 from kubernetes import client  # noqa: E402
+
+from flowmesh_providers.k8s import K8sProvider  # noqa: E402
+from flowmesh_providers.k8s.pods import TAGS  # noqa: E402
 
 from ._k8s import SPEC, emu, image  # noqa: E402,F401 - fixtures
 
@@ -253,3 +262,145 @@ def _kubectl(emu: Any, home: Path) -> Callable[..., subprocess.CompletedProcess[
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([exe, *args], env=env, capture_output=True, text=True, timeout=120)
     return run
+
+
+# ---- gc: a crashed coordinator's warm pools ---------------------------------------------------------
+COORDINATOR = textwrap.dedent("""
+    import asyncio, sys
+    from flowmesh_sdk import Fleet, InstanceSpec, PoolSpec
+    from flowmesh_providers.k8s import K8sProvider
+    KUBECONFIG, IMAGE, FLEET, RUN = sys.argv[1:5]
+    async def main():
+        prov = K8sProvider(kubeconfig=KUBECONFIG, schedule_timeout_s=30, agent_sandbox=True)
+        fleet = Fleet(FLEET, run=RUN, providers={"k8s": prov})
+        await fleet.pool(PoolSpec(name="asb", mode="persistent", provider="k8s", max_instances=2,
+                                  instance=InstanceSpec(cpus=1, memory_gb=1), warm_images=(IMAGE,)))
+        print("READY", fleet.owner, flush=True)
+        await asyncio.sleep(3600)
+    asyncio.run(main())
+""")
+
+
+def _crashed_coordinator(kubeconfig: Path, image: str, fleet: str, run: str, tmp_path: Path) -> str:
+    """Run a coordinator whose persistent pool stocks a claim from its warm pool, then kill -9 it;
+    returns its owner tag."""
+    script = tmp_path / "coordinator.py"
+    script.write_text(COORDINATOR)
+    proc = subprocess.Popen([sys.executable, str(script), str(kubeconfig), image, fleet, run],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        if not line.startswith("READY"):
+            proc.kill()
+            pytest.fail(f"coordinator did not start: {line!r} {proc.stderr.read() if proc.stderr else ''}")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    return line.split()[1]
+
+
+def _gc_cli(home: Path, kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, FLOWMESH_HOME=str(home), KUBECONFIG=str(kubeconfig), COLUMNS="250")
+    return subprocess.run([sys.executable, "-m", "flowmesh_sdk.cli.main", "gc", "-p", "k8s", *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+async def test_gc_reaps_the_warm_pool_of_a_crashed_coordinator(fm_home, asb, custom, image, tmp_path):
+    kubeconfig = asb.kubeconfig(tmp_path / "kc")
+    owner = await asyncio.to_thread(_crashed_coordinator, kubeconfig, image, "asb-crash", "run-1", tmp_path)
+    parsed = Owner.parse(owner)
+    assert parsed is not None and parsed.alive() is False          # killed: its owner tag names a dead process
+    (swp,) = _items(custom, EXT, "sandboxwarmpools")               # left behind, and kept full
+    name = swp["metadata"]["name"]
+    assert [t["metadata"]["name"] for t in _items(custom, EXT, "sandboxtemplates")] == [name]
+    labels = TAGS.decode(swp["metadata"]["labels"])
+    assert {k: labels.get(k) for k in (TAG_OWNER, TAG_FLEET, TAG_POOL, TAG_RUN)} == {
+        TAG_OWNER: owner, TAG_FLEET: "asb-crash", TAG_POOL: "asb", TAG_RUN: "run-1"}
+    warm = await _until(lambda: [s["metadata"]["name"] for s in _items(custom, CORE, "sandboxes")
+                                 if s["metadata"]["name"].startswith(name)])
+    core = client.CoreV1Api(asb.api_client())
+    assert set(warm) <= {p.metadata.name for p in core.list_namespaced_pod(NS).items}
+
+    dry = await asyncio.to_thread(_gc_cli, fm_home, kubeconfig, "--json")   # as a user runs it
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    found = json.loads(dry.stdout)["found"]
+    (lo,) = found["leftovers"]
+    assert (lo["provider"], lo["kind"], lo["machine"], lo["container_name"], lo["owner"], lo["fleet"], lo["pool"],
+            lo["run"], lo["reason"]) == ("k8s", "SandboxWarmPool", f"emu/{NS}", name, owner, "asb-crash", "asb",
+                                         "run-1", "owner process exited")
+    assert [i["owner"] for i in found["instances"]] == [owner]    # the stocked claim's pod
+    table = await asyncio.to_thread(_gc_cli, fm_home, kubeconfig)
+    assert table.returncode == 0 and "SandboxWarmPool" in table.stdout and name in table.stdout, table.stdout
+    assert _items(custom, EXT, "sandboxwarmpools")                 # a dry run removes nothing
+
+    gc_prov = K8sProvider(kubeconfig=str(kubeconfig))              # as `flowmesh gc -p k8s` loads it
+    try:
+        plan = await gc.plan([gc_prov], None, leftovers=True, fleet="asb-crash")
+        ((prov_name, taken),) = plan.found_leftovers
+        assert prov_name == "k8s" and taken.kind == "SandboxWarmPool" and taken.container_id == swp["metadata"]["uid"]
+        assert (await gc.plan([gc_prov], None, leftovers=True, run="run-2")).found_leftovers == ()
+        res = await gc.execute(plan, [gc_prov], None)
+        assert [(lo.kind, lo.container_name) for lo in res.swept] == [("SandboxWarmPool", name)]
+        assert len(res.terminated) == 1 and not res.unreachable
+        assert not _items(custom, EXT, "sandboxwarmpools") and not _items(custom, EXT, "sandboxtemplates")
+        await _until(lambda: not _items(custom, CORE, "sandboxes") and not _items(custom, EXT, "sandboxclaims"))
+        await _until(lambda: not set(warm) & {p.metadata.name for p in core.list_namespaced_pod(NS).items})
+        again = await gc.plan([gc_prov], None, leftovers=True)
+        assert again.found_leftovers == () and again.instances == ()
+    finally:
+        await gc_prov.close()
+
+
+async def test_gc_leaves_a_live_coordinators_warm_pool_alone(fm_home, asb, asb_prov, custom, image, tmp_path):
+    gc_prov = K8sProvider(kubeconfig=str(asb.kubeconfig(tmp_path / "gc")))
+    try:
+        async with Fleet("asb-live", home=fm_home, run="live-run", providers={"k8s": asb_prov}) as fleet:
+            await fleet.pool(PoolSpec(name="live", mode="persistent", provider="k8s", instance=SPEC,
+                                      max_instances=2, warm_images=(image,)))
+            (swp,) = _items(custom, EXT, "sandboxwarmpools")
+            assert await asb_prov.leftovers() == LeftoverScan("k8s")    # its own pool is no leftover
+            for kwargs in ({}, {"run": "live-run"}, {"older_than_s": 0.0}):
+                plan = await gc.plan([gc_prov], None, leftovers=True, **kwargs)
+                assert plan.found_leftovers == () and plan.instances == (), kwargs   # the owner runs
+            plan = await gc.plan([gc_prov], None, leftovers=True, include_live=True)
+            ((_, lo),) = plan.found_leftovers
+            assert (lo.container_name, lo.owner, lo.reason) == (swp["metadata"]["name"], fleet.owner,
+                                                                "owner running, --all")
+            assert (await gc.plan([gc_prov], None, leftovers=True, include_live=True,
+                                  fleet="another")).found_leftovers == ()
+    finally:   # the provider's close (the fixture's) deletes the warm pool
+        await gc_prov.close()
+
+
+async def test_gc_takes_an_other_hosts_warm_pool_only_by_run_or_age(fm_home, asb, custom, image, tmp_path):
+    tags = {TAG_FLEET: "far", TAG_POOL: "p", TAG_OWNER: "elsewhere.example/4242/99", TAG_RUN: "far-run"}
+    name = "fm-swp-elsewhere"
+    custom.create_namespaced_custom_object(EXT, V, NS, "sandboxtemplates", {
+        "apiVersion": f"{EXT}/{V}", "kind": "SandboxTemplate", "metadata": {"name": name, "labels": TAGS.encode(tags)},
+        "spec": {"podTemplate": {"spec": _pod_spec(image)}, "networkPolicyManagement": "Unmanaged"}})
+    custom.create_namespaced_custom_object(EXT, V, NS, "sandboxwarmpools", {
+        "apiVersion": f"{EXT}/{V}", "kind": "SandboxWarmPool", "metadata": {"name": name, "labels": TAGS.encode(tags)},
+        "spec": {"replicas": 1, "sandboxTemplateRef": {"name": name}}})
+    custom.create_namespaced_custom_object(EXT, V, NS, "sandboxwarmpools", {   # the user's own: never gc's
+        "apiVersion": f"{EXT}/{V}", "kind": "SandboxWarmPool", "metadata": {"name": "users-own"},
+        "spec": {"replicas": 1, "sandboxTemplateRef": {"name": name}}})
+    gc_prov = K8sProvider(kubeconfig=str(asb.kubeconfig(tmp_path / "gc")))
+    try:
+        assert (await gc.plan([gc_prov], None, leftovers=True)).found_leftovers == ()   # its owner may run
+        every = await gc.plan([gc_prov], None, leftovers=True, include_live=True)
+        assert [lo.container_name for _, lo in every.found_leftovers] == [name]
+        assert (await gc.plan([gc_prov], None, leftovers=True, run="near-run")).found_leftovers == ()
+        by_run = await gc.plan([gc_prov], None, leftovers=True, run="far-run")
+        assert [lo.reason for _, lo in by_run.found_leftovers] == ["owner on elsewhere.example, of run far-run"]
+        by_age = await gc.plan([gc_prov], None, leftovers=True, older_than_s=0.0)
+        assert [lo.reason for _, lo in by_age.found_leftovers] == ["owner on elsewhere.example, older than 0 s"]
+        assert (await gc.plan([gc_prov], None, leftovers=True, older_than_s=3600.0)).found_leftovers == ()
+        real = await asyncio.to_thread(_gc_cli, fm_home, asb.kubeconfig(tmp_path / "kc"), "--run", "far-run", "--yes")
+        assert real.returncode == 0, real.stdout + real.stderr
+        assert "terminated 0 instance(s), removed 0 container(s), 1 SandboxWarmPool(s)" in real.stdout
+        assert [p["metadata"]["name"] for p in _items(custom, EXT, "sandboxwarmpools")] == ["users-own"]
+        assert not _items(custom, EXT, "sandboxtemplates")
+    finally:
+        custom.delete_namespaced_custom_object(EXT, V, NS, "sandboxwarmpools", "users-own")
+        await gc_prov.close()
+    await _until(lambda: not _items(custom, CORE, "sandboxes"))
