@@ -45,6 +45,7 @@ log = logging.getLogger("flowmesh.pools")
 
 LAUNCH_BACKOFF_S = 30.0
 REAP_GRANULARITY = 0.05   # the reaper sleeps at least this share of idle_timeout_s between scans
+WARM_REFILL_DELAY_S = 0.02   # a refill waits this long after the take it replaces (_make_warm)
 
 
 class PersistentPool(MachinePool):
@@ -220,6 +221,9 @@ class PersistentPool(MachinePool):
     async def _make_warm(self, mi: ManagedInstance, key: WarmKey, spec: SandboxSpec,
                          info: ImageInfo) -> None:
         try:
+            # after the take's first command: starting the refill's `podman create` blocks the
+            # loop for a millisecond or more (fork and exec), which the caller would pay
+            await asyncio.sleep(WARM_REFILL_DELAY_S)
             async with mi.warm_starts:   # a few at a time: a burst's takes are not starved by its refills
                 sb = await self._new_sandbox(mi, spec, info, "warm")
         finally:

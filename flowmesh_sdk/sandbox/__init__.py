@@ -22,7 +22,12 @@ with ``dd``:
   (``/proc/self/fd``), so a background job of an earlier command, or a command that
   deletes the agent's files, can reach neither this command's output nor the
   protocol;
-* it runs the script in a new session (``setsid``) under a watchdog which at the
+* it runs the script in a fresh ``/bin/sh`` in a new session (``setsid``), made ahead of
+  the command: after each answer the agent starts the next command's shell (the
+  *standby*), which waits on a fifo for its script's name, so the fork and the two execs
+  are paid while the host reads the answer, not after the next command arrives (the
+  standby runs the script in itself: ``$0`` is ``sh``; without ``mkfifo`` in the image
+  each command's shell is started when it arrives); all under a watchdog which at the
   deadline SIGKILLs the session's process group and then every process whose session
   (or parent chain) leads back to the command, found through ``/proc``: this works
   under dash, busybox ash and bash alike;
@@ -31,7 +36,7 @@ with ``dd``:
   run the command, e.g. the disk is full).
 
 Only POSIX sh, ``setsid`` (optional: without it a timeout kills the command's process
-tree by parent links), ``dd``, ``sleep``, ``wc``, ``head``, ``mkdir`` and ``rm`` are
+tree by parent links), ``mkfifo`` (optional), ``dd``, ``sleep``, ``wc``, ``head``, ``mkdir`` and ``rm`` are
 needed in the image, so busybox and Debian images both work.
 
 Sessions (``session.py``) hold a shell whose state persists; processes (``process.py``)

@@ -74,7 +74,7 @@ __fm_kick() {
       : > "$__t/$__x.o" && : > "$__t/$__x.e" || exit 0
       __x=$((__x + 1))
     done
-    command mv "$__t" "$__fm_d/s$__fm_k" ) </dev/null >/dev/null 2>&1 3>&- 4>&- 5<&- 6<&- 7>&- & )
+    command mv "$__t" "$__fm_d/s$__fm_k" ) </dev/null >/dev/null 2>&1 3>&- 4>&- 5<&- 6<&- 7>&- 9<&- & )
   __fm_old=
 }
 __fm_names() {
@@ -210,7 +210,7 @@ __fm_watch() {
   #   orphaned: seen under load); SIGKILL cannot be caught, ignored or lost.
   ( trap '[ "$!" = "$__c" ] || kill -9 $! 2>/dev/null; exit 0' TERM
     sleep "$__to" & wait $!
-    trap '' TERM; __fm_kill "$__c"; exit 3 ) 5<&- 6<&- 7>&- &
+    trap '' TERM; __fm_kill "$__c"; exit 3 ) 5<&- 6<&- 7>&- 9<&- &
   __w=$!
 }
 __fm_one() {
@@ -226,8 +226,16 @@ __fm_one() {
   if [ -n "$__bad" ]; then
     exec 3>&- 4>&- 5<&- 6<&-; __fm_fail "$__bad"; command rm -f -- "$__fm_d"/* 2>/dev/null; return
   fi
-  ( __fm_nproc; exec $__fm_ss /bin/sh "$__s" ) <"$__i" >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&- &
-  __c=$!
+  if [ -n "$__sb" ] && kill -0 "$__sb" 2>/dev/null; then
+    # the standby made ahead takes the command: its pid, the script's and the input's names
+    printf '%s\n%s\n%s\n' "$__sb" "$__s" "$__i" >&9
+    __c=$__sb
+  else
+    ( __fm_nproc; exec $__fm_ss /bin/sh "$__s" ) <"$__i" >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&- 9<&- &
+    __c=$!
+    [ -n "$__sb" ] && { kill -9 "$__sb"; wait "$__sb"; } 2>/dev/null
+  fi
+  __sb=
   exec 3>&- 4>&-
   __fm_watch
   wait $__c; __rc=$?
@@ -241,6 +249,23 @@ __fm_one() {
   [ "$__no" -gt 0 ] && __fm_put 5 "$__no"
   [ "$__ne" -gt 0 ] && __fm_put 6 "$__ne"
   exec 5<&- 6<&-
+  __fm_stand
+}
+__fm_stand() {
+  # The next command's fresh shell, made ahead while the host reads this answer: forked
+  # and exec'd (setsid, /bin/sh: most of an exec's cost) before the command arrives.  It
+  # waits on the control fifo (fd 9, which the agent holds open for reading and writing,
+  # so a message waits there for its reader and the standby sees EOF once the agent is
+  # gone) for a message that starts with its own pid: a message left by a standby that
+  # died unread is skipped by the next.  Then it opens the command's output files through
+  # the agent's own descriptors of them (fds 5 and 6, by /proc: the files the agent reads,
+  # whatever a job of an earlier command did to their names) and runs the script in itself
+  # (the host starts each script with `unset __fm_s;`).  Without the
+  # fifo (no mkfifo in the image) every command is forked as it arrives.
+  [ -n "$__fm_cf" ] || return 0
+  ( __fm_nproc; exec $__fm_ss /bin/sh -c "$__fm_sbp" sh "$__fm_cf" ) </dev/null >/dev/null 2>&1 \
+    3>&- 4>&- 5<&- 6<&- 7>&- 9<&- &
+  __sb=$!
 }
 __fm_feed() {
   # the input side of a streamed process: frames from the host into its stdin fifo
@@ -302,11 +327,11 @@ __fm_proc() {
     printf '__FMP__ %s idle\n' "$__id"
     return
   fi
-  exec 9<&0
-  ( __fm_feed "$__f" ) 0<&9 3>&- 4>&- 5<&- 6<&- 7>&- 9<&- &
+  exec 8<&0
+  ( __fm_feed "$__f" ) 0<&8 3>&- 4>&- 5<&- 6<&- 7>&- 8<&- 9<&- &
   __r=$!
-  exec 9<&-
-  ( __fm_nproc; exec $__fm_ss /bin/sh "$__s" ) <"$__f" >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&- &
+  exec 8<&-
+  ( __fm_nproc; exec $__fm_ss /bin/sh "$__s" ) <"$__f" >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&- 9<&- &
   __c=$!
   exec 3>&- 4>&-
   printf '__FMP__ %s pid %s\n' "$__id" "$__c"
@@ -335,9 +360,20 @@ __fm_proc() {
   wait $__r
   printf '__FMP__ %s idle\n' "$__id"
 }
+__fm_sbp='
+while :; do
+  IFS= read -r __fm_p && IFS= read -r __fm_s && IFS= read -r __fm_i || exit 0
+  [ "$__fm_p" = "$$" ] && break
+done <"$1"
+exec <"$__fm_i" >>"/proc/$PPID/fd/5" 2>>"/proc/$PPID/fd/6"
+unset __fm_p __fm_i
+set --
+. "$__fm_s"'
 __fm_loop() {
-  __fm_mk
+  __fm_mk; __fm_mkq; __sb=; __fm_cf="$__fm_q/c"
+  { command mkfifo "$__fm_cf" && exec 9<>"$__fm_cf"; } 2>/dev/null || __fm_cf=
   exec 7>&1          # the channel, where __fm_copy writes (the commands never hold it)
+  __fm_stand
   echo __FM_READY__ $$
   while IFS=' ' read -r __k __id __to __cap __sl __il __sn; do
     case "$__k $__id $__cap $__sl $__il $__sn" in
@@ -346,6 +382,7 @@ __fm_loop() {
       "__fm_proc "*) __fm_proc;;
     esac
   done
+  [ -n "$__sb" ] && kill -9 "$__sb" 2>/dev/null
 }
 __fm_loop
 """
