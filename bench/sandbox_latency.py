@@ -19,9 +19,9 @@ Four measurements, ``--n`` samples each (after one unmeasured warm-up):
     floor any channel-based design pays on this machine.
 
 Then ttfc_ratio = p50(c) / p50(a), exec_ratio = p50(d) / p50(b) and session_ratio =
-p50(e) / p50(d), against the targets ttfc <= 0.1, exec <= 0.05 and session <= 1 (a session
-command no slower than exec).  The last line printed is exactly
-``ttfc_ratio=<x> exec_ratio=<y> session_ratio=<z>``.
+p50(e) / p50(d), against the targets ttfc <= 0.1, exec <= 0.01 and session <= 1 (a session
+command no slower than exec), and warm_ttfc_p50_ms = p50(c) against 5 ms.  The last line
+printed is exactly ``ttfc_ratio=<x> exec_ratio=<y> session_ratio=<z> warm_ttfc_p50_ms=<ms>``.
 
 ``--isolation gvisor`` measures (a)-(e) again with the sandboxes under gVisor
 (``kernel="gvisor"``; raw podman with the same ``--runtime runsc`` flags) and prints them
@@ -52,7 +52,8 @@ from flowmesh_sdk.remote.runtime import ContainerRuntime, RuntimeInfo, gvisor_ru
 
 DEFAULT_IMAGE = "localhost/flowmesh/swe-base:bookworm"
 TTFC_TARGET = 0.1
-EXEC_TARGET = 0.05
+EXEC_TARGET = 0.01                  # issue 29: exec at 1 % of a raw podman exec
+WARM_TTFC_TARGET_MS = 5.0           # issue 29: a warm sandbox's first command under 5 ms (p50)
 SESSION_TARGET = 1.0
 WARM_TIMEOUT_S = 60.0
 IDLE_PID1 = 'trap "exit 0" TERM INT; while :; do sleep 86400 & wait $!; done'
@@ -326,7 +327,11 @@ async def main(argv: list[str] | None = None) -> int:
         met = val <= target
         verdict = "[bold green]MET[/]" if met else "[bold red]NOT MET[/]"
         console.print(f"{name} = {what} = {val:.3f}  target <= {target:g}: {verdict}")
-    last = f"ttfc_ratio={ttfc_ratio:.3f} exec_ratio={exec_ratio:.3f} session_ratio={session_ratio:.3f}"
+    warm_ms = pct(ttfcs, 50) * 1e3
+    console.print(f"warm_ttfc_p50_ms = p50(c) = {warm_ms:.2f}  target < {WARM_TTFC_TARGET_MS:g}: "
+                  f"{'[bold green]MET[/]' if warm_ms < WARM_TTFC_TARGET_MS else '[bold red]NOT MET[/]'}")
+    last = (f"ttfc_ratio={ttfc_ratio:.3f} exec_ratio={exec_ratio:.3f} session_ratio={session_ratio:.3f} "
+            f"warm_ttfc_p50_ms={warm_ms:.2f}")
     if gv:
         ratios = {"gvisor_ttfc_ratio": pct(gv["ttfc"], 50) / pct(gv["run"], 50),
                   "gvisor_exec_ratio": pct(gv["rtt"], 50) / pct(gv["exec"], 50),
