@@ -21,7 +21,10 @@ tensor-parallel processes through shared memory.
 
 Environment values never appear in a command line: the runner feeds them on stdin to
 ``sh -c 'set -a; . /dev/stdin; exec "$@"'`` and the runtime gets ``--env NAME`` (value
-taken from its own environment), so a token is not in ``ps`` output, logs or errors.
+taken from its own environment), so a token is not in ``ps`` output, logs or errors.  Where
+the runner cannot end stdin (a pod's exec under the ``v4.channel.k8s.io`` protocol has no
+half-close: only ``v5`` has the close message, KEP-4006), the shim reads exactly the script's
+bytes with ``head -c N`` instead of up to EOF.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import shlex
 import uuid
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from ..config import Owner
 from ..errors import SpecError
@@ -41,6 +45,7 @@ from .specs import Mount
 #: container label naming the worker role (``inference`` or ``training``)
 LABEL_WORKER = "flowmesh.worker"
 _ENV_SHIM = 'set -a; . /dev/stdin; set +a; exec "$@"'
+_ENV_SHIM_SIZED = 'set -a; eval "$(head -c {size})"; set +a; exec "$@"'
 
 
 def gpu_flags(binary: str, gpus: str) -> list[str]:
@@ -57,12 +62,15 @@ def gpu_flags(binary: str, gpus: str) -> list[str]:
     return out
 
 
-def with_env(argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], bytes | None]:
-    """``argv`` run with ``env`` added, the values travelling on stdin (never in argv)."""
+def with_env(argv: Sequence[str], env: Mapping[str, str], *,
+             stdin_eof: bool = True) -> tuple[list[str], bytes | None]:
+    """``argv`` run with ``env`` added, the values travelling on stdin (never in argv);
+    ``stdin_eof`` False: read exactly their bytes (a runner whose stdin never ends)."""
     if not env:
         return list(argv), None
-    script = "".join(f"{k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
-    return ["sh", "-c", _ENV_SHIM, "fm-env", *argv], script.encode()
+    script = "".join(f"{k}={shlex.quote(v)}\n" for k, v in sorted(env.items())).encode()
+    shim = _ENV_SHIM if stdin_eof else _ENV_SHIM_SIZED.format(size=len(script))
+    return ["sh", "-c", shim, "fm-env", *argv], script
 
 
 def worker_labels(role: str, *, fleet: str, instance_id: str) -> dict[str, str]:
@@ -95,6 +103,42 @@ def build_run_argv(info: RuntimeInfo, image: str, args: Sequence[str], *, name: 
     return argv + [image, *args]
 
 
+class WorkerProcess(Protocol):
+    """Where a worker's program runs and how it is driven: a container of a runtime
+    (:class:`WorkerContainer`) or the instance's own process, on an instance that is itself a
+    container (:class:`~.instance_process.InstanceWorkerProcess`).  ``kind`` names it in
+    messages (``container``, ``process``); ``id`` is set once started."""
+
+    name: str
+    role: str
+    kind: str
+
+    @property
+    def runner(self) -> Runner: ...
+
+    @property
+    def id(self) -> str | None: ...
+
+    async def plan(self, image: str, args: Sequence[str], extra: Sequence[str], *, gpus: str,
+                   mounts: Sequence[Mount], env: Mapping[str, str], ipc_host: bool, field: str) -> list[str]: ...
+
+    async def start(self, image: str, args: Sequence[str], extra: Sequence[str], *, gpus: str,
+                    mounts: Sequence[Mount], env: Mapping[str, str], ipc_host: bool,
+                    publish_host: str | None = None, container_port: int | None = None) -> str: ...
+
+    async def address(self, container_port: int, publish_host: str) -> tuple[str, int]: ...
+
+    async def status(self) -> tuple[str, int | None]: ...
+
+    async def logs(self, tail: int | None = 30) -> str: ...
+
+    async def wait(self, timeout_s: float) -> int | None: ...
+
+    async def stop(self, grace_s: float = 10.0) -> None: ...
+
+    async def remove(self) -> None: ...
+
+
 def last_line(data: bytes) -> str:
     lines = [ln for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
     return lines[-1].strip() if lines else ""
@@ -102,6 +146,8 @@ def last_line(data: bytes) -> str:
 
 class WorkerContainer:
     """One named worker container on the machine ``runtime.runner`` reaches."""
+
+    kind = "container"
 
     def __init__(self, runtime: ContainerRuntime, role: str, labels: Mapping[str, str],
                  name: str | None = None) -> None:
@@ -149,7 +195,7 @@ class WorkerContainer:
                                     input=stdin)
         if not res.ok:
             raise WorkerStartError(f"could not start the {self.role} worker container on "
-                                   f"{self.runner.label}: {_describe(res, argv)}")
+                                   f"{self.runner.label}: {describe_run(res, argv)}")
         self.id = last_line(res.stdout)
         return self.id
 
@@ -164,6 +210,10 @@ class WorkerContainer:
             raise WorkerStartError(f"no published port for {self.name}:{container_port} on "
                                    f"{self.runner.label}: {res.describe()} {text!r}")
         return int(port)
+
+    async def address(self, container_port: int, publish_host: str) -> tuple[str, int]:
+        """Where ``container_port`` is reached: ``publish_host`` and the published port."""
+        return publish_host, await self.host_port(container_port)
 
     async def status(self) -> tuple[str, int | None]:
         """``(state, exit code)``: ``("running", None)``, ``("exited", 3)``, ``("missing", None)``."""
@@ -201,26 +251,30 @@ class WorkerContainer:
         info = await self.runtime.probe()
         await self.runner.run([info.binary, "stop", "-t", str(max(0, int(grace_s))), self.name],
                               timeout_s=grace_s + self.runtime.config.command_timeout_s)
+        await self.remove()
+
+    async def remove(self) -> None:
+        """Remove the container (stopped or never started)."""
         await self.runtime.remove([self.name])
 
 
 async def run_plan(runner: Runner, argv: Sequence[str], env: Mapping[str, str], *, field: str,
-                   timeout_s: float) -> list[str]:
+                   timeout_s: float, stdin_eof: bool = True) -> list[str]:
     """Run an ``entrypoint.py ... --dry-run`` command and parse the argv it printed."""
-    cmd, stdin = with_env(argv, env)
+    cmd, stdin = with_env(argv, env, stdin_eof=stdin_eof)
     res = await runner.run(cmd, timeout_s=timeout_s, input=stdin)
     if res.exit_code == 2 and not res.timed_out:
         msg = last_line(res.stderr) or res.describe()
         raise SpecError(field, msg.split(": error: ", 1)[-1])
     if not res.ok:
-        raise WorkerStartError(f"the launch plan failed on {runner.label}: {_describe(res, argv)}")
+        raise WorkerStartError(f"the launch plan failed on {runner.label}: {describe_run(res, argv)}")
     line = last_line(res.stdout)
     if not line:
         raise WorkerStartError(f"the launch plan printed nothing on {runner.label}: {res.describe()}")
     return shlex.split(line)
 
 
-def _describe(res: CommandResult, argv: Sequence[str]) -> str:
+def describe_run(res: CommandResult, argv: Sequence[str]) -> str:
     """Like CommandResult.describe, but naming the runtime command, not the env shim."""
     err = [ln for ln in res.stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
     how = "timed out" if res.timed_out else f"exit {res.exit_code}"

@@ -20,6 +20,13 @@ waiting micro-batches at once, waits for the requests in flight up to a deadline
 stops and removes the container (an inference worker holds no state worth keeping: the
 weights come from the model store, the answers went to their callers).
 
+On an instance that is itself a container (a pod, a Vast.ai instance: an
+:class:`~flowmesh_sdk.remote.direct.InstanceRuntime`, or :meth:`InferenceWorker.on_instance`
+with the instance's runner) the same steps run with the instance's own processes
+(:class:`~.instance_process.InstanceWorkerProcess`): the plan and the server are processes
+of the instance, which was launched from the worker image, and the server is reached at the
+runner's target host (a pod's forwarded address) on port 8000.
+
 Events (when a bus is given): ``WORKER_STARTING``, ``WORKER_READY``,
 ``WORKER_DRAINING``, ``WORKER_STOPPED``, ``WORKER_FAILED``.
 """
@@ -28,16 +35,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Sequence
 
 import httpx
 
 from ..control.events import EventBus, EventKind
 from ..errors import FlowMeshError, SpecError
+from ..remote.runner import Runner
 from ..remote.runtime import ContainerRuntime
-from .container import WorkerContainer, worker_labels
+from .container import WorkerProcess
 from .endpoint import DrainReport, InferenceEndpoint
 from .errors import WorkerStartError
 from .health import HealthReport, wait_until_healthy
+from .instance_process import IMAGE_ENTRYPOINT, InstanceWorkerProcess, worker_process
 from .specs import CONTAINER_PORT, ClientLimits, InferenceSpec
 from .state import WorkerBase, WorkerState, worker_lifecycle
 
@@ -53,31 +63,40 @@ def tensor_parallel_of(argv: list[str]) -> int:
 
 
 class InferenceWorker(WorkerBase):
-    """One vLLM server on the machine ``runtime`` drives."""
+    """One vLLM server on the machine ``runtime`` drives: in a container of that runtime, or,
+    given a :class:`~.container.WorkerProcess` (or an ``InstanceRuntime``), as that."""
 
     role = "inference"
 
-    def __init__(self, runtime: ContainerRuntime, spec: InferenceSpec, *, name: str | None = None,
+    def __init__(self, runtime: ContainerRuntime | WorkerProcess, spec: InferenceSpec, *, name: str | None = None,
                  fleet: str = "workers", instance_id: str = "", limits: ClientLimits | None = None,
                  bus: EventBus | None = None, stop_grace_s: float = 10.0) -> None:
         if not isinstance(spec, InferenceSpec):
             raise SpecError("inference", f"must be an InferenceSpec, got {type(spec).__name__}")
-        self.runtime = runtime
+        self.runtime = runtime if isinstance(runtime, ContainerRuntime) else None
         self.spec = spec
         self.fleet = fleet
         self.instance_id = instance_id or runtime.runner.label
         self.limits = limits or ClientLimits()
         self.bus = bus
         self.stop_grace_s = stop_grace_s
-        self.container = WorkerContainer(runtime, self.role,
-                                         worker_labels(self.role, fleet=fleet, instance_id=self.instance_id),
-                                         name=name)
+        self.container = worker_process(runtime, self.role, fleet=fleet, instance_id=self.instance_id, name=name)
         self.name = self.container.name
         self.lifecycle = worker_lifecycle(self.name)
         self.launch_argv: list[str] = []
         self.tensor_parallel: int | None = None
         self.health: HealthReport | None = None
         self.endpoint: InferenceEndpoint | None = None
+
+    @classmethod
+    def on_instance(cls, runner: Runner, spec: InferenceSpec, *, name: str | None = None,
+                    entrypoint: Sequence[str] = IMAGE_ENTRYPOINT, host: str | None = None, port: int | None = None,
+                    **kw: object) -> InferenceWorker:
+        """The server as the own process of an instance that is a container, launched from
+        ``spec.image`` and reached over ``runner`` (see :class:`InstanceWorkerProcess` for
+        ``entrypoint``, ``host`` and ``port``); ``kw``: the constructor's other arguments."""
+        proc = InstanceWorkerProcess(runner, cls.role, name=name, entrypoint=entrypoint, host=host, port=port)
+        return cls(proc, spec, **kw)  # type: ignore[arg-type]  # kw: the keyword arguments of __init__
 
     def __repr__(self) -> str:
         return f"InferenceWorker({self.name}, model={self.spec.model!r}, {self.state.value})"
@@ -99,8 +118,8 @@ class InferenceWorker(WorkerBase):
                                        mounts=spec.mounts, env=spec.env, ipc_host=spec.ipc_host,
                                        publish_host=spec.publish_host, container_port=CONTAINER_PORT)
             started = True
-            port = await self.container.host_port(CONTAINER_PORT)
-            base_url = f"http://{spec.url_host or spec.publish_host}:{port}"
+            host, port = await self.container.address(CONTAINER_PORT, spec.publish_host)
+            base_url = f"http://{spec.url_host or host}:{port}"
             async with httpx.AsyncClient() as probe_client:
                 self.health = await wait_until_healthy(
                     probe_client, base_url, spec.name_in_api, timeout_s=spec.start_timeout_s,
@@ -125,7 +144,7 @@ class InferenceWorker(WorkerBase):
         if state == "running":
             return None
         tail = (await self.container.logs(tail=15)).strip().replace("\n", " | ") if state != "missing" else ""
-        return f"container {state} (exit {code}){': ' + tail[-800:] if tail else ''}"
+        return f"{self.container.kind} {state} (exit {code}){': ' + tail[-800:] if tail else ''}"
 
     # ---- leave ------------------------------------------------------------------------
     async def leave(self, timeout_s: float = 60.0) -> DrainReport:

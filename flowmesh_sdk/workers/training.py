@@ -10,6 +10,11 @@ Two ways to launch, one code path for the command:
   the machine, where TRL is installed (the bench does this; so can a host without a
   container runtime).
 
+On an instance that is itself a container (a pod, a Vast.ai instance), container mode runs
+the job as the instance's own process instead (:class:`~.instance_process.InstanceWorkerProcess`;
+the instance was launched from the worker image): give an ``InstanceRuntime`` or use
+:meth:`TrainingWorker.on_instance`.
+
 Either way the entrypoint is asked first with ``--dry-run`` (the exact
 ``accelerate launch ... -m trl.scripts.<recipe>`` argv comes back; a refused argument
 fails at once with the entrypoint's message), then run for real with a deadline.
@@ -38,7 +43,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -50,8 +55,9 @@ from ..imagebuild import GPU_WORKER_ENTRYPOINT
 from ..remote.runner import CommandResult, Runner
 from ..remote.runtime import ContainerRuntime
 from .checkpoints import Checkpoint, publish_files
-from .container import WorkerContainer, run_plan, with_env, worker_labels
+from .container import WorkerProcess, run_plan, with_env
 from .errors import TrainingFailedError
+from .instance_process import IMAGE_ENTRYPOINT, InstanceWorkerProcess, worker_process
 from .specs import Mount, TrainingSpec
 from .state import WorkerBase, WorkerState, worker_lifecycle
 
@@ -122,18 +128,19 @@ def _tail(text: str, lines: int = 25) -> str:
 
 class TrainingWorker(WorkerBase):
     """One TRL job on the machine ``target`` reaches (a ContainerRuntime, or a Runner for
-    process mode)."""
+    process mode; a :class:`~.container.WorkerProcess` runs container mode as that)."""
 
     role = "training"
 
-    def __init__(self, target: ContainerRuntime | Runner, spec: TrainingSpec, *, store: ContentStore,
+    def __init__(self, target: ContainerRuntime | Runner | WorkerProcess, spec: TrainingSpec, *, store: ContentStore,
                  name: str | None = None, fleet: str = "workers", instance_id: str = "",
                  bus: EventBus | None = None, ref_prefix: str | None = "checkpoints",
                  staging_dir: str | Path | None = None, stop_grace_s: float = 30.0) -> None:
         if not isinstance(spec, TrainingSpec):
             raise SpecError("training", f"must be a TrainingSpec, got {type(spec).__name__}")
-        self.runtime = target if isinstance(target, ContainerRuntime) else ContainerRuntime(target)
-        self.runner: Runner = self.runtime.runner
+        carrier: ContainerRuntime | WorkerProcess = ContainerRuntime(target) if isinstance(target, Runner) else target
+        self.runtime = carrier if isinstance(carrier, ContainerRuntime) else None
+        self.runner: Runner = carrier.runner
         self.spec = spec
         self.store = store
         self.fleet = fleet
@@ -141,9 +148,7 @@ class TrainingWorker(WorkerBase):
         self.bus = bus
         self.staging_dir = Path(staging_dir) if staging_dir else None
         self.stop_grace_s = stop_grace_s
-        self.container = WorkerContainer(self.runtime, self.role,
-                                         worker_labels(self.role, fleet=fleet, instance_id=self.instance_id),
-                                         name=name)
+        self.container = worker_process(carrier, self.role, fleet=fleet, instance_id=self.instance_id, name=name)
         self.name = self.container.name
         self.ref_prefix = f"{ref_prefix}/{self.name}" if ref_prefix else None
         self.lifecycle = worker_lifecycle(self.name)
@@ -152,6 +157,14 @@ class TrainingWorker(WorkerBase):
         self._entry: str | None = None
         self._t0 = 0.0
         self._result: TrainingResult | None = None
+
+    @classmethod
+    def on_instance(cls, runner: Runner, spec: TrainingSpec, *, store: ContentStore, name: str | None = None,
+                    entrypoint: Sequence[str] = IMAGE_ENTRYPOINT, **kw: object) -> TrainingWorker:
+        """Container mode as the own process of an instance that is a container, launched
+        from ``spec.image`` and reached over ``runner``; ``kw``: the constructor's other arguments."""
+        proc = InstanceWorkerProcess(runner, cls.role, name=name, entrypoint=entrypoint)
+        return cls(proc, spec, store=store, **kw)  # type: ignore[arg-type]  # kw: the keyword arguments of __init__
 
     def __repr__(self) -> str:
         mode = "container" if self.spec.image else "process"
@@ -208,7 +221,7 @@ class TrainingWorker(WorkerBase):
             self._emit(EventKind.WORKER_FAILED, str(exc)[:500])
             if s.image:
                 with contextlib.suppress(FlowMeshError):
-                    await self.runtime.remove([self.container.name])
+                    await self.container.remove()
             raise
         self.lifecycle.to(WorkerState.READY)
         self._emit(EventKind.WORKER_READY, " ".join(self.argv)[:500])
@@ -253,7 +266,7 @@ class TrainingWorker(WorkerBase):
             if code is None:
                 await self.container.stop(grace_s=self.stop_grace_s)
             else:
-                await self.runtime.remove([self.container.name])
+                await self.container.remove()
             return code, out
         assert self._proc is not None
         res = await self._proc

@@ -397,3 +397,104 @@ async def test_elastic_workers_scale_as_gpu_pods(gpu_cluster, gprov, tmp_path):
         while [i for i in await gprov.list_tagged({TAG_FLEET: fleet})]:
             await asyncio.sleep(0.1)
     await asyncio.wait_for(gone(), 60)
+
+
+# --------------------------------------------------------------------------- #
+# the roles themselves in a pod: the pod's own processes (InstanceWorkerProcess)
+# --------------------------------------------------------------------------- #
+
+async def _gpu_pod(gprov, request_id: str):
+    offers = await gprov.offers(GPU_SPEC)
+    (inst,) = await gprov.launch(LaunchRequest(offer=offers[0], spec=GPU_SPEC, count=1, request_id=request_id,
+                                               tags={TAG_FLEET: "k8s-roles"}))
+    runner = gprov.runner(inst)
+    await runner.wait_reachable(240)          # the kubelet pulls the stand-in worker image
+    return inst, runner
+
+
+async def _alive(runner, pid: int) -> bool:
+    return (await runner.run(["sh", "-c", f"kill -0 {pid}"], timeout_s=30)).ok
+
+
+async def test_an_inference_worker_joins_and_leaves_as_the_gpu_pods_own_process(gpu_cluster, gprov):
+    from flowmesh_sdk.workers import InferenceSpec, InferenceWorker
+
+    _, image = gpu_cluster
+    inst, runner = await _gpu_pod(gprov, "gpu-role-inf")
+    bus = EventBus()
+    events: list = []
+    bus.on(events.append)
+    spec = InferenceSpec("fake/llama", image, served_model_name=SERVED, num_heads=32, start_timeout_s=120,
+                         env={"FAKE_GPUS": "2", "FAKE_VLLM_LOAD_S": "1"})   # the stand-in nvidia-smi lists 2
+    try:
+        worker = InferenceWorker.on_instance(runner, spec, fleet="k8s-roles", instance_id=inst.id, bus=bus)
+        endpoint = await worker.join()
+        assert worker.state is WorkerState.READY and worker.tensor_parallel == 2   # planned in the pod:
+        assert worker.launch_argv[:3] == ["vllm", "serve", "fake/llama"]             # its entrypoint's argv
+        assert endpoint.base_url == f"http://{runner.target.host}:8000"    # the pod's forwarded address
+        assert (pid := worker.container.pid) is not None and await _alive(runner, pid)
+        answers = await asyncio.gather(*(endpoint.complete(f"r{i}") for i in range(4)))
+        assert [a.text for a in answers] == [f"ok:r{i}" for i in range(4)]
+        async with httpx.AsyncClient() as http:            # the argv the stand-in was exec'd with, in the pod
+            launch = (await http.get(f"{endpoint.base_url}/fake/launch", timeout=30)).json()
+        assert "--tensor-parallel-size" in json.dumps(launch) and "fake/llama" in json.dumps(launch)
+        report = await worker.leave(timeout_s=30)
+        assert worker.state is WorkerState.STOPPED and report.abandoned == 0
+        assert not await _alive(runner, pid)                 # SIGTERM ended it: the process is gone
+        assert [e.kind for e in events] == [EventKind.WORKER_STARTING, EventKind.WORKER_READY,
+                                            EventKind.WORKER_DRAINING, EventKind.WORKER_STOPPED]
+        with pytest.raises(httpx.TransportError):           # nothing listens on the pod's port any more
+            async with httpx.AsyncClient() as after:
+                await after.get(f"{endpoint.base_url}/health", timeout=5)
+    finally:
+        await gprov.terminate([inst.id])
+
+
+async def test_a_refused_plan_and_a_dying_server_in_a_pod_fail_as_in_a_container(gpu_cluster, gprov):
+    from flowmesh_sdk.remote.direct import InstanceRuntime
+    from flowmesh_sdk.workers import InferenceSpec, InferenceWorker, WorkerStartError
+
+    _, image = gpu_cluster
+    inst, runner = await _gpu_pod(gprov, "gpu-role-bad")
+    try:
+        # the pool's runtime of an instance that is a container: the worker runs as its process
+        refused = InferenceWorker(InstanceRuntime(runner, inst.id, image),
+                                  InferenceSpec("m", image, tensor_parallel=4, env={"FAKE_GPUS": "2"}))
+        with pytest.raises(SpecError, match="inference: argument --tensor-parallel: 4 is more than the 2 visible"):
+            await refused.join()
+        assert refused.state is WorkerState.FAILED and refused.container.pid is None   # nothing started
+        dying = InferenceWorker(InstanceRuntime(runner, inst.id, image), InferenceSpec(
+            "m", image, env={"FAKE_GPUS": "1"}, start_timeout_s=60, extra_args=("--max-model-len", "lots")))
+        with pytest.raises(WorkerStartError, match=r"stopped before it was healthy.*process exited \(exit 2\)"):
+            await dying.join()
+        assert dying.state is WorkerState.FAILED
+    finally:
+        await gprov.terminate([inst.id])
+
+
+async def test_a_training_job_in_container_mode_runs_as_the_pods_process(gpu_cluster, gprov, tmp_path):
+    from flowmesh_sdk.cas.local import LocalDirStore
+    from flowmesh_sdk.workers import TrainingFailedError, TrainingSpec, TrainingWorker
+
+    _, image = gpu_cluster
+    inst, runner = await _gpu_pod(gprov, "gpu-role-train")
+    store = LocalDirStore(tmp_path / "cas")
+    try:
+        # the plan runs in the pod: a folder of this machine is not there
+        here = TrainingSpec("sft", "/opt/model", str(tmp_path), "/tmp/out-a", image=image, gpus="none",
+                            num_processes=1)
+        with pytest.raises(SpecError, match=f"training: argument --dataset: {tmp_path} does not exist"):
+            await TrainingWorker.on_instance(runner, here, store=store).start()
+        # planned and started as the pod's process; the stand-in image has no accelerate: the job fails
+        spec = TrainingSpec("sft", "/opt/model", "/opt/flowmesh", "/tmp/out-b", image=image, num_processes=1,
+                            max_steps=1, timeout_s=120, env={"FAKE_GPUS": "1"})   # the pod's one GPU
+        worker = TrainingWorker.on_instance(runner, spec, store=store)
+        argv = await worker.start()
+        assert argv[:4] == ["accelerate", "launch", "--num_processes", "1"] and worker.state is WorkerState.READY
+        with pytest.raises(TrainingFailedError) as failed:
+            await worker.wait()
+        assert failed.value.exit_code not in (0, None) and worker.state is WorkerState.FAILED
+        assert "No module named 'accelerate'" in failed.value.log_tail, failed.value.log_tail
+        assert (await runner.run(["test", "-d", "/tmp/out-b"], timeout_s=30)).ok   # made in the pod
+    finally:
+        await gprov.terminate([inst.id])
