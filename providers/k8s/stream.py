@@ -55,6 +55,17 @@ def exit_code(status: dict[str, Any] | None) -> int:
     return 1
 
 
+def _subprotocol(sock: Any) -> str:
+    """The subprotocol the server chose.  websocket-client records it only when the caller
+    names the subprotocols itself; the official client's ``create_websocket`` offers them in a
+    raw header, so the answer is in the response's ``Sec-WebSocket-Protocol`` header."""
+    chosen = getattr(sock, "subprotocol", None)
+    if chosen:
+        return str(chosen)
+    headers = sock.getheaders() if hasattr(sock, "getheaders") else None
+    return next((str(v).strip() for k, v in (headers or {}).items() if k.lower() == "sec-websocket-protocol"), "")
+
+
 class ExecChannel(StreamChannel):
     """One exec stream into a pod (see the module docstring): the reader thread feeds the
     frames of channels 1 and 2 to the two asyncio streams a :class:`StreamChannel` reads."""
@@ -71,7 +82,7 @@ class ExecChannel(StreamChannel):
         self._closing = False
         self._loop = loop
         self._send = send
-        self._v5 = (getattr(sock, "subprotocol", None) or "") == V5
+        self._v5 = _subprotocol(sock) == V5
         self.status: dict[str, Any] | None = None
         self._ended = asyncio.Event()
         self._alive = True

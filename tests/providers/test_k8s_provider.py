@@ -60,6 +60,28 @@ async def test_many_commands_ride_one_held_stream(fm_home, emu, image, prov):
             assert emu.count("exec", "pods") == execs      # no API exec per command
 
 
+async def test_a_pod_command_sees_the_end_of_its_input(emu, image, prov, tmp_path):
+    """v5.channel.k8s.io closes stdin ([255, 0]): `cat` with input ends, and put_file is a
+    `cat > PATH` that returns (it waited out its timeout when the close was never sent)."""
+    offer = (await prov.offers(SPEC))[0]
+    (inst,) = await prov.launch(LaunchRequest(offer=offer, spec=SPEC, count=1, request_id=f"in-{uuid.uuid4().hex[:6]}",
+                                              tags={TAG_FLEET: "k8s-stdin"},
+                                              container=ContainerRequest(image, _sandbox(image))))
+    try:
+        runner = prov.runner(inst)
+        await runner.wait_reachable(120)
+        res = await runner.run(["sh", "-c", "cat; echo end"], timeout_s=20, input=b"hello\n")
+        assert res.ok and not res.timed_out and res.stdout == b"hello\nend\n", res.describe()
+        src = tmp_path / "f.bin"
+        src.write_bytes(bytes(range(256)) * 64)
+        await asyncio.wait_for(runner.put_file(str(src), "/tmp/f.bin"), 60)
+        back = tmp_path / "back.bin"
+        await runner.get_file("/tmp/f.bin", str(back))
+        assert back.read_bytes() == src.read_bytes()
+    finally:
+        await prov.terminate([inst.id])
+
+
 async def test_a_full_namespace_is_seen_in_offers_refused_with_a_quota_error_and_the_pool_lands_elsewhere(
         fm_home, emu, image, tmp_path):
     ns_full, ns_room = f"full-{uuid.uuid4().hex[:6]}", f"room-{uuid.uuid4().hex[:6]}"
