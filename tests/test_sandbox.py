@@ -163,6 +163,40 @@ async def test_concurrent_execs_are_serialised(make_sandbox):
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(20)]
 
 
+_STAT = 'read -r _p _c _s ppid pgrp sid _r < /proc/$$/stat; '
+
+
+async def test_each_exec_is_a_fresh_shell_leading_its_own_session(make_sandbox):
+    """The shell an exec runs in is made ahead (the agent's standby), and is still a fresh
+    /bin/sh: no variable of the agent's or of the last command, no arguments, its own
+    session and process group, a child of the agent."""
+    sb = await make_sandbox()
+    first = await sb.exec(_STAT + 'x=1; echo "$$ $ppid $pgrp $sid $#"; set | grep -c "^__fm" || true')
+    pid, ppid, pgrp, sid, argc = first.stdout.split("\n")[0].split()
+    assert pgrp == sid == pid and argc == "0" and first.stdout.split("\n")[1] == "0", first.stdout
+    second = await sb.exec(_STAT + 'echo "${x-unset} $$ $ppid $pgrp $sid"')
+    x, pid2, ppid2, pgrp2, sid2 = second.stdout.split()
+    assert x == "unset" and pid2 != pid and ppid2 == ppid and pgrp2 == sid2 == pid2, second.stdout
+
+
+async def test_a_killed_standby_costs_nothing_but_its_own_start(make_sandbox):
+    """A background job that kills the shell the agent made ahead for the next command: that
+    command is started afresh, and the next one has a standby again."""
+    sb = await make_sandbox()
+    # the agent's child whose program is the standby's (not this job: a fork of this command's shell)
+    kill = ('a=$PPID; ( sleep 0.5; for d in /proc/[0-9]*; do read -r _p _c _s pp _r < "$d/stat" 2>/dev/null '
+            '&& [ "$pp" = "$a" ] && grep -q __fm_p "$d/cmdline" 2>/dev/null && kill -9 "${d#/proc/}"; done '
+            ') >/dev/null 2>&1 &')
+    assert (await sb.exec(kill)).exit_code == 0
+    await asyncio.sleep(1.5)
+    after = [await sb.exec(f'echo {i} "$0"; exit {i}') for i in range(3)]
+    assert [r.exit_code for r in after] == [0, 1, 2]
+    got = [r.stdout.split() for r in after]
+    assert [g[0] for g in got] == ["0", "1", "2"], got
+    # $0: the script's path when the shell was started for the command, "sh" for a standby
+    assert got[0][1] != "sh" and [g[1] for g in got[1:]] == ["sh", "sh"], got
+
+
 async def test_missing_runtime_says_how_to_install():
     rt = ContainerRuntime(LocalRunner(), RuntimeConfig(binary="no-such-podman"))
     with pytest.raises(RuntimeMissingError, match="apt-get install -y podman"):

@@ -163,6 +163,21 @@ __fm_store() {
 }
 """
 
+# The standby's program (``sh -c PROGRAM sh FIFO``: see ``__fm_stand``)
+_STANDBY = r"""
+while :; do
+  IFS= read -r __fm_p && IFS= read -r __fm_s && IFS= read -r __fm_i || exit 0
+  [ "$__fm_p" = "$$" ] && break
+done <"$1"
+exec <"$__fm_i" >>"/proc/$PPID/fd/5" 2>>"/proc/$PPID/fd/6"
+unset __fm_p __fm_i
+set --
+case "$__fm_s" in
+  *\'*) . "$__fm_s";;
+  *) __fm_x="unset __fm_x; . '$__fm_s'"; unset __fm_s; eval "$__fm_x";;
+esac
+"""
+
 AGENT = r"""
 __fm_tag=; __fm_d0="${TMPDIR:-/tmp}/.flowmesh-$$"; __fm_d="$__fm_d0"
 command rm -rf -- "$__fm_d0" 2>/dev/null
@@ -259,8 +274,9 @@ __fm_stand() {
   # gone) for a message that starts with its own pid: a message left by a standby that
   # died unread is skipped by the next.  Then it opens the command's output files through
   # the agent's own descriptors of them (fds 5 and 6, by /proc: the files the agent reads,
-  # whatever a job of an earlier command did to their names) and runs the script in itself
-  # (the host starts each script with `unset __fm_s;`).  Without the
+  # whatever a job of an earlier command did to their names) and runs the script in itself,
+  # with none of its own variables left (the one holding the script's name goes in the eval
+  # that reads the script, unless the name has a quote).  Without the
   # fifo (no mkfifo in the image) every command is forked as it arrives.
   [ -n "$__fm_cf" ] || return 0
   ( __fm_nproc; exec $__fm_ss /bin/sh -c "$__fm_sbp" sh "$__fm_cf" ) </dev/null >/dev/null 2>&1 \
@@ -360,15 +376,7 @@ __fm_proc() {
   wait $__r
   printf '__FMP__ %s idle\n' "$__id"
 }
-__fm_sbp='
-while :; do
-  IFS= read -r __fm_p && IFS= read -r __fm_s && IFS= read -r __fm_i || exit 0
-  [ "$__fm_p" = "$$" ] && break
-done <"$1"
-exec <"$__fm_i" >>"/proc/$PPID/fd/5" 2>>"/proc/$PPID/fd/6"
-unset __fm_p __fm_i
-set --
-. "$__fm_s"'
+""" + "__fm_sbp=" + _STANDBY.replace("'", "'\"'\"'").join("''") + "\n" + r"""
 __fm_loop() {
   __fm_mk; __fm_mkq; __sb=; __fm_cf="$__fm_q/c"
   { command mkfifo "$__fm_cf" && exec 9<>"$__fm_cf"; } 2>/dev/null || __fm_cf=

@@ -27,7 +27,6 @@ from ._host_scripts import KILL_AGENT, SIGNAL_TREE
 EXEC_CHANNELS = 4                     # channels exec and the file calls may use at once
 _HOST_GRACE_S = 15.0                  # agent must answer within timeout + grace
 _AGENT_BYTES = AGENT.encode()
-_UNSET = b"unset __fm_s; "
 
 _HEADER = re.compile(rb"^__FM__ (\d+) (-?\d+) ([01]) (\d+) (\d+)\n$")
 
@@ -212,9 +211,6 @@ class AgentChannels:
         """One frame out, one answer back (the caller holds the channel)."""
         ident = next(self._ids)
         t0 = clock.monotonic()
-        # The agent's standby shell runs the script in itself (``__fm_stand``): the
-        # script's first act is to forget the one name the standby set
-        script = _UNSET + script
         # A short script (text, newline-terminated) goes as lines the agent reads with
         # the `read` builtin (no fork); a long one as bytes it copies with dd.
         head = _frame_head("__fm_run", ident, f"{timeout:.3f}", cap, script, len(stdin))
