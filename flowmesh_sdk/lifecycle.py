@@ -80,11 +80,15 @@ class Transition(Generic[S]):
 class Lifecycle(Generic[S]):
     """A state machine over one transition table, remembering when each state began."""
 
-    __slots__ = ("_table", "_history", "_what", "_state")
+    # The history is kept as two flat lists (states, times), not one Transition each: a
+    # coordinator holds one lifecycle per task and instance, and the garbage collector walks
+    # every object it holds (issue 29); :attr:`history` builds the Transitions when asked.
+    __slots__ = ("_table", "_states", "_ats", "_what", "_state")
 
     def __init__(self, table: Mapping[S, frozenset[S]], initial: S, what: str = "") -> None:
         self._table: Mapping[S, frozenset[S]] = table
-        self._history: list[Transition[S]] = [Transition(initial, time.time())]
+        self._states: list[S] = [initial]
+        self._ats: list[float] = [time.time()]
         self._what = what
         self._state: S = initial   # the last transition's, read far more often than it changes
 
@@ -94,7 +98,7 @@ class Lifecycle(Generic[S]):
 
     @property
     def history(self) -> tuple[Transition[S], ...]:
-        return tuple(self._history)
+        return tuple(map(Transition, self._states, self._ats))
 
     @property
     def terminal(self) -> bool:
@@ -108,16 +112,18 @@ class Lifecycle(Generic[S]):
             allowed = ", ".join(sorted(s.value for s in self._table[self.state])) or "nothing"
             raise LifecycleError(f"{self._what or 'lifecycle'}: invalid transition "
                                  f"{self.state.value} -> {new.value} (allowed: {allowed})")
-        t = Transition(new, time.time())
-        self._history.append(t)
+        at = time.time()
+        self._states.append(new)
+        self._ats.append(at)
         self._state = new
-        return t
+        return Transition(new, at)
 
     def entered(self, state: S) -> float | None:
         """When ``state`` was last entered, or None."""
-        for t in reversed(self._history):
-            if t.state == state:
-                return t.at
+        states = self._states
+        for i in range(len(states) - 1, -1, -1):
+            if states[i] == state:
+                return self._ats[i]
         return None
 
     def __repr__(self) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from ..control.limits import Semaphore
+from ..control.limits import Quota, Semaphore
 from ..images import ImageInfo
 from ..specs import PoolSpec, SandboxSpec
 from .records import PoolContext
@@ -53,6 +53,17 @@ class Admission:
     async def acquire(self) -> None:
         """The pool's semaphore: wait (FIFO) for a place among its capacity."""
         await self.sem.acquire()
+
+    def release_now(self, tenant: str, admitted: bool) -> bool:
+        """Give the permit and slot back at once where both live in this process (the local
+        backend: nothing to await, so no shielded task per task, issue 29); False where a
+        backend elsewhere must be asked (:meth:`release`)."""
+        if type(self.sem) is not Semaphore or type(self.ctx.quota) is not Quota:
+            return False
+        if admitted:
+            self.sem.release()
+        self.ctx.quota.release(tenant)
+        return True
 
     async def release(self, tenant: str, admitted: bool) -> None:
         """Give the permit (when ``admitted``) and the tenant's quota slot back."""

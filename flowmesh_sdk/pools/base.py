@@ -323,7 +323,8 @@ class MachinePool(Pool):
                     run.cost += self.ctx.spend.share(inst.id, since, inst.slots)
                 cancelled: asyncio.CancelledError | None = None
                 try:   # shielded: a task cancelled here still gives its permit and tenant slot back
-                    await asyncio.shield(self.admission.release(tenant, admitted))
+                    if not self.admission.release_now(tenant, admitted):
+                        await asyncio.shield(self.admission.release(tenant, admitted))
                 except asyncio.CancelledError as exc:
                     cancelled = exc
                 except FlowMeshError as exc:   # a shared backend out of reach: the leases lapse

@@ -126,73 +126,80 @@ class Bootstrapper:
 
     @traced("flowmesh.bootstrap", lambda _self, mi, *_a, **_k: {"instance": mi.id})
     async def run(self, mi: ManagedInstance, warm: Sequence[ImageInfo]) -> BootstrapReport:
+        # the steps are methods, not closures made per instance: a coordinator bootstraps
+        # thousands of machines, each holding its bootstrap across a boot (issue 29)
+        plan = _DIRECT_PLAN if isinstance(mi.runtime, InstanceRuntime) else _PLAN
         steps: list[BootstrapStep] = []
-
-        async def step(name: str, fn: Callable[[], Awaitable[tuple[bool, str]]]) -> None:
+        for name, fn in plan:
             t0 = clock.monotonic()
             try:
-                changed, detail = await fn()
+                changed, detail = await fn(self, mi, warm)
             except BootstrapError:
                 raise
             except (FlowMeshError, OSError, asyncio.TimeoutError) as exc:
                 raise BootstrapError(mi.id, name, f"{type(exc).__name__}: {exc}") from exc
             steps.append(BootstrapStep(name, clock.monotonic() - t0, changed, detail))
-
-        async def reach() -> tuple[bool, str]:
-            await mi.runtime.runner.wait_reachable(self.policy.reach_timeout_s)
-            return False, mi.runtime.runner.label
-
-        async def runtime() -> tuple[bool, str]:
-            try:
-                info = await mi.runtime.probe()
-                return False, f"{info.binary} {info.version}"
-            except RuntimeMissingError as exc:
-                if not self.policy.install_runtime:
-                    raise BootstrapError(mi.id, "runtime", f"{exc} (install_runtime is off, so "
-                                                           "nothing was installed)") from exc
-            res = await mi.runtime.runner.run(["sh", "-c", self.policy.install_command],
-                                              timeout_s=self.policy.install_timeout_s)
-            if not res.ok:
-                raise BootstrapError(mi.id, "runtime", f"no container runtime, and installing one "
-                                                       f"failed: {res.describe()}")
-            try:
-                info = await mi.runtime.probe()
-            except RuntimeMissingError as exc:
-                raise BootstrapError(mi.id, "runtime", f"the install command ran but there is "
-                                                       f"still no runtime: {exc}") from exc
-            return True, f"installed {info.binary} {info.version}"
-
-        async def login() -> tuple[bool, str]:
-            wrote = []
-            for registry in sorted({i.registry for i in warm if i.registry}):
-                path, changed = await self.logins.ensure(mi, registry)
-                if changed:
-                    wrote.append(registry)
-            return bool(wrote), f"wrote {', '.join(wrote)}" if wrote else ""
-
-        async def prefetch() -> tuple[bool, str]:
-            got = await asyncio.gather(*(self.images.ensure(mi, info) for info in warm))
-            fetched = sum(c.fetched for c in got)
-            return fetched > 0, f"{fetched} of {len(got)} pulled" if got else ""
-
-        async def agent() -> tuple[bool, str]:
-            chan = await mi.runtime.runner.open_channel(["sh"])
-            try:
-                await chan.write(b"echo fm-agent-ok\n")
-                async with asyncio.timeout(30):
-                    line = await chan.readline()
-            finally:
-                await chan.close()
-            if line.strip() != b"fm-agent-ok":
-                raise BootstrapError(mi.id, "agent", f"the shell channel answered {line[:80]!r}")
-            return False, ""
-
-        plan: list[tuple[str, Callable[[], Awaitable[tuple[bool, str]]]]] = [
-            ("reach", reach), ("runtime", runtime), ("registry_login", login), ("prefetch", prefetch), ("agent", agent)]
-        if isinstance(mi.runtime, InstanceRuntime):
-            # the instance is the sandbox's container, started from its image by the platform:
-            # no runtime, login or pull on it, and its first shell is the sandbox's own
-            plan = plan[:1]
-        for name, fn in plan:
-            await step(name, fn)
         return BootstrapReport(mi.id, tuple(steps))
+
+    async def _reach(self, mi: ManagedInstance, warm: Sequence[ImageInfo]) -> tuple[bool, str]:
+        await mi.runtime.runner.wait_reachable(self.policy.reach_timeout_s)
+        return False, mi.runtime.runner.label
+
+    async def _runtime(self, mi: ManagedInstance, warm: Sequence[ImageInfo]) -> tuple[bool, str]:
+        try:
+            info = await mi.runtime.probe()
+            return False, f"{info.binary} {info.version}"
+        except RuntimeMissingError as exc:
+            if not self.policy.install_runtime:
+                raise BootstrapError(mi.id, "runtime", f"{exc} (install_runtime is off, so "
+                                                       "nothing was installed)") from exc
+        res = await mi.runtime.runner.run(["sh", "-c", self.policy.install_command],
+                                          timeout_s=self.policy.install_timeout_s)
+        if not res.ok:
+            raise BootstrapError(mi.id, "runtime", f"no container runtime, and installing one "
+                                                   f"failed: {res.describe()}")
+        try:
+            info = await mi.runtime.probe()
+        except RuntimeMissingError as exc:
+            raise BootstrapError(mi.id, "runtime", f"the install command ran but there is "
+                                                   f"still no runtime: {exc}") from exc
+        return True, f"installed {info.binary} {info.version}"
+
+    async def _login(self, mi: ManagedInstance, warm: Sequence[ImageInfo]) -> tuple[bool, str]:
+        wrote = []
+        for registry in sorted({i.registry for i in warm if i.registry}):
+            path, changed = await self.logins.ensure(mi, registry)
+            if changed:
+                wrote.append(registry)
+        return bool(wrote), f"wrote {', '.join(wrote)}" if wrote else ""
+
+    async def _prefetch(self, mi: ManagedInstance, warm: Sequence[ImageInfo]) -> tuple[bool, str]:
+        if not warm:
+            return False, ""
+        if len(warm) == 1:   # the common case: awaited here, no gather (and no task) around it
+            got = [await self.images.ensure(mi, warm[0])]
+        else:
+            got = list(await asyncio.gather(*(self.images.ensure(mi, info) for info in warm)))
+        fetched = sum(c.fetched for c in got)
+        return fetched > 0, f"{fetched} of {len(got)} pulled"
+
+    async def _agent(self, mi: ManagedInstance, warm: Sequence[ImageInfo]) -> tuple[bool, str]:
+        chan = await mi.runtime.runner.open_channel(["sh"])
+        try:
+            await chan.write(b"echo fm-agent-ok\n")
+            async with asyncio.timeout(30):
+                line = await chan.readline()
+        finally:
+            await chan.close()
+        if line.strip() != b"fm-agent-ok":
+            raise BootstrapError(mi.id, "agent", f"the shell channel answered {line[:80]!r}")
+        return False, ""
+
+
+_Step = Callable[[Bootstrapper, ManagedInstance, Sequence[ImageInfo]], Awaitable[tuple[bool, str]]]
+_PLAN: tuple[tuple[str, _Step], ...] = (
+    ("reach", Bootstrapper._reach), ("runtime", Bootstrapper._runtime), ("registry_login", Bootstrapper._login),
+    ("prefetch", Bootstrapper._prefetch), ("agent", Bootstrapper._agent))
+# the instance is the sandbox's container, started from its image by the platform: no
+# runtime, login or pull on it, and its first shell is the sandbox's own
+_DIRECT_PLAN = _PLAN[:1]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import operator
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from .records import PoolContext
 log = logging.getLogger("flowmesh.pools")
 
 _GONE = (ProviderState.TERMINATED,)
+_ID, _STATE = operator.attrgetter("id"), operator.attrgetter("state")
 _RECONCILED = frozenset({InstanceState.READY, InstanceState.RUNNING, InstanceState.TERMINATION_FAILED,
                          InstanceState.STOPPED})   # the states a reconcile asks the provider about
 
@@ -162,12 +164,20 @@ class Terminator:
                 log.warning("pool %s: reconcile describe on %s/%s failed: %s", self.pool, provider.name,
                             region, exc)
                 continue
-            # the common case -- listed running, as the pool thinks -- is a set difference away
-            fine = {i.id for i in described if i.state is running}
-            suspects = (set(ids) - fine) | (inv.termination_failed & fine)
+            # the common case -- listed running, as the pool thinks -- is a set difference away,
+            # in C loops (map, count): this runs over every instance each reconcile (issue 29)
+            states = list(map(_STATE, described))
+            if states.count(running) == len(states):
+                fine = set(map(_ID, described))
+            else:
+                fine = {i.id for i, st in zip(described, states) if st is running}
+            suspects = set(ids)
+            suspects -= fine
+            if inv.termination_failed:
+                suspects |= inv.termination_failed & fine
             if not suspects:
                 continue
-            seen: dict[str, Instance] = {i.id: i for i in described if i.id in suspects}
+            seen: dict[str, Instance] = dict(zip(map(_ID, described), described))
             for iid in suspects:
                 mi = group.get(iid)
                 if mi is None or iid in inv.terminating or mi.lifecycle.state not in _RECONCILED:
