@@ -11,7 +11,10 @@ Four measurements, ``--n`` samples each (after one unmeasured warm-up):
 (c) SDK time to first command: from entering ``pool.sandbox(...)`` on a persistent pool
     with a warm container to the result of the first ``exec("true")``.  Before every
     sample the pool's warm container is back (waited for on the event bus).
-(d) SDK exec round trip: ``sb.exec("true")`` on an open sandbox.
+(d) SDK exec round trip: ``sb.exec("true")`` on an open sandbox, back to back; (d') the
+    same with 10 ms (untimed) before each command, as an agent's think time spaces them
+    (the agent makes the next command's shell ahead: back to back, that work competes with
+    the host's for the cores; spaced, it is done before the command arrives).
 (e) SDK session command round trip: ``session.run("true")`` in a session already started.
 (f) SDK streamed process: ``await (await sb.start("echo x")).wait()``, and
 (g) ``sb.exec("echo x", on_stdout=...)``: a command whose output is streamed.
@@ -56,6 +59,7 @@ EXEC_TARGET = 0.01                  # issue 29: exec at 1 % of a raw podman exec
 WARM_TTFC_TARGET_MS = 5.0           # issue 29: a warm sandbox's first command under 5 ms (p50)
 SESSION_TARGET = 1.0
 WARM_TIMEOUT_S = 60.0
+SPACING_S = 0.01                    # (d'): the pause before each command
 IDLE_PID1 = 'trap "exit 0" TERM INT; while :; do sleep 86400 & wait $!; done'
 
 console = bench_console()
@@ -192,6 +196,12 @@ async def sdk(image: str, n: int, kernel: str = "host", *,
             if not full:
                 return ttfcs, rtts, facts
 
+            async def spaced() -> float:
+                await asyncio.sleep(SPACING_S)   # an agent's think time between commands (untimed)
+                return await rtt()
+
+            facts["spaced"] = await sample(n, spaced, "(d') SDK exec round trip, spaced")
+
             session = sb.session("bench")
 
             async def srtt() -> float:
@@ -292,6 +302,7 @@ async def main(argv: list[str] | None = None) -> int:
             ("(b) raw podman exec CTR true", execs),
             ("(c) SDK warm acquire + first exec", ttfcs),
             ("(d) SDK exec round trip", rtts),
+            (f"(d') SDK exec round trip, {SPACING_S * 1e3:g} ms apart", facts["spaced"]),
             ("(e) SDK session command round trip", facts["session"]),
             ("(f) SDK start(cmd) + wait()", facts["start"]),
             ("(g) SDK exec(on_stdout=)", facts["stream"]),
