@@ -179,6 +179,17 @@ async def test_each_exec_is_a_fresh_shell_leading_its_own_session(make_sandbox):
     assert x == "unset" and pid2 != pid and ppid2 == ppid and pgrp2 == sid2 == pid2, second.stdout
 
 
+async def test_a_streamed_process_leaves_the_agent_a_standby(make_sandbox):
+    """A started process forks on the agent's channel; the agent makes a fresh standby after
+    it, so the exec that follows still runs in a shell made ahead ($0 "sh")."""
+    sb = await make_sandbox()
+    for i in range(2):
+        proc = await sb.start(f"echo p{i}")
+        assert (await proc.wait()).stdout == f"p{i}\n"
+        after = await sb.exec('echo "$0"; sleep 0.2 & wait')
+        assert (after.exit_code, after.stdout) == (0, "sh\n"), after
+
+
 async def test_a_killed_standby_costs_nothing_but_its_own_start(make_sandbox):
     """A background job that kills the shell the agent made ahead for the next command: that
     command is started afresh, and the next one has a standby again."""
