@@ -20,7 +20,7 @@ the Vast container):
   without a shell and the worker image has no ``kill`` binary.
 
 The environment travels on stdin as in a container (never in argv), read by its size: a
-pod's exec may never end stdin (:func:`~.container.with_env`).
+pod's exec cannot end stdin under ``v4.channel.k8s.io`` (:func:`~.container.with_env`).
 
 GPUs: the instance's are all the process sees; ``gpus`` other than ``all`` become
 ``CUDA_VISIBLE_DEVICES`` (``none``: the empty list).  Mounts cannot be added to a running
