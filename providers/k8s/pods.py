@@ -202,7 +202,8 @@ def allow_list_policy(label: str, network: tuple[str, ...], resolved: Mapping[st
                      "egress": rules}}
 
 
-def _time(text: str | None) -> float:
+def timestamp(text: str | None) -> float:
+    """An API object's RFC 3339 time (``creationTimestamp``) as epoch seconds (0 for none)."""
     if not text:
         return 0.0
     return _dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
@@ -258,6 +259,6 @@ def instance_of(pod: Mapping[str, Any], target: Target) -> Instance:
                         gpus=int(notes.get(ANNOTATION + "gpus") or 0))
     return Instance(id=str(meta.get("uid")), provider=PROVIDER, region=target.context,
                     instance_type=str(notes.get(ANNOTATION + "instance-type") or "pod"), spec=spec, state=state,
-                    tags=TAGS.decode(meta.get("labels") or {}), launched_at=_time(meta.get("creationTimestamp")),
+                    tags=TAGS.decode(meta.get("labels") or {}), launched_at=timestamp(meta.get("creationTimestamp")),
                     price_per_hour=float(notes.get(ANNOTATION + "price-per-hour") or 0.0),
                     address=str(meta.get("name")), zone=target.namespace, fault=fault)

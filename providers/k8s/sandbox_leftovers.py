@@ -52,7 +52,7 @@ def selector(fleet: str | None) -> str:
 def leftover_of(target: Target, pool: Mapping[str, Any], now: float) -> Leftover:
     meta = pool.get("metadata") or {}
     tags = pods.TAGS.decode(meta.get("labels") or {})
-    made = pods._time(meta.get("creationTimestamp"))   # RFC 3339, as a pod's launched_at
+    made = pods.timestamp(meta.get("creationTimestamp"))   # as a pod's launched_at
     return Leftover(target.key, "", str(meta.get("uid") or ""), str(meta.get("name") or ""),
                     tags.get(TAG_FLEET, ""), tags.get(TAG_POOL, ""), kind=KIND, owner=tags.get(TAG_OWNER, ""),
                     run=tags.get(TAG_RUN, ""), age_s=max(0.0, now - made) if made else 0.0)
