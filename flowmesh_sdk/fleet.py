@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import gc
+from . import collector, gc, settings
 from .catalog.loader import Catalog
 from .config import Owner, home_dir, new_run_id
 from .control.backend import ControlBackend
@@ -125,6 +125,8 @@ class Fleet:
         if catalog is not None and not isinstance(catalog, Catalog):
             raise SpecError("fleet.catalog", f"must be a Catalog, got {type(catalog).__name__}")
         self._catalog = catalog
+        self._gc_threshold = collector.parse(str(settings.value(collector.SETTING)))
+        self._gc_held = False
         self.budget_per_hour = budget_per_hour
         self.budget_total = budget_total
         self.reconcile_interval_s = reconcile_interval_s
@@ -232,6 +234,9 @@ class Fleet:
         """Connect the control state (with ``state="redis://..."`` or ``FLOWMESH_STATE``: join
         the shared fleet; a Redis that cannot be reached is a ControlPlaneUnavailableError
         naming the URL).  ``async with`` and the first pool call it."""
+        if not self._gc_held:
+            collector.hold(self._gc_threshold)
+            self._gc_held = True
         if not self._control_started:
             await self.control.start()
             self.control.attach(self.name, self.bus)
@@ -453,6 +458,9 @@ class Fleet:
             await asyncio.gather(*(r.aclose(timeout_s) for r in self.elastic_roles.values()),
                                  *(p.drain(timeout_s) for p in self.pools.values()))
         finally:
+            if self._gc_held:
+                collector.release()
+                self._gc_held = False
             for name in self._owned:
                 await self._providers[name].close()
             await self.registry.close()

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import backends
+from . import backends, collector
 from .descriptor import Setting
 from .errors import SpecError
 from .redaction import REDACTED, redact_url
@@ -66,6 +66,9 @@ SETTINGS: tuple[Setting, ...] = (
             help="cache directory (refreshed price catalogs under catalog/)"),
     Setting("catalog.max_age_days", ("FLOWMESH_CATALOG_MAX_AGE_DAYS",), float, lambda: 30.0,
             help="a price catalog older than this is stale"),
+    Setting("coordinator.gc_threshold", ("FLOWMESH_GC_THRESHOLD",), default=lambda: collector.DEFAULT,
+            help="the garbage collector's thresholds while a fleet is open, at least these ('A,B,C'), or 'off' "
+                 "(flowmesh_sdk.collector)"),
     Setting("log.level", ("FLOWMESH_LOG_LEVEL",), help="the CLI's log level (debug, info, warning, ...)"),
     Setting("log.json", ("FLOWMESH_LOG_JSON",), bool, lambda: False, help="the CLI logs JSON lines"),
 )
