@@ -80,6 +80,23 @@ _INSTANCE_STATE = {
     EventKind.INSTANCE_STOPPED: "stopped", EventKind.INSTANCE_TERMINATING: "terminating",
     EventKind.INSTANCE_TERMINATION_FAILED: "termination_failed",
 }
+# the instance events stamp their time in a column of its own (besides requested_at, set once)
+_INSTANCE_STAMP = {EventKind.INSTANCE_READY: "ready_at", EventKind.INSTANCE_TERMINATED: "terminated_at"}
+_INSTANCE_UPSERT = {
+    stamp: "INSERT INTO instances (id, fleet, pool, state, requested_at, detail, run"
+           + (f", {stamp}) VALUES (?,?,?,?,?,?,?,?)" if stamp else ") VALUES (?,?,?,?,?,?,?)")
+           + " ON CONFLICT(id) DO UPDATE SET state=excluded.state, detail=excluded.detail"
+           + (f", {stamp}=excluded.{stamp}" if stamp else "")
+    for stamp in (None, *_INSTANCE_STAMP.values())}
+# a task's end: its row (made by task.submitted, or here when that was not recorded) takes the outcome
+_TASK_END_UPSERT = (
+    "INSERT INTO tasks (id, fleet, pool, name, submitted_at, run, state, instance_id, exit_code, queued_s,"
+    " scheduling_s, env_startup_s, execution_s, teardown_s, finished_at, detail, tenant, cost, infra_failure)"
+    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET state=excluded.state,"
+    " instance_id=COALESCE(excluded.instance_id, instance_id), exit_code=excluded.exit_code,"
+    " queued_s=excluded.queued_s, scheduling_s=excluded.scheduling_s, env_startup_s=excluded.env_startup_s,"
+    " execution_s=excluded.execution_s, teardown_s=excluded.teardown_s, finished_at=excluded.finished_at,"
+    " detail=excluded.detail, tenant=excluded.tenant, cost=excluded.cost, infra_failure=excluded.infra_failure")
 _DECISIONS = {EventKind.LAUNCH_DECIDED: "decided", EventKind.LAUNCH_FAILOVER: "failover",
               EventKind.LAUNCH_REFUSED: "refused"}
 _REUSE_OUTCOME = {
@@ -191,11 +208,11 @@ class MetadataStore:
             c.execute("UPDATE pools SET drained_at=? WHERE fleet=? AND name=?",
                       (ev.at, ev.fleet, ev.pool))
         elif ev.kind in _INSTANCE_STATE:
-            state = _INSTANCE_STATE[ev.kind]
-            c.execute("INSERT OR IGNORE INTO instances (id, fleet, pool, state, requested_at, detail, run)"
-                      " VALUES (?,?,?,?,?,'',?)", (ev.instance_id, ev.fleet, ev.pool, state, ev.at, ev.run))
-            c.execute("UPDATE instances SET state=?, detail=? WHERE id=?",
-                      (state, ev.detail, ev.instance_id))
+            # one statement per event (an upsert): the row is made by whichever event comes first
+            stamp = _INSTANCE_STAMP.get(ev.kind)
+            c.execute(_INSTANCE_UPSERT[stamp],
+                      (ev.instance_id, ev.fleet, ev.pool, _INSTANCE_STATE[ev.kind], ev.at, ev.detail, ev.run,
+                       *((ev.at,) if stamp else ())))
             if ev.kind is EventKind.INSTANCE_REQUESTED and ev.detail.startswith("{"):
                 d = json.loads(ev.detail)
                 provider = str(d.get("provider", ""))
@@ -204,10 +221,6 @@ class MetadataStore:
                           (ev.instance_id, ev.fleet, ev.pool, provider, d.get("region"), d.get("type"),
                            int(bool(d.get("spot"))), float(d.get("price_per_hour") or 0.0),
                            profile(provider).billing_min_s, ev.run))
-            if ev.kind is EventKind.INSTANCE_READY:
-                c.execute("UPDATE instances SET ready_at=? WHERE id=?", (ev.at, ev.instance_id))
-            elif ev.kind is EventKind.INSTANCE_TERMINATED:
-                c.execute("UPDATE instances SET terminated_at=? WHERE id=?", (ev.at, ev.instance_id))
         elif ev.kind in _DECISIONS:
             c.execute("INSERT INTO decisions VALUES (?,?,?,?,?)",
                       (ev.fleet, ev.pool, _DECISIONS[ev.kind], ev.detail, ev.at))
@@ -220,18 +233,11 @@ class MetadataStore:
                       (ev.instance_id, ev.task_id))
         elif ev.kind in TASK_END:
             p = ev.phases
-            c.execute(
-                "INSERT OR IGNORE INTO tasks (id, fleet, pool, name, state, submitted_at, run)"
-                " VALUES (?,?,?,?,'submitted',?,?)", (ev.task_id, ev.fleet, ev.pool, ev.task_name, ev.at, ev.run))
-            c.execute(
-                "UPDATE tasks SET state=?, instance_id=COALESCE(?, instance_id), exit_code=?,"
-                " queued_s=?, scheduling_s=?, env_startup_s=?, execution_s=?, teardown_s=?,"
-                " finished_at=?, detail=?, tenant=?, cost=?, infra_failure=? WHERE id=?",
-                (_TASK_STATE[ev.kind], ev.instance_id, ev.exit_code,
-                 p.queued if p else None, p.scheduling if p else None,
-                 p.env_startup if p else None, p.execution if p else None,
-                 p.teardown if p else None, ev.at, ev.detail, ev.tenant, ev.cost, ev.infra_failure,
-                 ev.task_id))
+            c.execute(_TASK_END_UPSERT,
+                      (ev.task_id, ev.fleet, ev.pool, ev.task_name, ev.at, ev.run, _TASK_STATE[ev.kind],
+                       ev.instance_id, ev.exit_code, p.queued if p else None, p.scheduling if p else None,
+                       p.env_startup if p else None, p.execution if p else None,
+                       p.teardown if p else None, ev.at, ev.detail, ev.tenant, ev.cost, ev.infra_failure))
         elif ev.kind in _REUSE_OUTCOME:
             d = json.loads(ev.detail or "{}")
             c.execute("INSERT OR REPLACE INTO reuse VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",

@@ -68,8 +68,9 @@ class LocalRunner(Runner):
             start_new_session=True)
         timed_out = False
         try:
-            out, err = await asyncio.wait_for(proc.communicate(input), timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout_s):   # no task of its own, unlike wait_for
+                out, err = await proc.communicate(input)
+        except TimeoutError:
             timed_out = True
             _kill_group(proc)
             out, err = await proc.communicate()

@@ -152,8 +152,9 @@ class Runner(abc.ABC):
         answers a trivial command within ``timeout_s`` (a pool's heartbeat, and its check
         of an instance after an error under a task)."""
         try:
-            res = await asyncio.wait_for(self.run(["true"], timeout_s=timeout_s), timeout_s)
-        except asyncio.TimeoutError as exc:
+            async with asyncio.timeout(timeout_s):   # no task of its own, unlike wait_for
+                res = await self.run(["true"], timeout_s=timeout_s)
+        except TimeoutError as exc:
             raise ProviderUnavailableError(f"{self.label}: `true` got no answer within {timeout_s:g} s") from exc
         if not res.ok:
             raise ProviderUnavailableError(f"{self.label}: `true` failed: {res.describe()}")

@@ -61,7 +61,7 @@ class AgentChannels:
         self.idle: list[_Agent] = []
         self.exec_busy = 0
         self._opening = 0
-        self._freed = asyncio.Condition()
+        self._freed: list[asyncio.Future[None]] = []   # acquire()s waiting for a channel
         self.closed = False
         self.aborted: Exception | None = None
         self._chans: weakref.WeakSet[Channel] = weakref.WeakSet()   # every channel opened (abort)
@@ -81,8 +81,13 @@ class AgentChannels:
 
     async def wake(self) -> None:
         """Wake every call waiting for a channel (it sees the pool closed, or one free)."""
-        async with self._freed:
-            self._freed.notify_all()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiting, self._freed = self._freed, []
+        for fut in waiting:
+            if not fut.done():
+                fut.set_result(None)
 
     def abort(self, exc: Exception) -> list[Channel]:
         """Count as closed and aborted by ``exc``, and abort every channel opened; the
@@ -167,21 +172,32 @@ class AgentChannels:
                 if not proc:
                     self.exec_busy += 1
                 return agent
-            async with self._freed:
-                await self._freed.wait()
+            fut = asyncio.get_running_loop().create_future()
+            self._freed.append(fut)
+            await fut
 
-    async def release(self, agent: _Agent | None, *, proc: bool = False, ok: bool = True) -> None:
+    def give_back(self, agent: _Agent, *, proc: bool = False) -> bool:
+        """An agent that answered goes back among the idle ones at once, without awaiting
+        (the common end of every command): True.  False when it cannot be kept (its channel
+        ended, the sandbox closed, enough idle already): then :meth:`release` closes it."""
+        if not agent.chan.alive or self.closed or len(self.idle) >= self.limit:
+            return False
         if not proc:
             self.exec_busy -= 1
-        if agent is not None:
-            if ok and agent.chan.alive and not self.closed and len(self.idle) < self.limit:
-                self.idle.append(agent)
-            elif self.aborted is None:   # an aborted sandbox's channels are closed by abort()
-                await agent.chan.close()
-                if not ok and not self.closed:
-                    await self.kill_agent(agent.pid)
-        async with self._freed:
-            self._freed.notify_all()
+        self.idle.append(agent)
+        self._wake()
+        return True
+
+    async def release(self, agent: _Agent | None, *, proc: bool = False, ok: bool = True) -> None:
+        if agent is not None and ok and self.give_back(agent, proc=proc):
+            return
+        if not proc:
+            self.exec_busy -= 1
+        if agent is not None and self.aborted is None:   # an aborted sandbox's channels are closed by abort()
+            await agent.chan.close()
+            if not ok and not self.closed:
+                await self.kill_agent(agent.pid)
+        self._wake()
 
     async def ensure_open(self) -> None:
         if self.closed:
@@ -203,8 +219,10 @@ class AgentChannels:
             raise SandboxTimeout(f"{self.name}: no answer from the sandbox within "
                                  f"{timeout + _HOST_GRACE_S:.0f} s") from exc
         finally:
-            # A channel in an unknown state is dropped and what it ran is killed.
-            await asyncio.shield(self.release(agent, proc=urgent, ok=ok))
+            # A channel in an unknown state is dropped and what it ran is killed (shielded:
+            # that happens even if the caller is cancelled); one that answered is kept.
+            if not (ok and self.give_back(agent, proc=urgent)):
+                await asyncio.shield(self.release(agent, proc=urgent, ok=ok))
 
     async def exchange(self, chan: Channel, script: bytes, stdin: bytes, timeout: float, cap: int
                        ) -> tuple[int, bool, bytes, bytes, int, int, float]:

@@ -103,7 +103,8 @@ class SimJob:
         t0 = clock.monotonic()
         if self.seconds:
             try:
-                sig = await asyncio.wait_for(asyncio.shield(self._signal), self.seconds)
+                async with asyncio.timeout(self.seconds):
+                    sig = await asyncio.shield(self._signal)
                 self.rc, self.out, self.timed_out = 128 + sig, b"", False
             except TimeoutError:
                 pass
