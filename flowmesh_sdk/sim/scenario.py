@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from flowmesh_sdk import clock
-from flowmesh_sdk.control.events import EventKind
+from flowmesh_sdk.control.events import TASK_END, Event, EventKind
 from flowmesh_sdk.errors import ImageNotFoundError, SpecError
 from flowmesh_sdk.fleet import Fleet
 from flowmesh_sdk.images import ImageInfo, ImageResolver, LayerInfo, PullPolicy
@@ -132,6 +132,7 @@ class SimResult:
     phases_mean: PhaseTimings
     api_calls: dict[str, int] = field(default_factory=dict)
     cpu_s: float = 0.0                # coordinator CPU for the whole run (process time)
+    peak_in_flight: int = 0           # most tasks started and not yet ended at once
 
     @property
     def overhead_pct(self) -> float:
@@ -227,12 +228,23 @@ async def _run(cloud: SimCloud, w: Workload, seed: int, home: str, types: tuple[
                     max_instances=w.instances, min_instances=w.instances if w.prewarmed else 0,
                     sandboxes_per_instance=w.tasks_per_instance if w.mode == "persistent" else 1,
                     warm_per_image=0, idle_timeout_s=3600.0, retry_infra_failures=4, spot=str(w.spot))
-    counts = {"redispatched": 0, "failovers": 0}
+    counts = {"redispatched": 0, "failovers": 0, "in_flight": 0, "peak_in_flight": 0}
+
+    def started(_e: object) -> None:
+        counts["in_flight"] += 1
+        counts["peak_in_flight"] = max(counts["peak_in_flight"], counts["in_flight"])
+
+    def ended(e: Event) -> None:   # a task that ends, or is lost and queued again (not one rejected at the door)
+        if e.kind is not EventKind.TASK_REJECTED:
+            counts["in_flight"] = max(0, counts["in_flight"] - 1)
+
     async with sim_fleet(cloud, {n: size for n in names}, home=home, seed=seed, types=types) as (fleet, prov):
         fleet.bus.on(lambda e: counts.__setitem__("redispatched", counts["redispatched"] + 1),
                      EventKind.TASK_REDISPATCHED)
+        fleet.bus.on(ended, EventKind.TASK_REDISPATCHED, *TASK_END)
         fleet.bus.on(lambda e: counts.__setitem__("failovers", counts["failovers"] + 1),
                      EventKind.LAUNCH_FAILOVER)
+        fleet.bus.on(started, EventKind.TASK_STARTED)
         pool = await fleet.pool(spec)
         t0 = clock.monotonic()
         work_s = w.minutes * 60.0
@@ -251,7 +263,8 @@ async def _run(cloud: SimCloud, w: Workload, seed: int, home: str, types: tuple[
                      failed=len(results) - len(ok), makespan_s=makespan, lower_bound_s=lb,
                      cost_usd=cost, instances_launched=len(prov.vms),
                      interrupted=prov.stats()["interrupted"], redispatched=counts["redispatched"],
-                     failovers=counts["failovers"], phases_p50=_phases(results, statistics.median),
+                     failovers=counts["failovers"], peak_in_flight=counts["peak_in_flight"],
+                     phases_p50=_phases(results, statistics.median),
                      phases_mean=_phases(results, statistics.fmean), api_calls=dict(prov.calls))
 
 
