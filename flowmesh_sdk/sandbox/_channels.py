@@ -79,11 +79,8 @@ class AgentChannels:
         for agent in idle:
             await agent.chan.close()
 
-    async def wake(self) -> None:
-        """Wake every call waiting for a channel (it sees the pool closed, or one free)."""
-        self._wake()
-
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Wake every call waiting for a channel (it sees the sandbox closed, or one free)."""
         waiting, self._freed = self._freed, []
         for fut in waiting:
             if not fut.done():
@@ -101,7 +98,7 @@ class AgentChannels:
         return chans
 
     async def close_aborted(self, chans: list[Channel]) -> None:
-        await self.wake()   # exec calls waiting for a channel see the sandbox closed
+        self.wake()   # exec calls waiting for a channel see the sandbox closed
         await asyncio.gather(*(chan.close() for chan in chans), return_exceptions=True)
 
     # ---- channels ---------------------------------------------------------------
@@ -185,7 +182,7 @@ class AgentChannels:
         if not proc:
             self.exec_busy -= 1
         self.idle.append(agent)
-        self._wake()
+        self.wake()
         return True
 
     async def release(self, agent: _Agent | None, *, proc: bool = False, ok: bool = True) -> None:
@@ -197,7 +194,7 @@ class AgentChannels:
             await agent.chan.close()
             if not ok and not self.closed:
                 await self.kill_agent(agent.pid)
-        self._wake()
+        self.wake()
 
     async def ensure_open(self) -> None:
         if self.closed:

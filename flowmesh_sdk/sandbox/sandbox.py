@@ -88,7 +88,7 @@ class Sandbox:
                 await p._lost(SandboxClosedError(f"{self.name} was closed"))
             for t in list(self._tasks):
                 t.cancel()
-            await self._channels.wake()
+            self._channels.wake()
 
     def abort(self, exc: Exception) -> None:
         """The instance under this sandbox was declared lost (its machine stopped

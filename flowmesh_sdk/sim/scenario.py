@@ -230,7 +230,7 @@ async def _run(cloud: SimCloud, w: Workload, seed: int, home: str, types: tuple[
                     warm_per_image=0, idle_timeout_s=3600.0, retry_infra_failures=4, spot=str(w.spot))
     counts = {"redispatched": 0, "failovers": 0, "in_flight": 0, "peak_in_flight": 0}
 
-    def started(_e: object) -> None:
+    def started(_e: Event) -> None:
         counts["in_flight"] += 1
         counts["peak_in_flight"] = max(counts["peak_in_flight"], counts["in_flight"])
 
