@@ -33,14 +33,17 @@ _saved: tuple[int, int, int] | None = None     # the thresholds before the first
 _applied: tuple[int, int, int] | None = None   # what the first holder set
 
 
-def parse(text: str) -> tuple[int, int, int] | None:
-    """``"off"`` -> None; ``"A,B,C"`` (three positive integers) -> ``(A, B, C)``."""
+def parse(text: str, source: str = "") -> tuple[int, int, int] | None:
+    """``"off"`` -> None; ``"A,B,C"`` (three positive integers) -> ``(A, B, C)``.  ``source``
+    (where the text came from: ``env NAME``, ``file PATH``) is named in the error."""
     t = text.strip().lower()
     if t in ("off", "none", "no", "false", "0"):
         return None
     parts = [p.strip() for p in t.split(",")]
     if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise SpecError(SETTING, f"three positive integers 'A,B,C' (gc.set_threshold's) or 'off', got {text!r}")
+        where = f" (from {source})" if source else ""
+        raise SpecError(SETTING, f"three positive integers 'A,B,C' (gc.set_threshold's) or 'off', "
+                                 f"got {text!r}{where}")
     a, b, c = (int(p) for p in parts)
     return a, b, c
 

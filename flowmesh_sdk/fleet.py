@@ -125,7 +125,8 @@ class Fleet:
         if catalog is not None and not isinstance(catalog, Catalog):
             raise SpecError("fleet.catalog", f"must be a Catalog, got {type(catalog).__name__}")
         self._catalog = catalog
-        self._gc_threshold = collector.parse(str(settings.value(collector.SETTING)))
+        gc_setting = settings.resolve(collector.SETTING)
+        self._gc_threshold = collector.parse(str(gc_setting.value), gc_setting.source)
         self._gc_held = False
         self.budget_per_hour = budget_per_hour
         self.budget_total = budget_total

@@ -73,6 +73,6 @@ async def test_off_and_a_disabled_collector_change_nothing(tmp_path: Path, monke
 @pytest.mark.parametrize("bad", ["10000", "a,b,c", "10000,-1,10", "1,2,3,4"])
 def test_a_bad_setting_names_the_key_and_the_form(bad: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLOWMESH_GC_THRESHOLD", bad)
-    with pytest.raises(SpecError, match=r"coordinator\.gc_threshold.*three positive integers"):
+    with pytest.raises(SpecError, match=r"coordinator\.gc_threshold.*three positive integers.*FLOWMESH_GC_THRESHOLD"):
         Fleet("gc-bad", home=tmp_path)
     assert collector.parse(" 3000, 20,30 ") == (3000, 20, 30)
