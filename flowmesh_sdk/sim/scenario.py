@@ -234,14 +234,13 @@ async def _run(cloud: SimCloud, w: Workload, seed: int, home: str, types: tuple[
         counts["in_flight"] += 1
         counts["peak_in_flight"] = max(counts["peak_in_flight"], counts["in_flight"])
 
-    def ended(e: Event) -> None:   # a task that ends, or is lost and queued again (not one rejected at the door)
-        if e.kind is not EventKind.TASK_REJECTED:
-            counts["in_flight"] = max(0, counts["in_flight"] - 1)
+    def ended(_e: Event) -> None:   # a task that ends, or is lost and queued again
+        counts["in_flight"] = max(0, counts["in_flight"] - 1)   # (one cancelled while queued never started)
 
     async with sim_fleet(cloud, {n: size for n in names}, home=home, seed=seed, types=types) as (fleet, prov):
         fleet.bus.on(lambda e: counts.__setitem__("redispatched", counts["redispatched"] + 1),
                      EventKind.TASK_REDISPATCHED)
-        fleet.bus.on(ended, EventKind.TASK_REDISPATCHED, *TASK_END)
+        fleet.bus.on(ended, EventKind.TASK_REDISPATCHED, *(TASK_END - {EventKind.TASK_REJECTED}))
         fleet.bus.on(lambda e: counts.__setitem__("failovers", counts["failovers"] + 1),
                      EventKind.LAUNCH_FAILOVER)
         fleet.bus.on(started, EventKind.TASK_STARTED)
