@@ -1,9 +1,10 @@
 """Issue 12, defect 11 (last part): a ``workdir`` the image lacks fails the sandbox's start
-(podman: 'workdir ... does not exist', exit 126 from ``podman run -d``).  The container
+(podman: 'workdir ... does not exist', exit 126 from ``podman run``).  The container
 podman created for it must not stay behind until the pool drains.
 
-The failure comes from ``runtime.create`` (``podman run -d``), before ``Sandbox.start``;
-``Pool._new_sandbox`` removes the container by name when the create fails."""
+The failure comes from ``runtime.start`` (``podman run -i``), before ``Sandbox.start``;
+the runtime, and the pool's sandboxes after it, remove the container by name when the
+start fails."""
 
 import pytest
 

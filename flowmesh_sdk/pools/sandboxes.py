@@ -45,7 +45,8 @@ class Sandboxes:
         self._publish(EventKind.SANDBOX_CLOSED, instance_id=sandbox.instance_id, detail=sandbox.name)
 
     async def new(self, mi: ManagedInstance, spec: SandboxSpec, info: ImageInfo, task_id: str) -> Sandbox:
-        """A container from the pinned image on ``mi``, its channel open."""
+        """A container from the pinned image on ``mi``, its channel open (the one it was
+        started with, where the runtime gives one: :meth:`ContainerRuntime.start`)."""
         name = f"fm-{self.pool}-{uuid.uuid4().hex[:10]}"
         labels = {LABEL_FLEET: self.ctx.fleet, LABEL_POOL: self.pool, LABEL_INSTANCE: mi.id,
                   LABEL_OWNER: self.ctx.owner, LABEL_TASK: task_id, LABEL_RUN: self.ctx.run}
@@ -58,12 +59,12 @@ class Sandboxes:
                 await self.image_cache.ensure(mi, info)
             try:
                 try:
-                    cid = await mi.runtime.create(name, spec, labels, image=info.run_ref)
+                    cid, shell = await mi.runtime.start(name, spec, labels, image=info.run_ref)
                 except ImageNotFoundError:
                     # removed behind our back (a store shared with other pools): pull it again, once
                     mi.images.pop(info.digest, None)
                     await self.image_cache.ensure(mi, info)
-                    cid = await mi.runtime.create(name, spec, labels, image=info.run_ref)
+                    cid, shell = await mi.runtime.start(name, spec, labels, image=info.run_ref)
             except ContainerRuntimeError:
                 # a container that failed to start (a workdir the image lacks) may still exist
                 with contextlib.suppress(FlowMeshError):
@@ -75,12 +76,12 @@ class Sandboxes:
             mi.wanted[info.digest] -= 1
             if not mi.wanted[info.digest]:
                 del mi.wanted[info.digest]
-        sb = Sandbox(mi.runtime, cid, name, spec, instance_id=mi.id, image_id=info.digest)
+        sb = Sandbox(mi.runtime, cid, name, spec, instance_id=mi.id, image_id=info.digest, shell=shell)
         try:
             await sb.start()
         except BaseException:
             self.image_cache.release(mi, info.digest)
-            await mi.runtime.remove([cid])
+            await sb.close()
             raise
         self._publish(EventKind.SANDBOX_READY, instance_id=mi.id, detail=name)
         return sb

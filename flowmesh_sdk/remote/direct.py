@@ -70,6 +70,11 @@ class InstanceRuntime(ContainerRuntime):
         self._taken = True
         return self.instance_id
 
+    async def start(self, name: str, spec: SandboxSpec, labels: Mapping[str, str], *,
+                    image: str | None = None) -> tuple[str, Channel | None]:
+        """:meth:`create`; no channel comes with it (the instance was started by its platform)."""
+        return await self.create(name, spec, labels, image=image), None
+
     async def open_shell(self, container: str, argv: Sequence[str] = ("/bin/sh",)) -> Channel:
         return await self.runner.open_channel(list(argv))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -18,6 +19,9 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+_CLOSE_GRACE_S = 2.0   # a closed channel's process gets this long to exit on its own
 
 
 class LocalChannel(StreamChannel):
@@ -41,12 +45,20 @@ class LocalChannel(StreamChannel):
         return self._proc.returncode is None
 
     async def close(self) -> None:
+        await self._end(_CLOSE_GRACE_S)
+
+    async def kill(self) -> None:
+        await self._end(0.0)
+
+    async def _end(self, grace_s: float) -> None:
+        """Close stdin; kill the process's group unless it exits within ``grace_s``."""
         if self._proc.returncode is None:
             if self._proc.stdin is not None:
                 self._proc.stdin.close()
-            try:
-                await asyncio.wait_for(self._proc.wait(), 2.0)
-            except asyncio.TimeoutError:
+            if grace_s > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._proc.wait(), grace_s)
+            if self._proc.returncode is None:
                 _kill_group(self._proc)
                 await self._proc.wait()
         self._drain.cancel()

@@ -78,6 +78,13 @@ class Channel(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None: ...
 
+    async def kill(self) -> None:
+        """End the channel now: its process is killed, not given time to exit by itself (a
+        process that outlives its standard input, such as the client of an attached
+        container, :meth:`ContainerRuntime.start <flowmesh_sdk.remote.runtime.ContainerRuntime.start>`).
+        Default: :meth:`close`."""
+        await self.close()
+
     @abc.abstractmethod
     def abort(self, exc: Exception) -> None:
         """The machine behind this channel was declared lost: every read waiting on it, and

@@ -1,6 +1,7 @@
 """The container runtime (podman or docker CLI) driven through any :class:`Runner`.
 
-It only manages containers: create with limits, open a shell channel, one-off exec,
+It only manages containers: create with limits (detached, or attached with its first
+shell channel: :meth:`ContainerRuntime.start`), open a shell channel, one-off exec,
 remove, list by label, look up and pull images.  Host quirks are detected, not assumed:
 
 * cgroups v1 with runc installed  -> ``--runtime runc`` (crun refuses hybrid cgroups);
@@ -46,15 +47,17 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
+from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
 from ..errors import ContainerRuntimeError, ImageNotFoundError, RuntimeMissingError, SpecError
 from ..specs import SandboxSpec, allow_list_host
+from .attached import AttachedChannel
 from .runner import Channel, CommandResult, Runner
 # the records, constants and pure flag builders live in sibling modules; their old names here
 from .runtime_args import _refuse, gvisor_run_args, pull_error, runtime_flags, ulimit_flags
-from .runtime_config import (_USERNS_MAP, DEFAULT_USERNS_MAP, GVISOR_BASE_TASKS, GVISOR_HINT,
+from .runtime_config import (_USERNS_MAP, ATTACHED_PID1, ATTACHED_UP, DEFAULT_USERNS_MAP, GVISOR_BASE_TASKS, GVISOR_HINT,
                              GVISOR_TASKS_PER_PROCESS, IDLE_PID1, INSTALL_HINT, LINK_LOCAL, SANDBOX_CAPABILITIES,
                              SHM_ARGS, ContainerInfo, RuntimeConfig, RuntimeInfo, metadata_networks)
 from .runtime_images import RuntimeImages
@@ -63,6 +66,17 @@ __all__ = ["DEFAULT_USERNS_MAP", "GVISOR_BASE_TASKS", "GVISOR_HINT", "GVISOR_TAS
            "INSTALL_HINT", "LINK_LOCAL", "SANDBOX_CAPABILITIES", "SHM_ARGS", "ContainerInfo", "ContainerRuntime",
            "RuntimeConfig", "RuntimeImages", "RuntimeInfo", "gvisor_run_args", "metadata_networks", "pull_error",
            "runtime_flags", "ulimit_flags"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Launch:
+    """A sandbox container's ``run`` command line, and its network's rules to apply."""
+
+    binary: str
+    argv: list[str]
+    block: bool                          # the metadata networks made unreachable
+    allow: tuple[str, ...] | None        # the egress allow-list, if any
+    hosts: Mapping[str, Sequence[str]]   # its host names, resolved
 
 
 class ContainerRuntime:
@@ -172,6 +186,55 @@ class ContainerRuntime:
                      image: str | None = None) -> str:
         """Start a sandbox container that idles until commands arrive; returns its id.
         ``image`` (a pinned reference or image id) overrides ``spec.image``."""
+        launch = await self._launch(name, spec, labels, image, attached=False)
+        res = await self._run(launch.argv, check=False)
+        if not res.ok:
+            # `run -d` can fail after creating the container (a workdir the image lacks,
+            # an OCI runtime error): remove it by name rather than leave it until drain.
+            await self._run([launch.binary, "rm", "-f", "-t", "0", "--ignore", name], check=False)
+            raise self._start_error(spec, res.describe(), res.stderr.decode("utf-8", "replace"))
+        cid = res.text().strip().splitlines()[-1]
+        try:
+            await self._confine(cid, launch)
+        except BaseException:
+            await self.remove([cid])
+            raise
+        return cid
+
+    async def start(self, name: str, spec: SandboxSpec, labels: Mapping[str, str], *,
+                    image: str | None = None) -> tuple[str, Channel | None]:
+        """:meth:`create`, with the container's first shell channel open: the container runs
+        attached (``run -i``), and its PID 1 hands the container's stdio to ``/bin/sh``
+        before it idles (``ATTACHED_PID1``).  One runtime process starts a sandbox and its
+        first channel, where :meth:`create` and :meth:`open_shell` take two.  Returns the
+        container's name (what every other call here takes, as an id) and that channel, an
+        :class:`~flowmesh_sdk.remote.attached.AttachedChannel`: its shell's end reads as the
+        end of the stream; closing it leaves the container running.  A runtime whose
+        container is the instance itself returns no channel (``None``)."""
+        launch = await self._launch(name, spec, labels, image, attached=True)
+        chan = await self.runner.open_channel(launch.argv)
+        try:
+            try:
+                async with asyncio.timeout(self.config.command_timeout_s):
+                    first = await chan.readline()
+            except TimeoutError:
+                raise ContainerRuntimeError(f"a container on {self.runner.label} did not start within "
+                                            f"{self.config.command_timeout_s:g} s: {chan.stderr_tail()}") from None
+            if first != ATTACHED_UP:
+                err = await chan.last_words()
+                raise self._start_error(spec, f"`{launch.binary} run -i ... {name}` ended: {err}", err)
+            await self._confine(name, launch)
+        except BaseException:
+            # as after a failed `run -d`: the container may exist (a workdir the image lacks)
+            await chan.kill()
+            await self._run([launch.binary, "rm", "-f", "-t", "0", "--ignore", name], check=False)
+            raise
+        return name, AttachedChannel(chan)
+
+    async def _launch(self, name: str, spec: SandboxSpec, labels: Mapping[str, str], image: str | None, *,
+                      attached: bool) -> _Launch:
+        """The ``run`` command line of a sandbox container, and what its network needs
+        once it runs (checked here, before anything starts)."""
         info = await self.probe()
         if "\x00" in spec.workdir:
             raise SpecError("sandbox.workdir", f"must not contain NUL bytes, got {spec.workdir!r}")
@@ -198,7 +261,10 @@ class ContainerRuntime:
         hosts: dict[str, list[str]] = {}
         if allow is not None:
             hosts = await self._resolve([h for e in allow if (h := allow_list_host(e)) is not None])
-        argv = [info.binary, "run", "-d", "--name", name, *run_flags, *info.sandbox_flags,
+        # attached: the client holds the container's stdio (not proxying its own signals,
+        # and nothing the shell says kept in a container log); detached: `run -d`
+        mode = ["-i", "--sig-proxy=false", "--log-driver", "none"] if attached else ["-d"]
+        argv = [info.binary, "run", *mode, "--name", name, *run_flags, *info.sandbox_flags,
                 "--cpus", f"{spec.cpus:g}", "--memory", f"{spec.memory_mib}m",
                 "--memory-swap", f"{spec.memory_mib}m", "--pids-limit", str(pids),
                 "--workdir", spec.workdir]
@@ -208,27 +274,21 @@ class ContainerRuntime:
             argv += ["--add-host", f"{host}:{addrs[0]}"]
         for k, v in sorted(labels.items()):
             argv += ["--label", f"{k}={v}"]
-        argv += ["--entrypoint", "/bin/sh", image or spec.image, "-c", IDLE_PID1]
-        res = await self._run(argv, check=False)
-        if not res.ok:
-            # `run -d` can fail after creating the container (a workdir the image lacks,
-            # an OCI runtime error): remove it by name rather than leave it until drain.
-            await self._run([info.binary, "rm", "-f", "-t", "0", "--ignore", name], check=False)
-            err = res.stderr.decode("utf-8", "replace")
-            if "image not known" in err or "manifest unknown" in err or "pull access denied" in err:
-                raise ImageNotFoundError(spec.image, res.describe())
-            raise ContainerRuntimeError(f"could not start a container on {self.runner.label}: {res.describe()}")
-        cid = res.text().strip().splitlines()[-1]
-        if block or allow is not None:
-            try:
-                if block:
-                    await self._block_networks(cid)
-                if allow is not None:
-                    await self._allow_only(cid, allow, hosts)
-            except BaseException:
-                await self.remove([cid])
-                raise
-        return cid
+        argv += ["--entrypoint", "/bin/sh", image or spec.image, "-c", ATTACHED_PID1 if attached else IDLE_PID1]
+        return _Launch(info.binary, argv, block, allow, hosts)
+
+    async def _confine(self, container: str, launch: _Launch) -> None:
+        """The network rules of a started container (none without network), applied
+        before any command of the sandbox's runs."""
+        if launch.block:
+            await self._block_networks(container)
+        if launch.allow is not None:
+            await self._allow_only(container, launch.allow, launch.hosts)
+
+    def _start_error(self, spec: SandboxSpec, what: str, stderr: str) -> Exception:
+        if "image not known" in stderr or "manifest unknown" in stderr or "pull access denied" in stderr:
+            return ImageNotFoundError(spec.image, what)
+        return ContainerRuntimeError(f"could not start a container on {self.runner.label}: {what}")
 
     async def _resolve(self, names: Sequence[str]) -> dict[str, list[str]]:
         """Addresses of allow-list host names, resolved on the machine that runs the sandbox."""

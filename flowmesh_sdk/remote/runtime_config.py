@@ -20,6 +20,16 @@ INSTALL_HINT = ("install podman: `apt-get install -y podman runc` (Debian/Ubuntu
 
 # PID 1 of every sandbox container: sleeps, and exits at once on SIGTERM.
 IDLE_PID1 = 'trap "exit 0" TERM INT; while :; do sleep 86400 & wait $!; done'
+#: what PID 1 of a container started attached (``ContainerRuntime.start``) writes first
+ATTACHED_UP = b"__FM_UP__\n"
+#: what it writes once the shell on the container's own stdio has ended
+ATTACHED_GONE = b"__FM_GONE__\n"
+# PID 1 of a container started attached: it hands the container's stdio to a shell (the
+# first channel), keeps none of it itself, says when that shell has ended (the attach
+# stream itself ends only with the container), and then is IDLE_PID1.
+ATTACHED_PID1 = ("exec 3<&0 4>&1 5>&2 </dev/null >/dev/null 2>&1; echo " + ATTACHED_UP.decode().strip() + " >&4; "
+                 "{ /bin/sh <&3 >&4 2>&5 3<&- 4>&- 5>&-; printf '\\n" + ATTACHED_GONE.decode().strip()
+                 + "\\n' >&4; } & exec 3<&- 4>&- 5>&-; " + IDLE_PID1)
 _CAP_SYS_RESOURCE = 24
 _USERNS_MAP = re.compile(r"[0-9]+:[0-9]+:[0-9]+")
 

@@ -238,6 +238,13 @@ class SshChannel(StreamChannel):
                 and chan.get_transport() is not None and chan.get_transport().is_active())
 
     async def close(self) -> None:
+        await self._end(_CLOSE_GRACE_S)
+
+    async def kill(self) -> None:
+        await self._end(0.0)
+
+    async def _end(self, grace_s: float) -> None:
+        """Send EOF; kill the remote process unless it exits within ``grace_s``."""
         if self._closed:
             return
         self._closed = True
@@ -248,7 +255,7 @@ class SshChannel(StreamChannel):
                     await proc.send_eof()
                 except Exception:  # noqa: BLE001
                     pass
-                if await proc.wait_exit(_CLOSE_GRACE_S) is None and not proc.exited():
+                if (grace_s <= 0 or await proc.wait_exit(grace_s) is None) and not proc.exited():
                     await proc.kill()
         finally:
             proc.close()

@@ -51,7 +51,7 @@ class AgentChannels:
 
     def __init__(self, runtime: ContainerRuntime, container_id: str, name: str, *,
                  agent: Callable[[], bytes], ids: itertools.count[int],
-                 limit: int = EXEC_CHANNELS) -> None:
+                 limit: int = EXEC_CHANNELS, shell: Channel | None = None) -> None:
         self.runtime = runtime
         self.container_id = container_id
         self.name = name
@@ -65,6 +65,10 @@ class AgentChannels:
         self.closed = False
         self.aborted: Exception | None = None
         self._chans: weakref.WeakSet[Channel] = weakref.WeakSet()   # every channel opened (abort)
+        # a shell that came with the container (ContainerRuntime.start): the first agent's
+        self._shell = shell
+        if shell is not None:
+            self._chans.add(shell)
 
     # ---- the sandbox's lifecycle, channel side ---------------------------------
     async def prime(self) -> None:
@@ -75,6 +79,9 @@ class AgentChannels:
     async def close(self) -> None:
         """Count as closed and close the idle channels (busy ones close when released)."""
         self.closed = True
+        if self._shell is not None:
+            shell, self._shell = self._shell, None
+            await shell.close()
         idle, self.idle = self.idle, []
         for agent in idle:
             await agent.chan.close()
@@ -116,7 +123,11 @@ class AgentChannels:
         return chan
 
     async def open_agent(self) -> _Agent:
-        chan = await self.open_shell()
+        """A new agent: on the shell that came with the container if it is still unused,
+        else on a channel opened for it."""
+        chan, self._shell = self._shell, None
+        if chan is None:
+            chan = await self.open_shell()
         try:
             await chan.write(self._agent())
             deadline = clock.monotonic() + 30.0

@@ -36,11 +36,13 @@ class Sandbox:
     Commands may run concurrently: each runs on a channel of its own (up to
     ``EXEC_CHANNELS`` for ``exec`` and the file calls, any number of :meth:`start`
     processes and :meth:`session` shells).  The channels are an :class:`AgentChannels`
-    the sandbox owns (``_channels``).
+    the sandbox owns (``_channels``).  ``shell``: a shell channel that came with the
+    container (:meth:`ContainerRuntime.start`), where the first agent starts.
     """
 
     def __init__(self, runtime: ContainerRuntime, container_id: str, name: str,
-                 spec: SandboxSpec, *, instance_id: str = "", image_id: str = "") -> None:
+                 spec: SandboxSpec, *, instance_id: str = "", image_id: str = "",
+                 shell: Channel | None = None) -> None:
         self.runtime = runtime
         self.container_id = container_id
         self.name = name
@@ -54,7 +56,7 @@ class Sandbox:
         self._tasks: set[asyncio.Task[object]] = set()
         # the spec is read at each agent's start: a pool may hand a warm sandbox a new one
         self._channels = AgentChannels(runtime, container_id, name, agent=lambda: agent_text(self.spec),
-                                       ids=self._ids, limit=EXEC_CHANNELS)
+                                       ids=self._ids, limit=EXEC_CHANNELS, shell=shell)
 
     def __repr__(self) -> str:
         return f"Sandbox({self.name}, image={self.spec.image!r}, instance={self.instance_id})"

@@ -68,8 +68,25 @@ class SimChannel(StreamChannel):
             self._open = False
             self._out.feed_eof()
 
+    def say(self, data: bytes) -> None:
+        """Put ``data`` on the channel's stdout (what the machine writes before the shell)."""
+        self._out.feed_data(data)
+
     async def close(self) -> None:
         self.hang_up()
+
+
+class FailedChannel(SimChannel):
+    """A channel whose process ended at once, saying ``stderr`` (``podman run -i`` that
+    could not start its container)."""
+
+    def __init__(self, machine: SimHost, stderr: bytes) -> None:
+        super().__init__(machine)
+        self._err.append(stderr.decode("utf-8", "replace").rstrip())
+        self.hang_up()
+
+    async def write(self, data: bytes) -> None:
+        raise ProviderUnavailableError(f"{self.machine.label}: channel closed", provider="sim")
 
 
 class EchoShell(SimChannel):

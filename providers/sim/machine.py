@@ -4,8 +4,9 @@ commands the real :class:`~flowmesh_sdk.remote.runtime.ContainerRuntime` and
 
 The point is that the real control plane runs unchanged above it: the runtime's probe,
 ``podman pull`` / ``run`` / ``rm`` / ``ps`` command lines, and the sandbox agent's framed
-protocol over a held-open ``podman exec -i CTR /bin/sh`` channel (:mod:`.agent`: exec,
-streamed processes and session shells) are all parsed here and answered the way podman
+protocol over a held-open channel -- ``podman exec -i CTR /bin/sh``, or the shell of a
+container started attached (``podman run -i``) -- (:mod:`.agent`: exec, streamed
+processes and session shells) are all parsed here and answered the way podman
 and the agent would.  What takes time takes virtual time: a
 pull crosses the machine's NIC and the registry's egress (:mod:`.network`), a container
 start costs ``container_start_s``, and a task's command ``sim-work SECONDS [EXIT]`` runs
@@ -25,8 +26,9 @@ from collections.abc import Sequence
 
 from flowmesh_sdk.errors import ProviderUnavailableError
 from flowmesh_sdk.remote.runner import Channel, CommandResult, Runner
+from flowmesh_sdk.remote.runtime_config import ATTACHED_UP
 
-from .agent import AgentShell, EchoShell, SimContainer
+from .agent import AgentShell, EchoShell, FailedChannel, SimContainer
 from .network import Link, transfer
 
 __all__ = ["SimContainer", "SimMachine"]   # SimContainer lives in .agent now (beside the shells it holds)
@@ -99,9 +101,13 @@ class SimMachine(Runner):
         if argv == ["sh"]:
             return EchoShell(self)
         if argv[:3] == ["podman", "exec", "-i"] and argv[3] in self.containers:
-            c = self.containers[argv[3]]
-            ch = AgentShell(self, c)
-            c.channels.append(ch)
+            return self._attach(self.containers[argv[3]])
+        if argv[:3] == ["podman", "run", "-i"]:   # a container started attached: its shell
+            res = await self._run_container(argv, key="name")
+            if not res.ok:
+                return FailedChannel(self, res.stderr)
+            ch = self._attach(self.containers[res.text().strip()])
+            ch.say(ATTACHED_UP)
             return ch
         raise ProviderUnavailableError(f"{self.label}: cannot open {shlex.join(argv)}", provider="sim")
 
@@ -153,7 +159,14 @@ class SimMachine(Runner):
     def _digest(self, ref: str) -> str:
         return ref.rsplit("@", 1)[-1] if "@" in ref else ref
 
-    async def _run_container(self, argv: list[str]) -> CommandResult:
+    def _attach(self, c: SimContainer) -> AgentShell:
+        ch = AgentShell(self, c)
+        c.channels.append(ch)
+        return ch
+
+    async def _run_container(self, argv: list[str], *, key: str = "id") -> CommandResult:
+        """``run``: the container, known by a new id (``run -d``, which prints it) or by its
+        name (``key="name"``: ``run -i``, where the runtime names it by its name)."""
         name = argv[argv.index("--name") + 1]
         labels = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--label")
         image = argv[argv.index("--entrypoint") + 2]
@@ -162,7 +175,7 @@ class SimMachine(Runner):
         await asyncio.sleep(self.container_start_s)
         self._check()
         self._ids += 1
-        cid = f"{self.name}-c{self._ids:06d}"
+        cid = name if key == "name" else f"{self.name}-c{self._ids:06d}"
         self.containers[cid] = SimContainer(cid, name, image, labels)
         return _ok(argv, cid + "\n")
 
