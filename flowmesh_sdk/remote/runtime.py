@@ -47,8 +47,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
-from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from ..errors import ContainerRuntimeError, ImageNotFoundError, RuntimeMissingError, SpecError
@@ -57,9 +57,10 @@ from .attached import AttachedChannel
 from .runner import Channel, CommandResult, Runner
 # the records, constants and pure flag builders live in sibling modules; their old names here
 from .runtime_args import _refuse, gvisor_run_args, pull_error, runtime_flags, ulimit_flags
-from .runtime_config import (_USERNS_MAP, ATTACHED_PID1, ATTACHED_UP, DEFAULT_USERNS_MAP, GVISOR_BASE_TASKS, GVISOR_HINT,
-                             GVISOR_TASKS_PER_PROCESS, IDLE_PID1, INSTALL_HINT, LINK_LOCAL, SANDBOX_CAPABILITIES,
-                             SHM_ARGS, ContainerInfo, RuntimeConfig, RuntimeInfo, metadata_networks)
+from .runtime_config import (_USERNS_MAP, ATTACHED_PID1, ATTACHED_UP, DEFAULT_USERNS_MAP, GVISOR_BASE_TASKS,
+                             GVISOR_HINT, GVISOR_TASKS_PER_PROCESS, IDLE_PID1, INSTALL_HINT, LINK_LOCAL,
+                             SANDBOX_CAPABILITIES, SHM_ARGS, ContainerInfo, RuntimeConfig, RuntimeInfo,
+                             metadata_networks)
 from .runtime_images import RuntimeImages
 
 __all__ = ["DEFAULT_USERNS_MAP", "GVISOR_BASE_TASKS", "GVISOR_HINT", "GVISOR_TASKS_PER_PROCESS", "IDLE_PID1",
