@@ -93,3 +93,17 @@ async def test_kill_does_not_wait_for_the_process_to_exit_by_itself():
     killed = await runner.open_channel(argv)
     await killed.kill()
     assert (closed._proc.returncode, killed._proc.returncode) == (7, -9)   # type: ignore[attr-defined]
+
+
+def test_a_full_kernel_key_quota_is_named_with_its_setting():
+    # what runc says when the 201st container of one uid map starts on a host with the
+    # kernel's default quota (kernel.keys.maxkeys = 200 for a uid other than root)
+    stderr = ("Error: OCI runtime error: runc: runc create failed: unable to start container process: "
+              "error during container init: unable to join session keyring: unable to create session key: "
+              "disk quota exceeded")
+    rt = ContainerRuntime(LocalRunner())
+    err = rt._start_error(SandboxSpec(image="x"), stderr, stderr)
+    assert isinstance(err, ContainerRuntimeError)
+    assert "kernel.keys.maxkeys" in str(err) and "disk quota exceeded" in str(err)
+    other = rt._start_error(SandboxSpec(image="x"), "Error: workdir does not exist", "Error: workdir does not exist")
+    assert "kernel.keys" not in str(other)

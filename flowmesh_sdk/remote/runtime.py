@@ -289,7 +289,13 @@ class ContainerRuntime:
     def _start_error(self, spec: SandboxSpec, what: str, stderr: str) -> Exception:
         if "image not known" in stderr or "manifest unknown" in stderr or "pull access denied" in stderr:
             return ImageNotFoundError(spec.image, what)
-        return ContainerRuntimeError(f"could not start a container on {self.runner.label}: {what}")
+        hint = ""
+        if "session key" in stderr and "quota" in stderr:
+            hint = (" (the kernel's key quota of the sandboxes' uid is full: each container's init takes a "
+                    "session keyring, the sandboxes of one uid map share one uid, and a uid other than root "
+                    "may hold kernel.keys.maxkeys keys, 200 by default; raise it on the machine, e.g. "
+                    "`sysctl -w kernel.keys.maxkeys=20000 kernel.keys.maxbytes=2000000`)")
+        return ContainerRuntimeError(f"could not start a container on {self.runner.label}: {what}{hint}")
 
     async def _resolve(self, names: Sequence[str]) -> dict[str, list[str]]:
         """Addresses of allow-list host names, resolved on the machine that runs the sandbox."""
