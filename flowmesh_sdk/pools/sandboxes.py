@@ -6,12 +6,11 @@ back."""
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import Callable, Mapping
 
 from ..control.events import EventKind
-from ..errors import ContainerRuntimeError, FlowMeshError, ImageNotFoundError
+from ..errors import ImageNotFoundError
 from ..images import ImageInfo
 from ..provider import LABEL_FLEET, LABEL_INSTANCE, LABEL_OWNER, LABEL_POOL, LABEL_RUN, LABEL_TASK
 from ..remote.direct import InstanceRuntime
@@ -57,19 +56,14 @@ class Sandboxes:
         try:
             if not direct:
                 await self.image_cache.ensure(mi, info)
+            # a container that fails to start (a workdir the image lacks) is removed by the runtime
             try:
-                try:
-                    cid, shell = await mi.runtime.start(name, spec, labels, image=info.run_ref)
-                except ImageNotFoundError:
-                    # removed behind our back (a store shared with other pools): pull it again, once
-                    mi.images.pop(info.digest, None)
-                    await self.image_cache.ensure(mi, info)
-                    cid, shell = await mi.runtime.start(name, spec, labels, image=info.run_ref)
-            except ContainerRuntimeError:
-                # a container that failed to start (a workdir the image lacks) may still exist
-                with contextlib.suppress(FlowMeshError):
-                    await mi.runtime.remove([name])
-                raise
+                cid, shell = await mi.runtime.start(name, spec, labels, image=info.run_ref)
+            except ImageNotFoundError:
+                # removed behind our back (a store shared with other pools): pull it again, once
+                mi.images.pop(info.digest, None)
+                await self.image_cache.ensure(mi, info)
+                cid, shell = await mi.runtime.start(name, spec, labels, image=info.run_ref)
             if not direct:
                 self.image_cache.acquire(mi, info.digest)
         finally:

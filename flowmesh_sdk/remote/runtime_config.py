@@ -27,9 +27,10 @@ ATTACHED_GONE = b"__FM_GONE__\n"
 # PID 1 of a container started attached: it hands the container's stdio to a shell (the
 # first channel), keeps none of it itself, says when that shell has ended (the attach
 # stream itself ends only with the container), and then is IDLE_PID1.
-ATTACHED_PID1 = ("exec 3<&0 4>&1 5>&2 </dev/null >/dev/null 2>&1; echo " + ATTACHED_UP.decode().strip() + " >&4; "
-                 "{ /bin/sh <&3 >&4 2>&5 3<&- 4>&- 5>&-; printf '\\n" + ATTACHED_GONE.decode().strip()
-                 + "\\n' >&4; } & exec 3<&- 4>&- 5>&-; " + IDLE_PID1)
+_UP, _GONE = ATTACHED_UP.decode().strip(), ATTACHED_GONE.decode().strip()
+ATTACHED_PID1 = (f"exec 3<&0 4>&1 5>&2 </dev/null >/dev/null 2>&1; echo {_UP} >&4; "
+                 f"{{ /bin/sh <&3 >&4 2>&5 3<&- 4>&- 5>&-; printf '\\n{_GONE}\\n' >&4; }} & "
+                 f"exec 3<&- 4>&- 5>&-; {IDLE_PID1}")
 _CAP_SYS_RESOURCE = 24
 _USERNS_MAP = re.compile(r"[0-9]+:[0-9]+:[0-9]+")
 
