@@ -175,8 +175,9 @@ def test_spot_preference_decides_the_market():
     assert ei.value.field == "workload.spot"
 
 
-def _sim_pool_run(body, *, sticky: int = 0, min_instances: int = 1, **fleet_options):
-    """Run ``body(fleet, prov, pool)`` on a persistent pool over one simulated cloud."""
+def _sim_pool_run(body, *, sticky: int = 0, min_instances: int = 1, pool_options=None, **fleet_options):
+    """Run ``body(fleet, prov, pool)`` on a persistent pool over one simulated cloud
+    (``pool_options``: PoolSpec fields besides its defaults here)."""
     import tempfile
 
     from flowmesh_sdk.sim.scenario import sim_fleet
@@ -189,7 +190,7 @@ def _sim_pool_run(body, *, sticky: int = 0, min_instances: int = 1, **fleet_opti
                 pool = await fleet.pool(PoolSpec(name="p", provider="ec2", mode="persistent",
                                                  instance=InstanceSpec(cpus=8, memory_gb=16),
                                                  min_instances=min_instances, max_instances=2,
-                                                 warm_per_image=0))
+                                                 **{"warm_per_image": 0, **(pool_options or {})}))
                 return await body(fleet, prov, pool)
     return run(main())
 
@@ -279,3 +280,55 @@ def test_sessions_and_processes_on_a_simulated_sandbox_take_virtual_time():
             return ran
 
     assert _sim_pool_run(body) == pytest.approx(30.0, abs=0.5)
+
+
+def test_warm_refills_wait_for_a_lull_in_the_takes_and_no_longer_than_their_cap(monkeypatch):
+    """A burst of takes from the warm stock is not slowed by the container starts of its own
+    refills: they start once no take has come for WARM_REFILL_QUIET_S.  Under takes that never
+    pause, each refill starts WARM_REFILL_MAX_WAIT_S after its take at the latest."""
+    from flowmesh_providers.sim.machine import SimMachine
+    from flowmesh_sdk.provider import LABEL_TASK
+    from flowmesh_sdk.pools import persistent
+    from flowmesh_sdk.sim.scenario import REGISTRY
+
+    starts: list[float] = []   # when each warm container's start began (not the takes' own cold ones)
+    opened = SimMachine.open_channel
+
+    async def open_channel(self, argv):
+        if list(argv[:3]) == ["podman", "run", "-i"] and f"{LABEL_TASK}=warm" in argv:
+            starts.append(clock.monotonic())
+        return await opened(self, argv)
+
+    monkeypatch.setattr(SimMachine, "open_channel", open_channel)
+    image = f"{REGISTRY}/sim/base:1"
+    quiet, cap = persistent.WARM_REFILL_QUIET_S, persistent.WARM_REFILL_MAX_WAIT_S
+
+    async def take(pool, at: float) -> None:
+        await asyncio.sleep(at)
+        async with pool.sandbox(pool.default_sandbox(image)) as sb:   # the stock's shape
+            assert (await sb.exec("true")).ok
+
+    async def body(fleet, prov, pool):
+        await asyncio.sleep(60)                       # the stock of 4 is up
+        stocked = len(starts)
+        t0 = clock.monotonic()
+        # a burst: four takes 10 ms apart (each shorter than the quiet window after the last)
+        await asyncio.gather(*(take(pool, i * quiet / 2) for i in range(4)))
+        last_take = t0 + 3 * quiet / 2
+        await asyncio.sleep(5)
+        burst_refills = starts[stocked:]
+        # takes that never pause (every 10 ms for three times the cap), from a stock refilled again
+        t1 = clock.monotonic()
+        before = len(starts)
+        await asyncio.gather(*(take(pool, i * quiet / 2) for i in range(int(3 * cap / (quiet / 2)))))
+        stream_refills = starts[before:]
+        return stocked, last_take, burst_refills, t1, stream_refills, pool.stats()
+
+    stocked, last_take, burst, t1, stream, stats = _sim_pool_run(
+        body, pool_options={"warm_per_image": 4, "sandboxes_per_instance": 64, "warm_images": (image,)})
+    assert stocked == 4
+    assert len(burst) == 4                                         # each take replaced
+    assert min(burst) >= last_take + quiet - 1e-9                  # none during the burst
+    assert max(burst) <= last_take + quiet + 1.0                   # and soon after it (two at a time)
+    assert stream and min(stream) <= t1 + cap + 1e-6               # the cap, under takes that never pause
+    assert min(stream) >= t1 + cap - 1e-6                          # (and not before: no lull came)

@@ -54,6 +54,7 @@ class ManagedInstance:
         self.warming: dict[WarmKey, int] = {}
         self.warm_starts = asyncio.Semaphore(WARM_STARTS)   # warm containers being started at once
         self.last_used = clock.monotonic()
+        self.last_take = 0.0   # when a sandbox was last provisioned here (the warm refills wait for a lull)
         self.pulls: dict[str, asyncio.Future[CachedImage]] = {}   # digest -> pull in flight
         self.authfiles: dict[str, str] = {}   # registry -> its auth file's path on the machine
         self.wanted: dict[str, int] = {}      # digest -> sandboxes being made from it (not evictable)
@@ -96,7 +97,7 @@ class ManagedInstance:
         already present as layers of other images (0.0 when nothing is known)."""
         if info.digest in self.images or info.digest in self.pulls:
             return 1.0  # held, or on its way: joining the pull beats starting another
-        if not info.size:
+        if not self.images or not info.size:   # nothing held yet (a fresh machine): no layer shared
             return 0.0
         have = self.layers()
         return sum(layer.size for layer in info.layers if layer.digest in have) / info.size

@@ -45,7 +45,13 @@ log = logging.getLogger("flowmesh.pools")
 
 LAUNCH_BACKOFF_S = 30.0
 REAP_GRANULARITY = 0.05   # the reaper sleeps at least this share of idle_timeout_s between scans
-WARM_REFILL_DELAY_S = 0.02   # a refill waits this long after the take it replaces (_make_warm)
+# A refill (_make_warm) starts once its instance has had no take for WARM_REFILL_QUIET_S, and
+# at the latest WARM_REFILL_MAX_WAIT_S after the take it replaces: a burst's takes are not
+# slowed by the container starts of their own refills (each a fork and exec on the loop, and a
+# container runtime's CPU beside the takes' first commands), and a steady stream of takes
+# still gets its stock back.
+WARM_REFILL_QUIET_S = 0.1
+WARM_REFILL_MAX_WAIT_S = 1.0
 
 
 class PersistentPool(MachinePool):
@@ -202,6 +208,7 @@ class PersistentPool(MachinePool):
     async def _provision(self, spec: SandboxSpec, info: ImageInfo, inst: ManagedInstance | None,
                          run: TaskRun) -> Sandbox:
         assert inst is not None
+        inst.last_take = clock.monotonic()
         sb = inst.take_warm(warm_key(spec, info.digest)) if self.spec.warm_per_image else None
         if sb is None:
             sb = await self._new_sandbox(inst, spec, info, run.id)
@@ -221,9 +228,9 @@ class PersistentPool(MachinePool):
     async def _make_warm(self, mi: ManagedInstance, key: WarmKey, spec: SandboxSpec,
                          info: ImageInfo) -> None:
         try:
-            # after the take's first command: starting the refill's `podman create` blocks the
-            # loop for a millisecond or more (fork and exec), which the caller would pay
-            await asyncio.sleep(WARM_REFILL_DELAY_S)
+            latest = clock.monotonic() + WARM_REFILL_MAX_WAIT_S
+            while (wait := min(mi.last_take + WARM_REFILL_QUIET_S, latest) - clock.monotonic()) > 0:
+                await asyncio.sleep(wait)   # the takes of a burst first (WARM_REFILL_QUIET_S)
             async with mi.warm_starts:   # a few at a time: a burst's takes are not starved by its refills
                 sb = await self._new_sandbox(mi, spec, info, "warm")
         finally:
