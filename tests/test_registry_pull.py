@@ -288,3 +288,33 @@ async def test_client_follows_the_bearer_token_challenge(busybox_image, anonymou
         async with RegistryClient(credentials=bad, use_auth_files=False) as client:
             with pytest.raises(AuthError, match=f"refused user '{reg.username}'"):
                 await client.resolve(ref)
+
+
+async def test_a_pull_is_one_round_trip_and_its_errors_name_the_pull(registry, busybox_image, tmp_path):
+    """On a fresh machine each command is an SSH round trip: presence check, pull and the
+    snapshot-label lookup go as one script.  Its failure reads as the pull's."""
+    from flowmesh_sdk.remote.local import LocalRunner
+    from flowmesh_sdk.remote.runtime import ContainerRuntime
+
+    ref, _ = make_image(registry, busybox_image, tmp_path, "oneshot")
+    runner = LocalRunner()
+    rt = ContainerRuntime(runner)
+    await rt.probe()
+    calls = []
+    run = runner.run
+
+    async def counted(argv, **kw):
+        calls.append(list(argv))
+        return await run(argv, **kw)
+
+    runner.run = counted
+    assert await rt.pull(ref, tls_verify=False) is True
+    assert len(calls) == 1 and await rt.image_inspect(ref) is not None
+    calls.clear()
+    assert await rt.pull(ref, tls_verify=False) is False       # the store has it: nothing pulled
+    assert len(calls) == 1
+    missing = f"{registry.host}/fmtest/none:{uuid.uuid4().hex[:6]}"
+    with pytest.raises(ImageNotFoundError) as ei:
+        await rt.pull(missing, tls_verify=False)
+    assert f"`podman pull --quiet --tls-verify=false {missing}` exit 125" in str(ei.value)
+    subprocess.run(["podman", "rmi", "-f", ref], capture_output=True)

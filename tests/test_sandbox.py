@@ -214,6 +214,34 @@ async def test_missing_runtime_says_how_to_install():
         await rt.probe()
 
 
+async def test_a_runtime_whose_version_fails_is_named_with_what_it_said(tmp_path):
+    fake = tmp_path / "podman"
+    fake.write_text("#!/bin/sh\necho 'cannot connect to the runtime socket' >&2\nexit 125\n")
+    fake.chmod(0o755)
+    rt = ContainerRuntime(LocalRunner(), RuntimeConfig(binary=str(fake)))
+    with pytest.raises(RuntimeMissingError, match=r"`podman` does not work on local \(`podman version` failed: "
+                                                  r"cannot connect to the runtime socket\)"):
+        await rt.probe()
+
+
+async def test_the_runtime_probe_is_one_round_trip():
+    """Binary, version and host facts (and the storage driver, for a disk limit) in one
+    command: each is a round trip over SSH on a fresh machine's bootstrap."""
+    runner = LocalRunner()
+    calls = []
+    run = runner.run
+
+    async def counted(argv, **kw):
+        calls.append(list(argv))
+        return await run(argv, **kw)
+
+    runner.run = counted
+    info = await ContainerRuntime(runner, RuntimeConfig(disk_limit_mb=100)).probe()
+    assert len(calls) == 1 and calls[0][:2] == ["sh", "-c"]
+    assert info.binary == "podman" and info.version[:1].isdigit()
+    assert f"fsize={100 << 20}" in " ".join(info.sandbox_flags)
+
+
 async def test_runtime_flags_detected():
     info = await ContainerRuntime(LocalRunner()).probe()
     caps = int(next(l for l in open("/proc/self/status") if l.startswith("CapEff")).split()[1], 16)

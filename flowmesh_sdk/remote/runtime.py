@@ -59,7 +59,7 @@ from .runner import Channel, CommandResult, Runner
 from .runtime_args import _refuse, gvisor_run_args, pull_error, runtime_flags, ulimit_flags
 from .runtime_config import (_USERNS_MAP, ATTACHED_PID1, ATTACHED_UP, DEFAULT_USERNS_MAP, GVISOR_BASE_TASKS,
                              GVISOR_HINT, GVISOR_TASKS_PER_PROCESS, IDLE_PID1, INSTALL_HINT, LINK_LOCAL,
-                             SANDBOX_CAPABILITIES, SHM_ARGS, ContainerInfo, RuntimeConfig, RuntimeInfo,
+                             PROBE_SECTION, SANDBOX_CAPABILITIES, SHM_ARGS, ContainerInfo, RuntimeConfig, RuntimeInfo,
                              metadata_networks)
 from .runtime_images import RuntimeImages
 
@@ -92,29 +92,24 @@ class ContainerRuntime:
 
     # ---- detection -------------------------------------------------------------
     async def probe(self) -> RuntimeInfo:
+        """What the machine's runtime is and allows (cached): one round trip, a script that
+        finds the binary, asks its version and reads the host facts the flags depend on."""
         if self._info is not None:
             return self._info
         cfg = self.config
         wanted = ["podman", "docker"] if cfg.binary == "auto" else [cfg.binary]
-        found = await self._sh(" || ".join(f"command -v {shlex.quote(b)}" for b in wanted) + " || true")
-        path = found.text().strip().splitlines()
-        if not path:
+        out = (await self._sh(_probe_script(wanted, disk=cfg.disk_limit_mb is not None))).text()
+        found, _, rest = out.partition("\n")
+        if not found.strip():
             raise RuntimeMissingError(f"no container runtime ({' or '.join(wanted)}) on "
                                       f"{self.runner.label}: {INSTALL_HINT}")
-        binary = path[0].rsplit("/", 1)[-1]
-        ver = await self._run([binary, "version", "--format", "{{.Client.Version}}"], check=False)
-        if not ver.ok:
-            raise RuntimeMissingError(f"`{binary}` does not work on {self.runner.label} "
-                                      f"({ver.describe()}); {INSTALL_HINT}")
-        facts = await self._sh(
-            "grep CapEff /proc/self/status | awk '{print $2}'; ulimit -Hn; "
-            "[ -e /sys/fs/cgroup/cgroup.controllers ] && echo v2 || echo v1; "
-            "command -v runc || echo; id -u; cat /proc/sys/user/max_user_namespaces 2>/dev/null || echo 0; "
-            "grep -c '^containers:' /etc/subuid 2>/dev/null || true; "
-            "command -v nsenter >/dev/null && command -v ip >/dev/null && echo netns || echo; "
-            "command -v nft >/dev/null && echo nft || echo; "
-            "command -v runsc >/dev/null && echo runsc || echo")
-        lines = facts.text().split("\n")
+        binary = found.strip().rsplit("/", 1)[-1]
+        version, _, rest = rest.partition("\n")
+        if version == "!":   # `version` failed: what it said follows
+            raise RuntimeMissingError(f"`{binary}` does not work on {self.runner.label} (`{binary} version` "
+                                      f"failed: {rest.strip()[-500:] or 'no output'}); {INSTALL_HINT}")
+        facts, _, disk = rest.partition(f"{PROBE_SECTION}\n")[2].partition(f"{PROBE_SECTION}\n")
+        lines = facts.split("\n")
         cap_hex, hard_nofile, cgroups, runc, uid, max_userns, subuid, netns, nft, runsc = (lines + [""] * 10)[:10]
         flags = runtime_flags(cfg.oci_runtime, binary=binary, cgroups_v2=cgroups == "v2",
                               has_runc=runc.strip() != "")
@@ -150,15 +145,11 @@ class ContainerRuntime:
         sandbox += SHM_ARGS
         quota = False
         if cfg.disk_limit_mb is not None:
-            if binary == "podman":
-                st = await self._run([binary, "info", "--format",
-                                      '{{.Store.GraphDriverName}} {{index .Store.GraphStatus "Backing Filesystem"}}'],
-                                     check=False)
-                quota = st.ok and st.text().split()[:2] == ["overlay", "xfs"]
+            quota = binary == "podman" and disk.split()[:2] == ["overlay", "xfs"]
             if quota:
                 sandbox += ["--storage-opt", f"size={cfg.disk_limit_mb}m"]
             sandbox += ["--ulimit", f"fsize={cfg.disk_limit_mb << 20}"]
-        self._info = RuntimeInfo(binary, ver.text().strip(), cgroups, tuple(flags), tuple(sandbox),
+        self._info = RuntimeInfo(binary, version.strip(), cgroups, tuple(flags), tuple(sandbox),
                                  userns, quota, netns.strip() == "netns", nft.strip() == "nft",
                                  runsc.strip() == "runsc")
         return self._info
@@ -454,3 +445,28 @@ class ContainerRuntime:
         if check and not res.ok:
             raise ContainerRuntimeError(f"on {self.runner.label}: {res.describe()}")
         return res
+
+
+def _probe_script(wanted: Sequence[str], *, disk: bool) -> str:
+    """The runtime probe's script (:meth:`ContainerRuntime.probe`).  It prints the first of
+    ``wanted`` found (nothing more when none is), then its version (or ``!`` and what
+    ``version`` said when it failed), then after a :data:`PROBE_SECTION` line the host facts,
+    one a line, and with ``disk`` after another the storage driver and its filesystem (a
+    podman disk quota needs overlay on xfs)."""
+    find = " || ".join(f"command -v {shlex.quote(b)}" for b in wanted)
+    version = """"$p" version --format '{{.Client.Version}}'"""
+    script = (f'p=$({find}) || exit 0; echo "$p"; '
+              f'v=$({version} 2>/dev/null) && echo "$v" || {{ echo "!"; {version} 2>&1 | tail -n 5; exit 0; }}; '
+              f"echo {PROBE_SECTION}; "
+              "grep CapEff /proc/self/status | awk '{print $2}'; ulimit -Hn; "
+              "[ -e /sys/fs/cgroup/cgroup.controllers ] && echo v2 || echo v1; "
+              "command -v runc || echo; id -u; cat /proc/sys/user/max_user_namespaces 2>/dev/null || echo 0; "
+              "grep -c '^containers:' /etc/subuid 2>/dev/null || true; "
+              "command -v nsenter >/dev/null && command -v ip >/dev/null && echo netns || echo; "
+              "command -v nft >/dev/null && echo nft || echo; "
+              "command -v runsc >/dev/null && echo runsc || echo")
+    if disk:
+        script += (f'; echo {PROBE_SECTION}; [ "${{p##*/}}" = podman ] && "$p" info --format '
+                   """'{{.Store.GraphDriverName}} {{index .Store.GraphStatus "Backing Filesystem"}}' """
+                   "2>/dev/null || true")
+    return script

@@ -18,6 +18,9 @@ from ..specs import check_number
 INSTALL_HINT = ("install podman: `apt-get install -y podman runc` (Debian/Ubuntu) or "
                 "`dnf install -y podman` (Fedora/RHEL); docker works too")
 
+#: the line between the sections of the runtime probe's one script (``ContainerRuntime.probe``)
+PROBE_SECTION = "--fm-probe--"
+
 # PID 1 of every sandbox container: sleeps, and exits at once on SIGTERM.
 IDLE_PID1 = 'trap "exit 0" TERM INT; while :; do sleep 86400 & wait $!; done'
 #: what PID 1 of a container started attached (``ContainerRuntime.start``) writes first

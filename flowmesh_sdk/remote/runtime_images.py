@@ -11,6 +11,7 @@ back (:mod:`.layershift`, run by the instance's ``python3``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -25,6 +26,16 @@ from .runtime_args import pull_error
 from .runtime_config import RuntimeConfig, RuntimeInfo
 
 log = logging.getLogger("flowmesh.remote.runtime")
+# A pull in one round trip (RuntimeImages.pull): nothing printed when the store has the image
+# already; else the pull (its stderr and exit status, when it fails), then "pulled" and the
+# image's sparse-files label and layer directories (_SPARSE_FORMAT) for _dig_holes.
+# Arguments: the runtime binary, the reference, that format, then the pull's own flags.
+PULL_SCRIPT = ('b=$1 ref=$2 fmt=$3; shift 3; '
+               '"$b" image inspect --format "{{.Id}}" "$ref" >/dev/null 2>&1 && exit 0; '
+               '"$b" pull --quiet "$@" "$ref" >/dev/null || exit; '
+               'echo pulled; "$b" image inspect --format "$fmt" "$ref" 2>/dev/null || true')
+_SPARSE_FORMAT = (f'{{{{index .Labels "{sparse.LABEL}"}}}}\n'
+                  "{{.GraphDriver.Data.UpperDir}}:{{.GraphDriver.Data.LowerDir}}")
 # run by the instance's python3 on a committed user-namespaced snapshot (see layershift.py)
 _LAYERSHIFT = (Path(__file__).parent / "layershift.py").read_text(encoding="utf-8")
 
@@ -66,18 +77,19 @@ class RuntimeImages:
         Errors are the SDK's: ImageNotFoundError, AuthError, ThrottledError (429) and
         RegistryUnavailableError (down, or a layer that failed its digest check), so the
         pull budget can retry what is worth retrying."""
-        if await self.image_inspect(ref) is not None:
-            return False
         info = await self.probe()
-        argv = [info.binary, "pull", "--quiet"]
-        if not tls_verify:
-            argv.append("--tls-verify=false")
+        flags = [] if tls_verify else ["--tls-verify=false"]
         if authfile:
-            argv += ["--authfile", authfile]
-        res = await self._run(argv + [ref], check=False, timeout_s=max(self.config.command_timeout_s, 900.0))
-        if not res.ok:
-            raise pull_error(ref, self.runner.label, res)
-        await self._dig_holes(ref)
+            flags += ["--authfile", authfile]
+        res = await self._run(["sh", "-c", PULL_SCRIPT, "sh", info.binary, ref, _SPARSE_FORMAT, *flags],
+                              check=False, timeout_s=max(self.config.command_timeout_s, 900.0))
+        if not res.ok:   # named as the pull it is (its stderr and exit status are the pull's)
+            raise pull_error(ref, self.runner.label,
+                             dataclasses.replace(res, argv=(info.binary, "pull", "--quiet", *flags, ref)))
+        pulled, _, inspected = res.text().partition("\n")
+        if pulled != "pulled":
+            return False   # the store had it
+        await self._dig_holes(ref, inspected)
         return True
 
     async def commit_and_push(self, container: str, local: str, remote: str, *,
@@ -126,18 +138,14 @@ class RuntimeImages:
             found = b"" if scan.timed_out else scan.stdout     # what find could read
         return sparse.encode(sparse.sparse_paths(found), sparse.decode(label.strip()))
 
-    async def _dig_holes(self, ref: str) -> None:
+    async def _dig_holes(self, ref: str, inspected: str) -> None:
         """Make the files a pulled snapshot names in its label sparse again in this
-        machine's store (podman wrote them in full); a failure leaves them as pulled."""
-        info = await self.probe()
-        res = await self._run([info.binary, "image", "inspect", "--format",
-                               f'{{{{index .Labels "{sparse.LABEL}"}}}}\n'
-                               "{{.GraphDriver.Data.UpperDir}}:{{.GraphDriver.Data.LowerDir}}", ref],
-                              check=False)
-        label, _, dirs = res.text().strip().partition("\n")
+        machine's store (podman wrote them in full); a failure leaves them as pulled.
+        ``inspected``: the image's ``_SPARSE_FORMAT`` (empty when that inspect failed)."""
+        label, _, dirs = inspected.strip().partition("\n")
         paths = sparse.decode(label.strip())
         layers = [d for d in dirs.split(":") if d.startswith("/")]
-        if not res.ok or not paths or not layers:
+        if not paths or not layers:
             return
         dug = await self.runner.run(["sh", "-c", sparse.DIG, "sh", *layers], input=b"\0".join(paths),
                                     timeout_s=max(self.config.command_timeout_s, 900.0))

@@ -26,15 +26,17 @@ from collections.abc import Sequence
 
 from flowmesh_sdk.errors import ProviderUnavailableError
 from flowmesh_sdk.remote.runner import Channel, CommandResult, Runner
-from flowmesh_sdk.remote.runtime_config import ATTACHED_UP
+from flowmesh_sdk.remote.runtime_config import ATTACHED_UP, PROBE_SECTION
+from flowmesh_sdk.remote.runtime_images import PULL_SCRIPT
 
 from .agent import AgentShell, EchoShell, FailedChannel, SimContainer
 from .network import Link, transfer
 
 __all__ = ["SimContainer", "SimMachine"]   # SimContainer lives in .agent now (beside the shells it holds)
 
-# CapEff, ulimit -Hn, cgroups, runc, uid, max user namespaces, subuid `containers` lines, nsenter+ip
-_PROBE_FACTS = "0000003fffffffff\n1048576\nv2\n/usr/bin/runc\n0\n63000\n0\nnetns\n"
+# the runtime probe's answer: podman's path and version, then CapEff, ulimit -Hn, cgroups, runc,
+# uid, max user namespaces, subuid `containers` lines, nsenter+ip (ContainerRuntime.probe)
+_PROBE = f"/usr/bin/podman\n4.3.1-sim\n{PROBE_SECTION}\n0000003fffffffff\n1048576\nv2\n/usr/bin/runc\n0\n63000\n0\nnetns\n"
 
 
 def _ok(argv: Sequence[str], out: str = "", rc: int = 0, err: str = "") -> CommandResult:
@@ -86,10 +88,16 @@ class SimMachine(Runner):
             return _ok(argv)
         if argv[:2] == ["sh", "-c"]:
             script = argv[2]
-            if "command -v" in script and "CapEff" not in script:
+            if script == PULL_SCRIPT:   # sh -c PULL_SCRIPT sh BINARY REF FORMAT [FLAGS]: inspect, else pull
+                ref = argv[5]
+                if self._digest(ref) in self.images:
+                    return _ok(argv)
+                res = await self._podman(["podman", "pull", ref])
+                return _ok(argv, "pulled\n\n") if res.ok else res
+            if PROBE_SECTION in script:
+                return _ok(argv, _PROBE)
+            if "command -v" in script:
                 return _ok(argv, "/usr/bin/podman\n")
-            if "CapEff" in script:
-                return _ok(argv, _PROBE_FACTS)
             return _ok(argv)
         if argv and argv[0] == "podman":
             return await self._podman(argv)
