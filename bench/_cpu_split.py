@@ -18,7 +18,9 @@ import signal
 from dataclasses import dataclass
 from types import FrameType
 
-_SIM = ("/providers/sim/", "/flowmesh_sdk/sim/")
+# the simulator's package is flowmesh_providers.sim, found under providers/ in a checkout (the
+# editable install) or as flowmesh_providers/ (a link to it, as in .typecheck/)
+_SIM = ("/providers/sim/", "/flowmesh_providers/sim/", "/flowmesh_sdk/sim/")
 _SDK = "/flowmesh_sdk/"
 _LOOP = "/flowmesh_sdk/sim/loop.py"
 _PASS = ("/flowmesh_sdk/clock.py",)   # helpers both sides call: they count for their caller
