@@ -59,8 +59,8 @@ from .runner import Channel, CommandResult, Runner
 from .runtime_args import _refuse, gvisor_run_args, pull_error, runtime_flags, ulimit_flags
 from .runtime_config import (_USERNS_MAP, ATTACHED_PID1, ATTACHED_UP, DEFAULT_USERNS_MAP, GVISOR_BASE_TASKS,
                              GVISOR_HINT, GVISOR_TASKS_PER_PROCESS, IDLE_PID1, INSTALL_HINT, LINK_LOCAL,
-                             PROBE_SECTION, SANDBOX_CAPABILITIES, SHM_ARGS, ContainerInfo, RuntimeConfig, RuntimeInfo,
-                             metadata_networks)
+                             PROBE_SECTION, SANDBOX_CAPABILITIES, SHM_ARGS, ContainerInfo, RuntimeConfig,
+                             RuntimeInfo, metadata_networks)
 from .runtime_images import RuntimeImages
 
 __all__ = ["DEFAULT_USERNS_MAP", "GVISOR_BASE_TASKS", "GVISOR_HINT", "GVISOR_TASKS_PER_PROCESS", "IDLE_PID1",

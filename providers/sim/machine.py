@@ -36,7 +36,8 @@ __all__ = ["SimContainer", "SimMachine"]   # SimContainer lives in .agent now (b
 
 # the runtime probe's answer: podman's path and version, then CapEff, ulimit -Hn, cgroups, runc,
 # uid, max user namespaces, subuid `containers` lines, nsenter+ip (ContainerRuntime.probe)
-_PROBE = f"/usr/bin/podman\n4.3.1-sim\n{PROBE_SECTION}\n0000003fffffffff\n1048576\nv2\n/usr/bin/runc\n0\n63000\n0\nnetns\n"
+_PROBE = (f"/usr/bin/podman\n4.3.1-sim\n{PROBE_SECTION}\n"
+          "0000003fffffffff\n1048576\nv2\n/usr/bin/runc\n0\n63000\n0\nnetns\n")
 
 
 def _ok(argv: Sequence[str], out: str = "", rc: int = 0, err: str = "") -> CommandResult:
