@@ -117,6 +117,24 @@ _AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "
 
 
 @pytest.fixture
+def recording_runner():
+    """A local runner that records each command it runs (``.calls``): how many round trips
+    an operation would cost on a remote machine."""
+    from flowmesh_sdk.remote.local import LocalRunner
+
+    class RecordingRunner(LocalRunner):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[list[str]] = []
+
+        async def run(self, argv, **kw):
+            self.calls.append(list(argv))
+            return await super().run(argv, **kw)
+
+    return RecordingRunner()
+
+
+@pytest.fixture
 def no_real_cloud(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No real credentials, no IMDS, no shared AWS config: nothing can reach a cloud."""
     for name in _AWS_ENV:

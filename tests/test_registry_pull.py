@@ -290,24 +290,17 @@ async def test_client_follows_the_bearer_token_challenge(busybox_image, anonymou
                 await client.resolve(ref)
 
 
-async def test_a_pull_is_one_round_trip_and_its_errors_name_the_pull(registry, busybox_image, tmp_path):
+async def test_a_pull_is_one_round_trip_and_its_errors_name_the_pull(registry, busybox_image, tmp_path,
+                                                                     recording_runner):
     """On a fresh machine each command is an SSH round trip: presence check, pull and the
     snapshot-label lookup go as one script.  Its failure reads as the pull's."""
-    from flowmesh_sdk.remote.local import LocalRunner
     from flowmesh_sdk.remote.runtime import ContainerRuntime
 
     ref, _ = make_image(registry, busybox_image, tmp_path, "oneshot")
-    runner = LocalRunner()
-    rt = ContainerRuntime(runner)
+    rt = ContainerRuntime(recording_runner)
     await rt.probe()
-    calls = []
-    run = runner.run
-
-    async def counted(argv, **kw):
-        calls.append(list(argv))
-        return await run(argv, **kw)
-
-    runner.run = counted
+    calls = recording_runner.calls
+    calls.clear()
     assert await rt.pull(ref, tls_verify=False) is True
     assert len(calls) == 1 and await rt.image_inspect(ref) is not None
     calls.clear()

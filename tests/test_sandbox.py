@@ -224,19 +224,11 @@ async def test_a_runtime_whose_version_fails_is_named_with_what_it_said(tmp_path
         await rt.probe()
 
 
-async def test_the_runtime_probe_is_one_round_trip():
+async def test_the_runtime_probe_is_one_round_trip(recording_runner):
     """Binary, version and host facts (and the storage driver, for a disk limit) in one
     command: each is a round trip over SSH on a fresh machine's bootstrap."""
-    runner = LocalRunner()
-    calls = []
-    run = runner.run
-
-    async def counted(argv, **kw):
-        calls.append(list(argv))
-        return await run(argv, **kw)
-
-    runner.run = counted
-    info = await ContainerRuntime(runner, RuntimeConfig(disk_limit_mb=100)).probe()
+    info = await ContainerRuntime(recording_runner, RuntimeConfig(disk_limit_mb=100)).probe()
+    calls = recording_runner.calls
     assert len(calls) == 1 and calls[0][:2] == ["sh", "-c"]
     assert info.binary == "podman" and info.version[:1].isdigit()
     assert f"fsize={100 << 20}" in " ".join(info.sandbox_flags)
