@@ -181,9 +181,7 @@ class ContainerRuntime:
         launch = await self._launch(name, spec, labels, image, attached=False)
         res = await self._run(launch.argv, check=False)
         if not res.ok:
-            # `run -d` can fail after creating the container (a workdir the image lacks,
-            # an OCI runtime error): remove it by name rather than leave it until drain.
-            await self._run([launch.binary, "rm", "-f", "-t", "0", "--ignore", name], check=False)
+            await self._remove_failed(launch, name)
             raise self._start_error(spec, res.describe(), res.stderr.decode("utf-8", "replace"))
         cid = res.text().strip().splitlines()[-1]
         try:
@@ -217,9 +215,8 @@ class ContainerRuntime:
                 raise self._start_error(spec, f"`{launch.binary} run -i ... {name}` ended: {err}", err)
             await self._confine(name, launch)
         except BaseException:
-            # as after a failed `run -d`: the container may exist (a workdir the image lacks)
             await chan.kill()
-            await self._run([launch.binary, "rm", "-f", "-t", "0", "--ignore", name], check=False)
+            await self._remove_failed(launch, name)
             raise
         return name, AttachedChannel(chan)
 
@@ -268,6 +265,11 @@ class ContainerRuntime:
             argv += ["--label", f"{k}={v}"]
         argv += ["--entrypoint", "/bin/sh", image or spec.image, "-c", ATTACHED_PID1 if attached else IDLE_PID1]
         return _Launch(info.binary, argv, block, allow, hosts)
+
+    async def _remove_failed(self, launch: _Launch, name: str) -> None:
+        """A start can fail after creating the container (a workdir the image lacks, an OCI
+        runtime error): remove it by name rather than leave it until drain."""
+        await self._run([launch.binary, "rm", "-f", "-t", "0", "--ignore", name], check=False)
 
     async def _confine(self, container: str, launch: _Launch) -> None:
         """The network rules of a started container (none without network), applied

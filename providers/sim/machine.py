@@ -97,8 +97,6 @@ class SimMachine(Runner):
                 return _ok(argv, "pulled\n\n") if res.ok else res
             if PROBE_SECTION in script:
                 return _ok(argv, _PROBE)
-            if "command -v" in script:
-                return _ok(argv, "/usr/bin/podman\n")
             return _ok(argv)
         if argv and argv[0] == "podman":
             return await self._podman(argv)
@@ -130,13 +128,6 @@ class SimMachine(Runner):
     # ---- podman ----------------------------------------------------------------------
     async def _podman(self, argv: list[str]) -> CommandResult:
         sub = argv[1] if len(argv) > 1 else ""
-        if sub == "version":
-            return _ok(argv, "4.3.1-sim\n")
-        if sub == "image" and argv[2:3] == ["inspect"]:
-            digest = self._digest(argv[-1])
-            if digest in self.images:
-                return _ok(argv, f"{digest} {digest}\n")
-            return _ok(argv, rc=125, err=f"Error: {argv[-1]}: image not known")
         if sub == "pull":
             ref = argv[-1]
             digest = self._digest(ref)
