@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,7 +152,10 @@ class Fleet:
         self._providers: dict[str, Provider] = dict(providers or {})
         self._owned: set[str] = set()   # loaded here, so closed here (the caller closes its own)
         self._provider_options = {k: dict(v) for k, v in (provider_options or {}).items()}
-        self._runtimes: dict[int, ContainerRuntime] = {}
+        # one runtime per runner while anything (an instance) holds it: a runtime holds its
+        # runner, so a live entry's id is never another runner's (issue 29: not one per
+        # instance ever launched, kept for the fleet's life)
+        self._runtimes: weakref.WeakValueDictionary[int, ContainerRuntime] = weakref.WeakValueDictionary()
         self._local_runner = LocalRunner()
         self._registry_creds = dict(registry_credentials or {})
         self._authfiles: dict[str, str | None] = {}

@@ -332,3 +332,49 @@ def test_warm_refills_wait_for_a_lull_in_the_takes_and_no_longer_than_their_cap(
     assert max(burst) <= last_take + quiet + 1.0                   # and soon after it (two at a time)
     assert stream and min(stream) <= t1 + cap + 1e-6               # the cap, under takes that never pause
     assert min(stream) >= t1 + cap - 1e-6                          # (and not before: no lull came)
+
+
+@pytest.mark.parametrize("mode", ["ephemeral", "persistent"])
+def test_finished_tasks_leave_no_reference_cycles_and_no_runtimes_behind(mode):
+    """What a task's journey made is freed when it ends, by reference counting: nothing of
+    it waits for the collector's full passes, which walk the coordinator's whole heap
+    (issue 29: a sandbox and its channels once held each other, and the fleet kept every
+    instance's runtime for its life).  The garbage is caught with ``DEBUG_SAVEALL``."""
+    import collections
+    import gc
+    import tempfile
+
+    from flowmesh_sdk.remote.runtime import ContainerRuntime
+    from flowmesh_sdk.sim.scenario import REGISTRY, sim_fleet
+    from flowmesh_sdk.specs import InstanceSpec, PoolSpec, SandboxSpec, Task
+
+    n = 24
+
+    async def main():
+        with tempfile.TemporaryDirectory(prefix="fm-sim-") as home:
+            async with sim_fleet(ec2((SMALL,)), {"sim/base:1": 10**8}, home=home) as (fleet, prov):
+                pool = await fleet.pool(PoolSpec(name="p", provider="ec2", mode=mode,
+                                                 instance=InstanceSpec(cpus=8, memory_gb=16), max_instances=n,
+                                                 sandboxes_per_instance=4 if mode == "persistent" else 1,
+                                                 warm_per_image=0))
+                sandbox = SandboxSpec(image=f"{REGISTRY}/sim/base:1", cpus=1, memory_gb=1)
+                tasks = [Task(name=f"t{i}", sandbox=sandbox, command="sim-work 10") for i in range(n)]
+                gc.collect()
+                gc.set_debug(gc.DEBUG_SAVEALL)
+                try:
+                    results = await pool.map(tasks)
+                    gc.collect()
+                    garbage = collections.Counter(f"{type(o).__module__}.{type(o).__qualname__}"
+                                                  for o in gc.garbage)
+                finally:
+                    gc.set_debug(0)
+                    gc.garbage.clear()
+                runtimes = sum(isinstance(o, ContainerRuntime) for o in gc.get_objects())
+                return results, garbage, runtimes, len(pool.instances)
+
+    results, garbage, runtimes, instances = run(main())
+    assert [r.ok for r in results] == [True] * n
+    assert garbage == collections.Counter(), garbage.most_common(10)
+    assert runtimes <= instances   # the live instances' own; none of those terminated
+    if mode == "ephemeral":
+        assert instances == 0       # each was terminated after its task

@@ -87,8 +87,13 @@ class ContainerRuntime:
         self._info: RuntimeInfo | None = None
         self._removals: list[tuple[list[str], asyncio.Future[None]]] = []   # waiting for the next rm
         self._remover: asyncio.Future[None] | None = None
-        # the image operations; they call back into this runtime's (possibly overridden) probe
-        self.image_ops = RuntimeImages(runner, self.config, self.probe, self._run)
+
+    @property
+    def image_ops(self) -> RuntimeImages:
+        """The image operations; they call back into this runtime's (possibly overridden)
+        probe.  Made per use, not kept: kept, they would hold this runtime in a reference
+        cycle, which only the collector's full passes free (issue 29)."""
+        return RuntimeImages(self.runner, self.config, self.probe, self._run)
 
     # ---- detection -------------------------------------------------------------
     async def probe(self) -> RuntimeInfo:

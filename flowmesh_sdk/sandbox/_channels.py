@@ -13,7 +13,6 @@ import asyncio
 import itertools
 import re
 import weakref
-from collections.abc import Callable
 
 from .. import clock
 from ..errors import SandboxClosedError, SandboxTimeout
@@ -50,13 +49,13 @@ class AgentChannels:
     calls at once (processes and urgent calls are not counted)."""
 
     def __init__(self, runtime: ContainerRuntime, container_id: str, name: str, *,
-                 agent: Callable[[], bytes], ids: itertools.count[int],
+                 spec: SandboxSpec, ids: itertools.count[int],
                  limit: int = EXEC_CHANNELS, shell: Channel | None = None) -> None:
         self.runtime = runtime
         self.container_id = container_id
         self.name = name
         self.limit = limit
-        self._agent = agent
+        self.spec = spec   # its agent's start script is written from it (agent_text)
         self._ids = ids
         self.idle: list[_Agent] = []
         self.exec_busy = 0
@@ -129,7 +128,7 @@ class AgentChannels:
         if chan is None:
             chan = await self.open_shell()
         try:
-            await chan.write(self._agent())
+            await chan.write(agent_text(self.spec))
             deadline = clock.monotonic() + 30.0
             while True:
                 try:

@@ -17,7 +17,7 @@ from ..errors import SandboxClosedError, SandboxFileError, SpecError
 from ..remote.runner import Channel
 from ..remote.runtime import ContainerRuntime
 from ..specs import ExecResult, SandboxSpec, check_number, frozen_env
-from ._channels import EXEC_CHANNELS, AgentChannels, agent_text
+from ._channels import EXEC_CHANNELS, AgentChannels
 from ._common import DEFAULT_OUTPUT_CAP, _Agent, _check_command, _check_path, _env_prefix, _result, sh_quote
 from .process import Process, _pump
 from .session import Session
@@ -46,7 +46,6 @@ class Sandbox:
         self.runtime = runtime
         self.container_id = container_id
         self.name = name
-        self.spec = spec
         self.instance_id = instance_id
         self.image_id = image_id
         self._start_lock = asyncio.Lock()
@@ -54,9 +53,20 @@ class Sandbox:
         self._sessions: dict[str, Session] = {}
         self._procs: set[Process] = set()
         self._tasks: set[asyncio.Task[object]] = set()
-        # the spec is read at each agent's start: a pool may hand a warm sandbox a new one
-        self._channels = AgentChannels(runtime, container_id, name, agent=lambda: agent_text(self.spec),
-                                       ids=self._ids, limit=EXEC_CHANNELS, shell=shell)
+        # the channels hold the spec (each agent's start reads it) and nothing holds the
+        # sandbox back: a closed sandbox is freed when its last reference goes, not left for
+        # the collector's full passes (issue 29)
+        self._channels = AgentChannels(runtime, container_id, name, spec=spec, ids=self._ids,
+                                       limit=EXEC_CHANNELS, shell=shell)
+
+    @property
+    def spec(self) -> SandboxSpec:
+        return self._channels.spec
+
+    @spec.setter
+    def spec(self, spec: SandboxSpec) -> None:
+        """A pool hands a warm sandbox the taker's spec (same shape: its env and timeouts)."""
+        self._channels.spec = spec
 
     def __repr__(self) -> str:
         return f"Sandbox({self.name}, image={self.spec.image!r}, instance={self.instance_id})"

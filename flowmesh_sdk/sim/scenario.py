@@ -148,18 +148,25 @@ class SimResolver(ImageResolver):
 
     def __init__(self, sizes: dict[str, int]) -> None:
         self.sizes = sizes           # image name -> bytes
+        # one ImageInfo per image, as the real resolvers' caches give (images.RegistryResolver)
+        self._resolved: dict[str, ImageInfo] = {}
 
     @staticmethod
     def digest(name: str) -> str:
         return "sha256:" + hashlib.sha256(name.encode()).hexdigest()
 
     async def resolve(self, image: str, *, arch: str = "x86_64") -> ImageInfo:
+        info = self._resolved.get(image)
+        if info is not None:
+            return info
         name = image.removeprefix(f"{REGISTRY}/")
         if name not in self.sizes:
             raise ImageNotFoundError(image, "not in the simulated registry")
         d = self.digest(name)
-        return ImageInfo(image=image, digest=d, run_ref=f"{REGISTRY}/{name.split(':')[0]}@{d}",
-                         registry=REGISTRY, layers=(LayerInfo(d, self.sizes[name]),))
+        info = self._resolved[image] = ImageInfo(image=image, digest=d,
+                                                 run_ref=f"{REGISTRY}/{name.split(':')[0]}@{d}",
+                                                 registry=REGISTRY, layers=(LayerInfo(d, self.sizes[name]),))
+        return info
 
 
 @contextlib.asynccontextmanager

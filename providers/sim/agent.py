@@ -21,6 +21,7 @@ jobs) is recorded here too; the machine is known through :class:`SimHost` only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -279,3 +280,7 @@ class AgentShell(SimChannel):
         for t in self._tasks:
             t.cancel()
         super().hang_up()
+        # its container no longer lists it: the two would otherwise hold each other until
+        # the collector's next full pass (issue 29: the coordinator's heap is what it walks)
+        with contextlib.suppress(ValueError):
+            self.container.channels.remove(self)

@@ -72,7 +72,7 @@ class SimMachine(Runner):
         """The machine vanishes: commands fail, open channels end."""
         self.alive = False
         for c in self.containers.values():
-            for ch in c.channels:
+            for ch in list(c.channels):
                 ch.hang_up()
 
     def _check(self) -> None:
@@ -149,7 +149,7 @@ class SimMachine(Runner):
             for cid in argv[2:]:
                 c = self.containers.pop(cid, None)
                 if c is not None:
-                    for ch in c.channels:
+                    for ch in list(c.channels):
                         ch.hang_up()
             return _ok(argv)
         if sub == "ps":
