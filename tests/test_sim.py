@@ -369,7 +369,9 @@ def test_finished_tasks_leave_no_reference_cycles_and_no_runtimes_behind(mode):
                 finally:
                     gc.set_debug(0)
                     gc.garbage.clear()
-                runtimes = sum(isinstance(o, ContainerRuntime) for o in gc.get_objects())
+                machines = {id(vm.machine) for vm in prov.vms.values()}   # this run's (not other tests')
+                runtimes = sum(isinstance(o, ContainerRuntime) and id(o.runner) in machines
+                               for o in gc.get_objects())
                 return results, garbage, runtimes, len(pool.instances)
 
     results, garbage, runtimes, instances = run(main())

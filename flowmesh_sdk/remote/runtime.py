@@ -38,8 +38,8 @@ A sandbox with ``kernel="gvisor"`` runs under gVisor's ``runsc`` (``--runtime ru
 Beside this module: :mod:`.runtime_config` (the settings, the probe's findings, the
 hardening constants), :mod:`.runtime_args` (the pure flag builders, :func:`pull_error`)
 and :mod:`.runtime_images` (:class:`RuntimeImages`, the image operations: a component each
-:class:`ContainerRuntime` owns as ``image_ops`` and forwards its image methods to); their names
-are importable from here too.
+:class:`ContainerRuntime` makes per use as ``image_ops`` and forwards its image methods
+to); their names are importable from here too.
 """
 
 from __future__ import annotations

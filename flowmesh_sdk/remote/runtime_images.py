@@ -1,12 +1,12 @@
 """The image half of :class:`~flowmesh_sdk.remote.runtime.ContainerRuntime`: look up,
 pull, commit and push (snapshots) and remove images.
 
-:class:`RuntimeImages` is a component that ``ContainerRuntime`` owns (its ``image_ops``)
-and forwards its image methods to; it is built with what it needs: the runner, the
-settings, the runtime's probe (for the binary and the user-namespace mapping) and the
-runtime's command-running callable.  Pulled snapshots get their sparse files back
-(:mod:`.sparse`); snapshots of a user-namespaced sandbox get their file owners shifted
-back (:mod:`.layershift`, run by the instance's ``python3``).
+:class:`RuntimeImages` is a component that ``ContainerRuntime`` makes for each image
+operation (its ``image_ops``) and forwards its image methods to; it is built with what it
+needs: the runner, the settings, the runtime's probe (for the binary and the
+user-namespace mapping) and the runtime's command-running callable.  Pulled snapshots get
+their sparse files back (:mod:`.sparse`); snapshots of a user-namespaced sandbox get their
+file owners shifted back (:mod:`.layershift`, run by the instance's ``python3``).
 """
 
 from __future__ import annotations

@@ -61,11 +61,12 @@ class Sandbox:
 
     @property
     def spec(self) -> SandboxSpec:
+        """The sandbox's spec; a pool hands a warm sandbox its taker's (the same shape, the
+        taker's env and timeouts), which the next agent started reads."""
         return self._channels.spec
 
     @spec.setter
     def spec(self, spec: SandboxSpec) -> None:
-        """A pool hands a warm sandbox the taker's spec (same shape: its env and timeouts)."""
         self._channels.spec = spec
 
     def __repr__(self) -> str:
