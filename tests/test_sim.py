@@ -380,3 +380,47 @@ def test_finished_tasks_leave_no_reference_cycles_and_no_runtimes_behind(mode):
     assert runtimes <= instances   # the live instances' own; none of those terminated
     if mode == "ephemeral":
         assert instances == 0       # each was terminated after its task
+
+
+def test_a_long_launch_holds_no_instance_whose_task_ended():
+    """An ephemeral pool's one launch for a batch is let out by the cloud's rate limit over
+    a long time; the instances whose tasks have ended are freed meanwhile, not held by the
+    launch until its last instance is up (issue 29: a 100,000-task launch held every
+    instance it had launched, with its runtime and bootstrap records, for 14 hours)."""
+    import gc
+    import tempfile
+
+    from flowmesh_sdk.descriptor import ApiRate
+    from flowmesh_sdk.pools.instance import ManagedInstance
+    from flowmesh_sdk.sim.scenario import REGISTRY, sim_fleet
+    from flowmesh_sdk.specs import InstanceSpec, PoolSpec, SandboxSpec, Task
+
+    n = 60
+    # 10 instances at once, then one a second: the launch of 60 lasts about 50 s; each boots in
+    # about 2 s and its task takes 5
+    cloud = unlimited("slow", (SMALL,), boot_median_s=2.0, boot_p90_s=3.0,
+                      rates=(ApiRate("launch", rate_per_s=1.0, burst=10, per_instance=True),))
+
+    async def main():
+        with tempfile.TemporaryDirectory(prefix="fm-sim-") as home:
+            async with sim_fleet(cloud, {"sim/base:1": 10**6}, home=home) as (fleet, prov):
+                pool = await fleet.pool(PoolSpec(name="p", provider="slow", mode="ephemeral",
+                                                 instance=InstanceSpec(cpus=8, memory_gb=16), max_instances=n))
+                sandbox = SandboxSpec(image=f"{REGISTRY}/sim/base:1", cpus=1, memory_gb=1)
+                tasks = [Task(name=f"t{i}", sandbox=sandbox, command="sim-work 5") for i in range(n)]
+                seen = []
+
+                def look():   # mid-launch: how many instances exist, how many the pool still has
+                    gc.collect()
+                    alive = [o for o in gc.get_objects() if isinstance(o, ManagedInstance) and o.provider is prov]
+                    seen.append((len(prov.vms), len(alive), len(pool.instances)))
+
+                asyncio.get_running_loop().call_later(40.0, look)
+                results = await pool.map(tasks)
+                return results, seen
+
+    results, seen = run(main())
+    assert [r.ok for r in results] == [True] * n
+    ((launched, alive, pooled),) = seen
+    assert 30 <= launched < n          # the launch was under way, many tasks already done
+    assert alive <= pooled + 2 < launched / 2   # the ended ones were freed (a call's own up to 2 aside)

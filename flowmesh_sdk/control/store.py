@@ -24,9 +24,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..catalog.profiles import profile
 from ..errors import StoreSchemaError
-from .events import TASK_END, Event, EventBus, EventKind
+from . import store_writes
+from .events import Event, EventBus
 from .rows import ChargeRow, DecisionRow, InstanceRow, PoolRow, ReuseRow, ReuseSummary, SpendRow, TaskRow
 
 log = logging.getLogger("flowmesh.store")
@@ -72,41 +72,6 @@ ALTER TABLE charges ADD COLUMN run TEXT;
 CREATE INDEX IF NOT EXISTS tasks_run ON tasks (run);""",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
-
-_INSTANCE_STATE = {
-    EventKind.INSTANCE_REQUESTED: "requested", EventKind.INSTANCE_RUNNING: "running",
-    EventKind.INSTANCE_READY: "ready", EventKind.INSTANCE_DRAINING: "draining",
-    EventKind.INSTANCE_FAILED: "failed", EventKind.INSTANCE_TERMINATED: "terminated",
-    EventKind.INSTANCE_STOPPED: "stopped", EventKind.INSTANCE_TERMINATING: "terminating",
-    EventKind.INSTANCE_TERMINATION_FAILED: "termination_failed",
-}
-# the instance events stamp their time in a column of its own (besides requested_at, set once)
-_INSTANCE_STAMP = {EventKind.INSTANCE_READY: "ready_at", EventKind.INSTANCE_TERMINATED: "terminated_at"}
-_INSTANCE_UPSERT = {
-    stamp: "INSERT INTO instances (id, fleet, pool, state, requested_at, detail, run"
-           + (f", {stamp}) VALUES (?,?,?,?,?,?,?,?)" if stamp else ") VALUES (?,?,?,?,?,?,?)")
-           + " ON CONFLICT(id) DO UPDATE SET state=excluded.state, detail=excluded.detail"
-           + (f", {stamp}=excluded.{stamp}" if stamp else "")
-    for stamp in (None, *_INSTANCE_STAMP.values())}
-# a task's end: its row (made by task.submitted, or here when that was not recorded) takes the outcome
-_TASK_END_UPSERT = (
-    "INSERT INTO tasks (id, fleet, pool, name, submitted_at, run, state, instance_id, exit_code, queued_s,"
-    " scheduling_s, env_startup_s, execution_s, teardown_s, finished_at, detail, tenant, cost, infra_failure)"
-    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET state=excluded.state,"
-    " instance_id=COALESCE(excluded.instance_id, instance_id), exit_code=excluded.exit_code,"
-    " queued_s=excluded.queued_s, scheduling_s=excluded.scheduling_s, env_startup_s=excluded.env_startup_s,"
-    " execution_s=excluded.execution_s, teardown_s=excluded.teardown_s, finished_at=excluded.finished_at,"
-    " detail=excluded.detail, tenant=excluded.tenant, cost=excluded.cost, infra_failure=excluded.infra_failure")
-_DECISIONS = {EventKind.LAUNCH_DECIDED: "decided", EventKind.LAUNCH_FAILOVER: "failover",
-              EventKind.LAUNCH_REFUSED: "refused"}
-_REUSE_OUTCOME = {
-    EventKind.REUSE_HIT: "hit", EventKind.REUSE_JOINED: "joined", EventKind.REUSE_EXECUTED: "executed",
-}
-_TASK_STATE = {
-    EventKind.TASK_SUCCEEDED: "succeeded", EventKind.TASK_FAILED: "failed",
-    EventKind.TASK_TIMED_OUT: "timed_out", EventKind.TASK_REJECTED: "rejected",
-    EventKind.TASK_CANCELLED: "cancelled",
-}
 
 
 class MetadataStore:
@@ -194,56 +159,7 @@ class MetadataStore:
             return
         c = self._conn()
         with c:
-            for ev in batch:
-                try:
-                    self._write(c, ev)
-                except (sqlite3.Error, ValueError) as exc:   # one bad event does not lose the batch
-                    log.warning("metadata store: could not record %s: %s", ev.kind.value, exc)
-
-    def _write(self, c: sqlite3.Connection, ev: Event) -> None:
-        if ev.kind is EventKind.POOL_CREATED:
-            c.execute("INSERT OR REPLACE INTO pools VALUES (?,?,?,?,NULL)",
-                      (ev.fleet, ev.pool, ev.detail, ev.at))
-        elif ev.kind is EventKind.POOL_DRAINED:
-            c.execute("UPDATE pools SET drained_at=? WHERE fleet=? AND name=?",
-                      (ev.at, ev.fleet, ev.pool))
-        elif ev.kind in _INSTANCE_STATE:
-            # one statement per event (an upsert): the row is made by whichever event comes first
-            stamp = _INSTANCE_STAMP.get(ev.kind)
-            c.execute(_INSTANCE_UPSERT[stamp],
-                      (ev.instance_id, ev.fleet, ev.pool, _INSTANCE_STATE[ev.kind], ev.at, ev.detail, ev.run,
-                       *((ev.at,) if stamp else ())))
-            if ev.kind is EventKind.INSTANCE_REQUESTED and ev.detail.startswith("{"):
-                d = json.loads(ev.detail)
-                provider = str(d.get("provider", ""))
-                c.execute("INSERT OR REPLACE INTO charges (id, fleet, pool, provider, region, type, spot,"
-                          " price_per_hour, billing_min_s, run) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                          (ev.instance_id, ev.fleet, ev.pool, provider, d.get("region"), d.get("type"),
-                           int(bool(d.get("spot"))), float(d.get("price_per_hour") or 0.0),
-                           profile(provider).billing_min_s, ev.run))
-        elif ev.kind in _DECISIONS:
-            c.execute("INSERT INTO decisions VALUES (?,?,?,?,?)",
-                      (ev.fleet, ev.pool, _DECISIONS[ev.kind], ev.detail, ev.at))
-        elif ev.kind is EventKind.TASK_SUBMITTED:
-            c.execute("INSERT OR REPLACE INTO tasks (id, fleet, pool, name, state, submitted_at, run)"
-                      " VALUES (?,?,?,?,'submitted',?,?)",
-                      (ev.task_id, ev.fleet, ev.pool, ev.task_name, ev.at, ev.run))
-        elif ev.kind is EventKind.TASK_STARTED:
-            c.execute("UPDATE tasks SET state='running', instance_id=? WHERE id=?",
-                      (ev.instance_id, ev.task_id))
-        elif ev.kind in TASK_END:
-            p = ev.phases
-            c.execute(_TASK_END_UPSERT,
-                      (ev.task_id, ev.fleet, ev.pool, ev.task_name, ev.at, ev.run, _TASK_STATE[ev.kind],
-                       ev.instance_id, ev.exit_code, p.queued if p else None, p.scheduling if p else None,
-                       p.env_startup if p else None, p.execution if p else None,
-                       p.teardown if p else None, ev.at, ev.detail, ev.tenant, ev.cost, ev.infra_failure))
-        elif ev.kind in _REUSE_OUTCOME:
-            d = json.loads(ev.detail or "{}")
-            c.execute("INSERT OR REPLACE INTO reuse VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                      (ev.task_id, ev.fleet, ev.pool, ev.task_name, _REUSE_OUTCOME[ev.kind],
-                       d.get("h_task"), d.get("tenant"), d.get("workflow"), d.get("result"),
-                       d.get("computed_by"), d.get("saved_s"), ev.at))
+            store_writes.write(c, batch)   # a few multi-row statements, not one per event
 
     # ---- reading ---------------------------------------------------------------
     def _query(self, sql: str, args: tuple = ()) -> list[tuple]:

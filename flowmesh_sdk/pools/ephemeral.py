@@ -86,7 +86,10 @@ class EphemeralPool(MachinePool):
         container = self._requests.pop(key, None)
         if not batch:
             return
-        queue = collections.deque(batch)
+        # the futures go out of the queue as they are handed an instance (a future keeps its
+        # result: a list of them would hold every instance of a long launch until its end)
+        queue, asked = collections.deque(batch), len(batch)
+        del batch
 
         def hand_out(mi: ManagedInstance) -> None:
             """An instance is READY: it goes to the next task still waiting."""
@@ -99,7 +102,7 @@ class EphemeralPool(MachinePool):
 
         error: FlowMeshError | None = None
         try:
-            await self.machines.launch(len(batch), on_ready=hand_out, container=container)   # what fits, >= 1
+            await self.machines.launch(asked, on_ready=hand_out, container=container)   # what fits, >= 1
         except (CapacityError, BudgetExceededError) as exc:
             error = exc
         except BaseException as exc:
@@ -120,7 +123,7 @@ class EphemeralPool(MachinePool):
             self._publish(EventKind.POOL_SCALED, detail=f"{len(left)} task(s) wait for capacity "
                                                          f"({self._live()} instance(s) live)")
             return
-        failure = error or CapacityError(f"pool {self.name!r}: {len(batch)} instances asked, fewer came up",
+        failure = error or CapacityError(f"pool {self.name!r}: {asked} instances asked, fewer came up",
                                          code="PartialLaunch")
         for fut in left:
             fut.set_exception(failure)

@@ -109,7 +109,7 @@ class Launcher:
 
     async def launch(self, count: int, *, replace: bool = True,
                      on_ready: Callable[[ManagedInstance], None] | None = None,
-                     container: ContainerRequest | None = None) -> list[ManagedInstance]:
+                     container: ContainerRequest | None = None) -> int:
         """Launch ``count`` instances' worth of slots of the best offer, in the calls
         :meth:`Provisioner.launch_sizes` plans (they go out together; the rate limits space
         them), each filled down the ranked offers (:meth:`_fill`), cut to what the budgets
@@ -118,7 +118,11 @@ class Launcher:
         terminated and, with ``replace``, launched again once (not for an image their
         machine could not pull: another would fail the same way).  ``container``: what an
         instance that is a container runs (an ephemeral pool's task image and sandbox).
-        Returns the READY ones; raises only when none came up."""
+        Returns how many became READY; raises only when none came up.
+
+        The instances reach the caller only through ``on_ready``: the launch keeps none of
+        them, so an instance that has ended is freed while the rest of a long launch (a
+        burst of 100,000 let out by a cloud's rate limit over hours) is still coming up."""
         usable, fit = self._affordable(count)
         count = min(count, fit)
         best = usable[0]
@@ -130,7 +134,7 @@ class Launcher:
         log.info("pool %s: %s", self.pool, decision.explain())
         results = await asyncio.gather(*(self._fill(n * best.slots, usable, on_ready, container) for n in sizes),
                                        return_exceptions=True)
-        ready = [mi for r in results if not isinstance(r, BaseException) for mi in r[0]]
+        ready = sum(r[0] for r in results if not isinstance(r, BaseException))
         errors = [e for r in results for e in ([r] if isinstance(r, BaseException) else r[1])]
         failed_boot = sum(not isinstance(e, ImageNotFoundError) for r in results if not isinstance(r, BaseException)
                           for e in r[1])
@@ -149,13 +153,13 @@ class Launcher:
 
     async def _fill(self, slots: int, usable: Sequence[Candidate],
                     on_ready: Callable[[ManagedInstance], None] | None, container: ContainerRequest | None = None
-                    ) -> tuple[list[ManagedInstance], list[BaseException]]:
+                    ) -> tuple[int, list[BaseException]]:
         """Launch instances holding ``slots`` sandboxes down the ranked offers
         (:meth:`Provisioner.fill`: the one walk, its failovers and halving), each call within
         the pool's ``max_instances`` and budgets, each instance brought up while the rest
-        launch.  Returns (READY instances, bootstrap errors); raises only when not one
+        launch.  Returns (how many became READY, bootstrap errors); raises only when not one
         instance launched."""
-        bring_ups: list[asyncio.Future[tuple[list[ManagedInstance], list[BaseException]]]] = []
+        bring_ups: list[asyncio.Future[tuple[int, list[BaseException]]]] = []
         slots_of = {id(c.offer): c for c in usable}   # by identity: the offers handed to fill
 
         async def take(offer: Offer, n: int) -> int:
@@ -176,7 +180,7 @@ class Launcher:
             for b in bring_ups:
                 b.cancel()
             raise
-        ready: list[ManagedInstance] = []
+        ready = 0
         boot_errors: list[BaseException] = []
         try:
             for got, errs in await asyncio.gather(*bring_ups):
@@ -242,13 +246,13 @@ class Launcher:
         return managed
 
     async def _bring_up(self, managed: list[ManagedInstance], on_ready: Callable[[ManagedInstance], None] | None
-                        ) -> tuple[list[ManagedInstance], list[BaseException]]:
+                        ) -> tuple[int, list[BaseException]]:
         """Wait until each of one call's instances runs, bootstrap it, hand it to
-        ``on_ready``: (READY instances, bootstrap errors)."""
+        ``on_ready``: (how many became READY, bootstrap errors)."""
         provider = managed[0].provider
         running = {mi.id: asyncio.get_running_loop().create_future() for mi in managed}
 
-        async def bring_up(mi: ManagedInstance) -> ManagedInstance:
+        async def bring_up(mi: ManagedInstance) -> None:
             try:
                 await running[mi.id]
             except BaseException:
@@ -257,7 +261,6 @@ class Launcher:
             await self._bootstrap(mi)
             if on_ready is not None:
                 on_ready(mi)
-            return mi
 
         poller = asyncio.ensure_future(self._await_running(provider, managed, running))
         try:
@@ -267,8 +270,8 @@ class Launcher:
         for r in results:
             if isinstance(r, asyncio.CancelledError):
                 raise r
-        return ([r for r in results if not isinstance(r, BaseException)],
-                [r for r in results if isinstance(r, BaseException)])
+        errors = [r for r in results if isinstance(r, BaseException)]
+        return len(results) - len(errors), errors
 
     def _launch_spec(self, offer: Offer) -> InstanceSpec:
         """The instance size to ask a provider for: the pool's fixed size, or (when the bidder

@@ -106,9 +106,9 @@ class Machines:
 
     async def launch(self, count: int, *, replace: bool = True,
                      on_ready: Callable[[ManagedInstance], None] | None = None,
-                     container: ContainerRequest | None = None) -> list[ManagedInstance]:
+                     container: ContainerRequest | None = None) -> int:
         """Launch ``count`` instances' worth of slots, bring them up, hand each to ``on_ready``
-        the moment it is READY: :meth:`.launching.Launcher.launch`."""
+        the moment it is READY; how many became READY: :meth:`.launching.Launcher.launch`."""
         return await self.launcher.launch(count, replace=replace, on_ready=on_ready, container=container)
 
     def _became_ready(self, mi: ManagedInstance) -> None:

@@ -170,7 +170,7 @@ class PersistentPool(MachinePool):
             self._pending += n
             self._spawn(self._scale_up(n))
 
-    async def _launch_counted(self, n: int) -> list[ManagedInstance]:
+    async def _launch_counted(self, n: int) -> int:
         """``_launch(n)``, the ``n`` already counted in ``_pending`` by the caller (so that
         scaling decisions taken meanwhile see them): each leaves the count when READY (and
         the waiters are woken at once) or when it failed."""
@@ -191,8 +191,7 @@ class PersistentPool(MachinePool):
         self._publish(EventKind.POOL_SCALED, detail=f"+{n} (live {self._live()} of max "
                                                      f"{self.spec.max_instances})")
         try:
-            ready = await self._launch_counted(n)
-            if len(ready) < n:
+            if await self._launch_counted(n) < n:
                 self._blocked_until = clock.monotonic() + LAUNCH_BACKOFF_S
             self._launch_error = None
         except Exception as exc:  # noqa: BLE001 - reported to the waiters

@@ -159,7 +159,8 @@ class WarmPodPool(EphemeralPool):
         """One more stocked instance of ``shape`` (its ``launching`` already counts it);
         ``strict``: a failure raises (at start), else it is logged and the shape backs off."""
         try:
-            ready = await self.machines.launch(1, container=shape.request)
+            ready: list[ManagedInstance] = []
+            await self.machines.launch(1, container=shape.request, on_ready=ready.append)
             for mi in ready:
                 mi.active = 1        # not idle: it holds its sandbox
                 try:

@@ -1,0 +1,183 @@
+"""How the metadata store (:mod:`.store`) writes a batch of events, on its writer thread.
+
+Each event becomes a row of one of a few statements: a pool's creation or drain, an
+instance's upsert, its charge, a launch decision, a task's submission, start or end, a
+reuse outcome.  :func:`write` groups a batch's rows by statement and writes each group as
+multi-row statements of up to :data:`CHUNK` rows (what is left over in chunks of the powers
+of two, whose statements SQLite keeps prepared), the groups in an order that keeps every
+row's history (a task's submission before its start before its end; an instance's events
+in the order they came).  A pool's rows, a few in a fleet's life, are written one by one in
+the order they came (a pool drained and made again in one batch ends up not drained).
+
+Why not one statement per event: SQLite lets go of Python's GIL while it steps a
+statement, and the writer thread must then win the GIL back from the event loop's thread.
+It waits at least the interpreter's switch interval (5 ms), and longer while the loop's
+thread lets go of the GIL briefly and takes it back (each poll of its selector restarts
+that wait): 57 ms a statement on average beside the simulator's never-idle loop.  With one
+statement per event the writer's queue grew without bound (a million events held 12 hours
+into a 100,000-task run on the simulator, issue 29: memory, and what a crash would lose);
+with a statement per chunk of rows it holds a fifth as many at 10,000 tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from ..catalog.profiles import profile
+from .events import TASK_END, Event, EventKind
+
+log = logging.getLogger("flowmesh.store")
+
+CHUNK = 1024   # most rows in one statement (fewer where SQLite allows fewer variables)
+
+_INSTANCE_STATE = {
+    EventKind.INSTANCE_REQUESTED: "requested", EventKind.INSTANCE_RUNNING: "running",
+    EventKind.INSTANCE_READY: "ready", EventKind.INSTANCE_DRAINING: "draining",
+    EventKind.INSTANCE_FAILED: "failed", EventKind.INSTANCE_TERMINATED: "terminated",
+    EventKind.INSTANCE_STOPPED: "stopped", EventKind.INSTANCE_TERMINATING: "terminating",
+    EventKind.INSTANCE_TERMINATION_FAILED: "termination_failed",
+}
+_DECISIONS = {EventKind.LAUNCH_DECIDED: "decided", EventKind.LAUNCH_FAILOVER: "failover",
+              EventKind.LAUNCH_REFUSED: "refused"}
+_REUSE_OUTCOME = {
+    EventKind.REUSE_HIT: "hit", EventKind.REUSE_JOINED: "joined", EventKind.REUSE_EXECUTED: "executed",
+}
+_TASK_STATE = {
+    EventKind.TASK_SUCCEEDED: "succeeded", EventKind.TASK_FAILED: "failed",
+    EventKind.TASK_TIMED_OUT: "timed_out", EventKind.TASK_REJECTED: "rejected",
+    EventKind.TASK_CANCELLED: "cancelled",
+}
+
+
+@dataclass(frozen=True)
+class _Statement:
+    """A statement written for many rows at once: ``head``, the row placeholders repeated
+    (comma-separated), ``tail``.  ``key``: for an UPDATE whose rows are joined on these
+    columns of the row, a batch keeps only the last row per key (a join with two rows
+    for one target would take either)."""
+
+    name: str
+    head: str
+    row: str
+    tail: str = ""
+    key: tuple[int, ...] = ()
+
+    @property
+    def width(self) -> int:
+        return self.row.count("?")
+
+    def sql(self, rows: int) -> str:
+        return f"{self.head} {','.join([self.row] * rows)}{self.tail}"
+
+
+# a pool's rows: written first, one by one, in the order they came
+_POOL = _Statement("pool", "INSERT OR REPLACE INTO pools VALUES", "(?,?,?,?,NULL)")
+_DRAINED = _Statement("drained", "UPDATE pools SET drained_at = v.column2 FROM (VALUES", "(?,?,?)",
+                      ") AS v WHERE pools.fleet = v.column1 AND pools.name = v.column3")
+# then the rest, grouped, in this order: each row's history is kept (see the module docstring)
+# an instance's every event: the row is made by whichever comes first (requested_at is its time);
+# ready_at and terminated_at are set by their own events and kept by the others
+_INSTANCE = _Statement(
+    "instance", "INSERT INTO instances (id, fleet, pool, state, requested_at, detail, run, ready_at,"
+    " terminated_at) VALUES", "(?,?,?,?,?,?,?,?,?)",
+    " ON CONFLICT(id) DO UPDATE SET state=excluded.state, detail=excluded.detail,"
+    " ready_at=COALESCE(excluded.ready_at, ready_at), terminated_at=COALESCE(excluded.terminated_at, terminated_at)")
+_CHARGE = _Statement("charge", "INSERT OR REPLACE INTO charges (id, fleet, pool, provider, region, type, spot,"
+                     " price_per_hour, billing_min_s, run) VALUES", "(?,?,?,?,?,?,?,?,?,?)")
+_DECISION = _Statement("decision", "INSERT INTO decisions VALUES", "(?,?,?,?,?)")
+_SUBMITTED = _Statement("submitted", "INSERT OR REPLACE INTO tasks (id, fleet, pool, name, state, submitted_at,"
+                        " run) VALUES", "(?,?,?,?,'submitted',?,?)")
+_STARTED = _Statement("started", "UPDATE tasks SET state='running', instance_id = v.column2 FROM (VALUES",
+                      "(?,?)", ") AS v WHERE tasks.id = v.column1", key=(0,))
+# a task's end: its row (made by task.submitted, or here when that was not recorded) takes the outcome
+_ENDED = _Statement(
+    "ended", "INSERT INTO tasks (id, fleet, pool, name, submitted_at, run, state, instance_id, exit_code, queued_s,"
+    " scheduling_s, env_startup_s, execution_s, teardown_s, finished_at, detail, tenant, cost, infra_failure)"
+    " VALUES", "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+    " ON CONFLICT(id) DO UPDATE SET state=excluded.state,"
+    " instance_id=COALESCE(excluded.instance_id, instance_id), exit_code=excluded.exit_code,"
+    " queued_s=excluded.queued_s, scheduling_s=excluded.scheduling_s, env_startup_s=excluded.env_startup_s,"
+    " execution_s=excluded.execution_s, teardown_s=excluded.teardown_s, finished_at=excluded.finished_at,"
+    " detail=excluded.detail, tenant=excluded.tenant, cost=excluded.cost, infra_failure=excluded.infra_failure")
+_REUSE = _Statement("reuse", "INSERT OR REPLACE INTO reuse VALUES", "(?,?,?,?,?,?,?,?,?,?,?,?)")
+_ORDER = (_INSTANCE, _CHARGE, _DECISION, _SUBMITTED, _STARTED, _ENDED, _REUSE)
+
+_Row = tuple[object, ...]
+
+
+def write(c: sqlite3.Connection, events: Iterable[Event]) -> None:
+    """Write ``events`` (in the order they happened) in the current transaction.  An event
+    that cannot be recorded is logged and skipped: it does not lose the rest."""
+    rows: dict[str, dict[object, tuple[str, _Row]]] = {s.name: {} for s in _ORDER}
+    for i, ev in enumerate(events):
+        try:
+            for stmt, row in _rows(ev):
+                if stmt is _POOL or stmt is _DRAINED:
+                    _execute(c, stmt, [(ev.kind.value, row)])
+                else:   # a keyed UPDATE keeps the last row per key; the rest keep every row, in order
+                    rows[stmt.name][tuple(row[j] for j in stmt.key) if stmt.key else i] = (ev.kind.value, row)
+        except ValueError as exc:
+            log.warning("metadata store: could not record %s: %s", ev.kind.value, exc)
+    most = c.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    for stmt in _ORDER:
+        todo = list(rows[stmt.name].values())
+        size = CHUNK
+        while size > 1 and size * stmt.width > most:
+            size //= 2
+        while todo:
+            while size > len(todo):
+                size //= 2   # what is left goes in chunks of the powers of two: a few statements
+            chunk, todo = todo[:size], todo[size:]
+            _execute(c, stmt, chunk)
+
+
+def _execute(c: sqlite3.Connection, stmt: _Statement, chunk: Sequence[tuple[str, _Row]]) -> None:
+    try:
+        c.execute(stmt.sql(len(chunk)), [v for _, row in chunk for v in row])
+    except (sqlite3.Error, ValueError, OverflowError) as exc:
+        if len(chunk) == 1:
+            log.warning("metadata store: could not record %s: %s", chunk[0][0], exc)
+            return
+        for one in chunk:   # one bad row does not lose the others
+            _execute(c, stmt, [one])
+
+
+def _rows(ev: Event) -> Iterator[tuple[_Statement, _Row]]:
+    """The statements' rows that record ``ev`` (none for an event the store does not keep);
+    a row made before a ValueError (an instance's, before its charge's detail) is kept."""
+    kind = ev.kind
+    if kind in _INSTANCE_STATE:
+        yield _INSTANCE, (ev.instance_id, ev.fleet, ev.pool, _INSTANCE_STATE[kind], ev.at, ev.detail, ev.run,
+                          ev.at if kind is EventKind.INSTANCE_READY else None,
+                          ev.at if kind is EventKind.INSTANCE_TERMINATED else None)
+        if kind is EventKind.INSTANCE_REQUESTED and ev.detail.startswith("{"):
+            d = json.loads(ev.detail)
+            provider = str(d.get("provider", ""))
+            yield _CHARGE, (ev.instance_id, ev.fleet, ev.pool, provider, d.get("region"), d.get("type"),
+                            int(bool(d.get("spot"))), float(d.get("price_per_hour") or 0.0),
+                            profile(provider).billing_min_s, ev.run)
+    elif kind is EventKind.TASK_SUBMITTED:
+        yield _SUBMITTED, (ev.task_id, ev.fleet, ev.pool, ev.task_name, ev.at, ev.run)
+    elif kind is EventKind.TASK_STARTED:
+        yield _STARTED, (ev.task_id, ev.instance_id)
+    elif kind in TASK_END:
+        p = ev.phases
+        yield _ENDED, (ev.task_id, ev.fleet, ev.pool, ev.task_name, ev.at, ev.run, _TASK_STATE[kind],
+                       ev.instance_id, ev.exit_code, p.queued if p else None, p.scheduling if p else None,
+                       p.env_startup if p else None, p.execution if p else None,
+                       p.teardown if p else None, ev.at, ev.detail, ev.tenant, ev.cost, ev.infra_failure)
+    elif kind in _DECISIONS:
+        yield _DECISION, (ev.fleet, ev.pool, _DECISIONS[kind], ev.detail, ev.at)
+    elif kind in _REUSE_OUTCOME:
+        d = json.loads(ev.detail or "{}")
+        yield _REUSE, (ev.task_id, ev.fleet, ev.pool, ev.task_name, _REUSE_OUTCOME[kind],
+                       d.get("h_task"), d.get("tenant"), d.get("workflow"), d.get("result"),
+                       d.get("computed_by"), d.get("saved_s"), ev.at)
+    elif kind is EventKind.POOL_CREATED:
+        yield _POOL, (ev.fleet, ev.pool, ev.detail, ev.at)
+    elif kind is EventKind.POOL_DRAINED:
+        yield _DRAINED, (ev.fleet, ev.at, ev.pool)
