@@ -14,9 +14,9 @@ statement, and the writer thread must then win the GIL back from the event loop'
 It waits at least the interpreter's switch interval (5 ms), and longer while the loop's
 thread lets go of the GIL briefly and takes it back (each poll of its selector restarts
 that wait): 57 ms a statement on average beside the simulator's never-idle loop.  With one
-statement per event the writer's queue grew without bound (a million events held 12 hours
+statement per event the writer's queue grew without bound (912,278 events held 12.5 hours
 into a 100,000-task run on the simulator, issue 29: memory, and what a crash would lose);
-with a statement per chunk of rows it holds a fifth as many at 10,000 tasks.
+with a statement per chunk of rows it holds a fifth as many on average at 10,000 tasks.
 """
 
 from __future__ import annotations
