@@ -21,6 +21,7 @@ with a statement per chunk of rows it holds a fifth as many on average at 10,000
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sqlite3
@@ -71,7 +72,13 @@ class _Statement:
         return self.row.count("?")
 
     def sql(self, rows: int) -> str:
-        return f"{self.head} {','.join([self.row] * rows)}{self.tail}"
+        return _sql(self, rows)
+
+
+@functools.cache
+def _sql(stmt: _Statement, rows: int) -> str:
+    """The statement for ``rows`` rows, made once (the chunk sizes are a few powers of two)."""
+    return f"{stmt.head} {','.join([stmt.row] * rows)}{stmt.tail}"
 
 
 # a pool's rows: written first, one by one, in the order they came
@@ -128,11 +135,12 @@ def write(c: sqlite3.Connection, events: Iterable[Event]) -> None:
         size = CHUNK
         while size > 1 and size * stmt.width > most:
             size //= 2
-        while todo:
-            while size > len(todo):
+        start = 0
+        while start < len(todo):
+            while size > len(todo) - start:
                 size //= 2   # what is left goes in chunks of the powers of two: a few statements
-            chunk, todo = todo[:size], todo[size:]
-            _execute(c, stmt, chunk)
+            _execute(c, stmt, todo[start:start + size])
+            start += size
 
 
 def _execute(c: sqlite3.Connection, stmt: _Statement, chunk: Sequence[tuple[str, _Row]]) -> None:
