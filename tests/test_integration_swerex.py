@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import signal
 import subprocess
 import sys
 
@@ -186,9 +187,16 @@ async def any_deployment(request, pool, busybox_image, swe_image):
 
 @pytest.fixture
 async def rex_local():
-    """SWE-ReX's own LocalRuntime with a bash session on this machine: the reference."""
-    rt = LocalRuntime()
-    await rt.create_session(CreateBashSessionRequest(startup_timeout=30))
+    """SWE-ReX's own LocalRuntime with a bash session on this machine: the reference.  Its
+    bash is started with SIGINT handled as at a terminal: a suite run as a background job
+    inherits SIGINT ignored, and the programs of a bash started so could not be interrupted
+    (the reference's Ctrl-C would fall back to ^Z and kill)."""
+    was = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        rt = LocalRuntime()
+        await rt.create_session(CreateBashSessionRequest(startup_timeout=30))
+    finally:
+        signal.signal(signal.SIGINT, was)
     yield rt
     await rt.close()
 
