@@ -171,9 +171,9 @@ class PersistentPool(MachinePool):
             self._spawn(self._scale_up(n))
 
     async def _launch_counted(self, n: int) -> int:
-        """``_launch(n)``, the ``n`` already counted in ``_pending`` by the caller (so that
-        scaling decisions taken meanwhile see them): each leaves the count when READY (and
-        the waiters are woken at once) or when it failed."""
+        """Launch ``n``, already counted in ``_pending`` by the caller (so that scaling
+        decisions taken meanwhile see them): each leaves the count when READY (and the
+        waiters are woken at once) or when it failed.  Returns how many became READY."""
         left = [n]
 
         def ready(mi: ManagedInstance) -> None:
