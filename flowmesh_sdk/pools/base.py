@@ -303,12 +303,15 @@ class MachinePool(Pool):
             lost = (not run.cancelled and isinstance(exc, FlowMeshError) and inst is not None
                     and await self.machines.lost(inst, exc))
             redispatch = lost and run.attempts_left > 0
+            gone = (InstanceLost(f"instance {inst.id} was lost under task {name}: {inst.loss_detail or exc}")
+                    if lost and inst is not None else None)   # lost is never true without an instance
             if not redispatch:
-                run.error = run.error or ("cancelled" if run.cancelled else f"{type(exc).__name__}: {exc}")
+                ended = gone or exc
+                run.error = run.error or ("cancelled" if run.cancelled else f"{type(ended).__name__}: {ended}")
                 if not run.cancelled:
                     run.failure = infra_failure(exc, inst, started=started)
-            if lost and inst is not None:   # lost is never true without an instance
-                raise InstanceLost(f"instance {inst.id} was lost under task {name}: {exc}") from exc
+            if gone is not None:
+                raise gone from exc
             raise
         finally:
             try:

@@ -60,6 +60,7 @@ class ManagedInstance:
         self.wanted: dict[str, int] = {}      # digest -> sandboxes being made from it (not evictable)
         self.bootstrap: BootstrapReport | None = None
         self.loss: InfraFailure | None = None   # why it was given up, once it was (what its tasks report)
+        self.loss_detail = ""                   # ... in words (the first give-up's detail)
         self.loss_check: asyncio.Future[object] | None = None   # asking its provider whether it was preempted
 
     def __repr__(self) -> str:

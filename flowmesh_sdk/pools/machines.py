@@ -142,9 +142,9 @@ class Machines:
         try:
             await mi.runtime.runner.probe(30.0)
             return False
-        except (FlowMeshError, OSError):
-            pass
-        self.give_up(mi, f"lost: {type(exc).__name__}: {exc}", failure=await self._why_gone(mi))
+        except (FlowMeshError, OSError) as probed:   # its provider's word (evicted, ...) when it has one
+            why = probed if isinstance(probed, InstanceLost) else exc
+        self.give_up(mi, f"lost: {type(why).__name__}: {why}", failure=await self._why_gone(mi))
         return True
 
     async def _why_gone(self, mi: ManagedInstance) -> InfraFailure:
@@ -188,6 +188,7 @@ class Machines:
         ask = failure is None and mi.loss is None and mi.offer is not None and mi.offer.spot
         if mi.loss is None:
             mi.loss = failure or InfraFailure.INSTANCE_LOST
+            mi.loss_detail = detail
         for sb in self._held.pop(mi.id, ()):
             sb.abort(InstanceLost(f"instance {mi.id} was given up: {detail}",
                                   preempted=mi.loss is InfraFailure.PREEMPTED))

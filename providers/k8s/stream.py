@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from flowmesh_sdk.errors import ProviderUnavailableError, SandboxClosedError
+from flowmesh_sdk.errors import FlowMeshError, ProviderUnavailableError, SandboxClosedError
 from flowmesh_sdk.remote.runner import Channel, CommandResult, Runner, StreamChannel
 
 from .pods import CONTAINER
@@ -242,6 +242,28 @@ class PodRunner(Runner):
 
     async def wait_reachable(self, timeout_s: float) -> None:
         await self._ready(timeout_s)
+
+    async def probe(self, timeout_s: float) -> None:
+        """:meth:`Runner.probe`; when ``true`` does not run, the watch's word on the pod within
+        what is left of ``timeout_s``: its loss (``InstanceLost`` naming the kubelet's reason:
+        evicted, preempted, node lost) rather than a bare refusal.  The kubelet stops the
+        container before it reports the pod failed: a probe can come between the two."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            await super().probe(timeout_s)
+        except ProviderUnavailableError as exc:
+            if self._lost is not None:
+                raise self._lost from exc
+            if self._why_cut is None:
+                raise
+            try:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    verdict = await self._why_cut()
+            except (TimeoutError, FlowMeshError):
+                raise exc from None
+            if verdict is None:
+                raise
+            raise verdict from exc
 
     async def open_channel(self, argv: Sequence[str]) -> Channel:
         return await self._open(argv)

@@ -174,6 +174,30 @@ async def test_a_task_whose_pod_is_evicted_with_no_retry_left_ends_instance_lost
     assert "Evicted" in (res.error or "")
 
 
+async def test_a_probe_of_an_evicted_pod_names_the_kubelets_reason(emu, image, prov):
+    """The kubelet stops a pod's container before it reports the pod failed: a probe (a
+    task's check of its instance after an error) refused in between waits for the watch's
+    word and raises ``InstanceLost`` naming the reason, not a bare refused exec.  The runner
+    here is not the provider's own, so the watch never ends its streams: only the probe's
+    wait can name the reason."""
+    from flowmesh_providers.k8s.runners import pod_runner
+    (inst,) = await prov.launch(LaunchRequest(
+        offer=(await prov.offers(SPEC))[0], spec=SPEC, count=1, request_id=f"pr-{uuid.uuid4().hex[:6]}",
+        tags={TAG_FLEET: f"probe-{uuid.uuid4().hex[:6]}"}, container=ContainerRequest(image, _sandbox(image))))
+    target, name = prov._where[inst.id]
+    runner = pod_runner(target, name, prov._api.configuration(target.context), watch=prov._watch,
+                        send=prov._api.send, forward_ports=())
+    try:
+        await runner.wait_reachable(60)
+        await runner.probe(10)                               # up: it answers
+        emu.evict("default", name)
+        with pytest.raises(InstanceLost, match="Evicted"):
+            await runner.probe(10)
+    finally:
+        await runner.close()
+        await prov.terminate([inst.id])
+
+
 async def test_leftover_pods_are_found_by_label_and_terminated(emu, image, prov):
     fleet = f"gc-{uuid.uuid4().hex[:6]}"
     launched = await prov.launch(LaunchRequest(
