@@ -240,6 +240,27 @@ def test_preempt_removes_an_instance_behind_the_sdks_back_and_stop_reads_stopped
     assert stats["interrupted"] == 1 and stats["stopped"] == 1
 
 
+def test_a_terminated_instance_is_listed_for_an_hour_then_forgotten_its_bill_kept():
+    from flowmesh_providers.sim.provider import FORGET_AFTER_S
+    from flowmesh_sdk.provider import ProviderState
+
+    async def body(fleet, prov, pool):
+        (iid,) = list(prov.vms)
+        assert prov.preempt(iid)
+        billed, stats = prov.cost(), prov.stats()
+        await asyncio.sleep(FORGET_AFTER_S - 1)
+        listed = [i.state for i in await prov.describe([iid])]
+        await asyncio.sleep(2)
+        return (billed, stats), listed, (await prov.describe([iid]), iid in prov.vms, prov.cost(), prov.stats())
+
+    (billed, stats), listed, (described, kept, cost, stats_after) = _sim_pool_run(body, reconcile_interval_s=None)
+    assert listed == [ProviderState.TERMINATED]                # within the hour: listed, terminated
+    assert described == [] and not kept                        # after it: forgotten (EC2's "less than one hour")
+    assert billed > 0 and cost == pytest.approx(billed)         # its bill stays
+    assert (stats_after["vms"], stats_after["interrupted"]) == (stats["vms"], 1) == (1, 1)
+    assert stats_after["listed"] == 0
+
+
 def _request(prov):
     from flowmesh_sdk.provider import TAG_FLEET, LaunchRequest
     from flowmesh_sdk.specs import InstanceSpec, Offer

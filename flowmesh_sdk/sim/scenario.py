@@ -44,23 +44,15 @@ REGISTRY = "registry.sim.invalid"   # never contacted: the simulated machines an
 SIM_PULL_POLICY = PullPolicy(rate_per_s=1000.0, burst=2000, max_concurrent_pulls=10_000)
 
 
-class SimVmRecord(Protocol):
-    """What a run reads of one simulated VM."""
-
-    @property
-    def launched_at(self) -> float: ...
-
-    @property
-    def boots_at(self) -> float: ...
-
-
 @runtime_checkable
 class SimulatedCloud(Protocol):
     """What a run reads of the ``sim`` provider besides the :class:`Provider` contract:
-    its VMs, its API call counts, its bill."""
+    how many VMs it launched and how long they took to boot, its API call counts, its bill."""
 
     @property
-    def vms(self) -> Mapping[str, SimVmRecord]: ...
+    def launched(self) -> int: ...
+
+    def boot_times(self, since: float) -> list[float]: ...
 
     @property
     def calls(self) -> Mapping[str, int]: ...
@@ -267,7 +259,7 @@ async def _run(cloud: SimCloud, w: Workload, seed: int, home: str, types: tuple[
     lb = lower_bound(cloud, w, prov, t0)
     return SimResult(workload=w, cloud=cloud.name, seed=seed, succeeded=len(ok),
                      failed=len(results) - len(ok), makespan_s=makespan, lower_bound_s=lb,
-                     cost_usd=cost, instances_launched=len(prov.vms),
+                     cost_usd=cost, instances_launched=prov.launched,
                      interrupted=prov.stats()["interrupted"], redispatched=counts["redispatched"],
                      failovers=counts["failovers"], peak_in_flight=counts["peak_in_flight"],
                      phases_p50=_phases(results, statistics.median),
@@ -303,8 +295,7 @@ def lower_bound(cloud: SimCloud, w: Workload, prov: SimulatedCloud, t0: float) -
         for rate in cloud.rates:
             if rate.api == "launch" and rate.per_instance:
                 burst, refill = rate.burst, rate.rate_per_s
-        boots = [vm.boots_at - vm.launched_at for vm in prov.vms.values()
-                 if vm.launched_at >= t0 - 1e-9][:w.instances]
+        boots = prov.boot_times(t0 - 1e-9)[:w.instances]
         launch_part = max((max(0.0, (k + 1 - burst) / refill) if refill != math.inf else 0.0) + b
                           for k, b in enumerate(boots)) if boots else 0.0
     bound = launch_part + after_boot

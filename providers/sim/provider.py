@@ -26,10 +26,16 @@ Switches for testing what a real cloud does behind the SDK's back:
   SDK, so only a describe (a task failing on it, or the reconciler) finds out.
 * :meth:`stop` stops an instance (``ProviderState.STOPPED``: still listed, the machine
   gone, no longer billed for compute).
+
+A terminated instance is listed (``terminated``) for :data:`FORGET_AFTER_S`, then forgotten
+(describe no longer returns it), as EC2 does; its bill, whether it was interrupted and its
+boot time are kept as figures (:meth:`cost`, :meth:`stats`, :meth:`boot_times`), so the
+simulated cloud holds what is live plus the last hour, not every VM of a long run.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
 import collections
 import math
@@ -48,8 +54,13 @@ from flowmesh_sdk.specs import InstanceSpec, Offer, check_number
 from .machine import SimMachine
 from .network import Link
 
+# How long a terminated instance stays listed: "Recently terminated instances might appear in
+# the returned results. This interval is usually less than one hour." (EC2 API reference,
+# DescribeInstances: https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeInstances.html)
+FORGET_AFTER_S = 3600.0
 
-@dataclass
+
+@dataclass(slots=True)
 class SimVm:
     instance: Instance
     type: SimInstanceType
@@ -95,14 +106,27 @@ class SimProvider(Provider):
         self.registry_sizes = dict(images)
         self.egress = Link(f"{cloud.name}:registry", cloud.registry_egress_gbps * GBIT) \
             if cloud.registry_egress_gbps else None
-        self.vms: dict[str, SimVm] = {}
+        self.vms: dict[str, SimVm] = {}   # the VMs the cloud lists: live, and terminated within FORGET_AFTER_S
+        self._launched_at = array.array("d")   # every VM launched, in launch order: when ...
+        self._boot_s = array.array("d")        # ... and how long it took to boot
+        self._forgotten_usd = 0.0              # the bill of the VMs no longer listed
+        self._forgotten = collections.Counter[str]()   # how many of those were interrupted, stopped
         self.calls: collections.Counter[str] = collections.Counter()
         self.live: collections.Counter[str] = collections.Counter()   # live VMs per type
         self._by_request: dict[str, list[str]] = {}
         self._seq = 0
 
     def __repr__(self) -> str:
-        return f"SimProvider({self.cloud.name}/{self.cloud.region}, {len(self.vms)} vms)"
+        return f"SimProvider({self.cloud.name}/{self.cloud.region}, {self.launched} vms)"
+
+    @property
+    def launched(self) -> int:
+        """How many VMs this cloud has launched (listed or not)."""
+        return self._seq
+
+    def boot_times(self, since: float) -> list[float]:
+        """How long each VM launched at or after ``since`` took to boot, in launch order."""
+        return [b for t, b in zip(self._launched_at, self._boot_s) if t >= since]
 
     # ---- the contract ----------------------------------------------------------------
     async def offers(self, spec: InstanceSpec) -> list[Offer]:
@@ -127,7 +151,7 @@ class SimProvider(Provider):
         self.calls["launch"] += 1
         if request.request_id in self._by_request:      # idempotent by request id
             now = clock.monotonic()
-            return [self._view(self.vms[i], now) for i in self._by_request[request.request_id]]
+            return [self._view(self.vms[i], now) for i in self._by_request[request.request_id] if i in self.vms]
         offer = request.offer
         if offer.provider != self.name or offer.region != self.cloud.region:
             raise SpecError("launch.offer", f"an offer of {offer.provider}/{offer.region} was given to the "
@@ -155,6 +179,8 @@ class SimProvider(Provider):
                             address=iid, zone=offer.zone)
             vm = self.vms[iid] = SimVm(inst, t, offer.spot, machine, now, now + boot,
                                        sticky=self.sticky_terminations)
+            self._launched_at.append(now)
+            self._boot_s.append(boot)
             self.live[t.name] += 1
             if vm.spot and self.cloud.spot_interruptions_per_hour > 0:
                 after = self.rng.expovariate(self.cloud.spot_interruptions_per_hour / 3600.0)
@@ -165,8 +191,10 @@ class SimProvider(Provider):
 
     async def describe(self, ids: Sequence[str]) -> list[Instance]:
         self.calls["describe"] += 1
-        now, vms = clock.monotonic(), self.vms
-        return [self._view(vms[i], now) for i in ids if i in vms]
+        now, pending = clock.monotonic(), ProviderState.PENDING
+        # the reconciler asks about every live instance each minute: a settled one is its record
+        return [inst if (inst := vm.instance).state is not pending else self._view(vm, now)
+                for vm in map(self.vms.get, ids) if vm is not None]
 
     async def terminate(self, ids: Sequence[str]) -> None:
         self.calls["terminate"] += 1
@@ -196,27 +224,29 @@ class SimProvider(Provider):
 
     # ---- the simulation ------------------------------------------------------------------
     def _view(self, vm: SimVm, now: float) -> Instance:
-        if vm.terminated_at is not None:
-            state = ProviderState.TERMINATED
-        elif vm.stopped_at is not None:
-            state = ProviderState.STOPPED
-        elif now < vm.boots_at:
-            state = ProviderState.PENDING
-        else:
-            state = ProviderState.RUNNING
-        if state is vm.instance.state:
-            return vm.instance
-        vm.instance = replace(vm.instance, state=state)
+        """``vm`` as listed now: its record, which an end or a stop updates at once and a
+        boot when it is first looked at after ``boots_at``."""
+        if vm.instance.state is ProviderState.PENDING and now >= vm.boots_at:
+            vm.instance = replace(vm.instance, state=ProviderState.RUNNING)
         return vm.instance
 
     def _end(self, vm: SimVm) -> None:
         vm.terminated_at = clock.monotonic()
+        vm.instance = replace(vm.instance, state=ProviderState.TERMINATED)
         self.live[vm.type.name] -= 1
         vm.machine.kill()
+        asyncio.get_running_loop().call_at(vm.terminated_at + FORGET_AFTER_S, self._forget, vm)
+
+    def _forget(self, vm: SimVm) -> None:
+        """``vm`` is no longer listed: only its bill and counts stay."""
+        del self.vms[vm.instance.id]
+        self._forgotten_usd += self._billed_usd(vm, vm.terminated_at or 0.0)
+        self._forgotten["interrupted"] += vm.interrupted
+        self._forgotten["stopped"] += vm.stopped_at is not None
 
     def _interrupt(self, iid: str) -> None:
-        vm = self.vms[iid]
-        if not vm.gone:
+        vm = self.vms.get(iid)
+        if vm is not None and not vm.gone:
             vm.interrupted = True
             self._end(vm)
 
@@ -244,6 +274,7 @@ class SimProvider(Provider):
         if vm.gone or vm.stopped_at is not None:
             return False
         vm.stopped_at = clock.monotonic()
+        vm.instance = replace(vm.instance, state=ProviderState.STOPPED)
         vm.machine.kill()
         return True
 
@@ -262,11 +293,17 @@ class SimProvider(Provider):
         was launched in) for its billed time (at least ``billing_min_s``), launch to
         termination (or stop)."""
         t = clock.monotonic() if now is None else now
-        return sum(self.cloud.billed_price(vm.type.name, vm.spot) * vm.billed_s(t, self.cloud.billing_min_s)
-                   / 3600.0 for vm in self.vms.values())
+        return self._forgotten_usd + sum(self._billed_usd(vm, t) for vm in self.vms.values())
+
+    def _billed_usd(self, vm: SimVm, now: float) -> float:
+        return self.cloud.billed_price(vm.type.name, vm.spot) * vm.billed_s(now, self.cloud.billing_min_s) / 3600.0
 
     def stats(self) -> dict[str, Any]:
-        return {"vms": len(self.vms), "interrupted": sum(vm.interrupted for vm in self.vms.values()),
-                "stopped": sum(vm.stopped_at is not None for vm in self.vms.values()),
+        """``vms``: launched so far; ``listed``: still listed; ``interrupted``, ``stopped``:
+        of all launched; ``calls``: API calls by name."""
+        listed = self.vms.values()
+        return {"vms": self.launched, "listed": len(self.vms),
+                "interrupted": self._forgotten["interrupted"] + sum(vm.interrupted for vm in listed),
+                "stopped": self._forgotten["stopped"] + sum(vm.stopped_at is not None for vm in listed),
                 "calls": dict(self.calls)}
 
