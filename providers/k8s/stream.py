@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+from flowmesh_sdk import clock
 from flowmesh_sdk.errors import FlowMeshError, ProviderUnavailableError, SandboxClosedError
 from flowmesh_sdk.remote.runner import Channel, CommandResult, Runner, StreamChannel
 
@@ -248,19 +249,19 @@ class PodRunner(Runner):
         what is left of ``timeout_s``: its loss (``InstanceLost`` naming the kubelet's reason:
         evicted, preempted, node lost) rather than a bare refusal.  The kubelet stops the
         container before it reports the pod failed: a probe can come between the two."""
-        deadline = time.monotonic() + timeout_s
+        deadline = clock.monotonic() + timeout_s
         try:
             await super().probe(timeout_s)
         except ProviderUnavailableError as exc:
             if self._lost is not None:
                 raise self._lost from exc
-            if self._why_cut is None:
-                raise
-            try:
-                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                    verdict = await self._why_cut()
-            except (TimeoutError, FlowMeshError):
-                raise exc from None
+            verdict = None
+            if self._why_cut is not None:
+                try:
+                    async with asyncio.timeout(max(0.0, deadline - clock.monotonic())):
+                        verdict = await self._why_cut()
+                except (TimeoutError, FlowMeshError):
+                    pass   # no word from the watch: the refusal stands, its cause kept
             if verdict is None:
                 raise
             raise verdict from exc
