@@ -9,7 +9,9 @@ standard library (asyncio, json) and the SDK's clock count for whoever called th
 simulated workload calls counts as control plane.  Samples with neither (the event loop
 between callbacks, the garbage collector's aftermath) count as control plane: the
 conservative side.  The virtual-time loop's driver (flowmesh_sdk/sim/loop.py) is not the
-simulator's work and is skipped.
+simulator's work and is skipped, and so is everything below the event loop's own
+``_run_once``: a sample in the loop itself (its timer heap, its selector, resuming a
+task) counts as control plane, not as the ``run_scenario`` frame that started the loop.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ _SIM = ("/providers/sim/", "/flowmesh_providers/sim/", "/flowmesh_sdk/sim/")
 _SDK = "/flowmesh_sdk/"
 _LOOP = "/flowmesh_sdk/sim/loop.py"
 _PASS = ("/flowmesh_sdk/clock.py",)   # helpers both sides call: they count for their caller
+_RUN_ONCE = ("/asyncio/base_events.py", "_run_once")   # the event loop: below it is only its driver
 
 
 @dataclass
@@ -46,6 +49,8 @@ class Sampler:
         f = frame
         while f is not None:
             path = f.f_code.co_filename
+            if f.f_code.co_name == _RUN_ONCE[1] and path.endswith(_RUN_ONCE[0]):
+                break
             if path.endswith(_PASS):
                 pass
             elif any(s in path for s in _SIM):
