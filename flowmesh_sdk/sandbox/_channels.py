@@ -20,7 +20,7 @@ from ..remote.runner import Channel
 from ..remote.runtime import ContainerRuntime
 from ..specs import SandboxSpec
 from ._agent import AGENT
-from ._common import _Agent, _frame_head, _read_exactly, _read_line
+from ._common import _Agent, _frame_head, _read_line
 from ._host_scripts import KILL_AGENT, SIGNAL_TREE
 
 EXEC_CHANNELS = 4                     # channels exec and the file calls may use at once
@@ -244,18 +244,20 @@ class AgentChannels:
         else:   # no copy of a large payload
             await chan.write(head + script)
             await chan.write(stdin)
-        deadline = t0 + timeout + _HOST_GRACE_S
-        while True:
-            raw = await _read_line(chan, deadline)
-            if not raw:
-                raise SandboxClosedError(f"{self.name}: channel closed: {chan.stderr_tail()}")
-            m = _HEADER.match(raw)
-            if m and int(m.group(1)) == ident:
-                break
-        rc, to, osz, esz = (int(m.group(2)), m.group(3) == b"1",
-                            int(m.group(4)), int(m.group(5)))
-        out = await _read_exactly(chan, min(osz, cap), deadline)
-        err = await _read_exactly(chan, min(esz, cap), deadline)
+        # one timer for the whole answer, not one per read (each is a push on the loop's heap)
+        async with asyncio.timeout(timeout + _HOST_GRACE_S - (clock.monotonic() - t0)):
+            while True:
+                raw = await chan.readline()
+                if not raw:
+                    raise SandboxClosedError(f"{self.name}: channel closed: {chan.stderr_tail()}")
+                m = _HEADER.match(raw)
+                if m and int(m.group(1)) == ident:
+                    break
+            rc, to, osz, esz = (int(m.group(2)), m.group(3) == b"1",
+                                int(m.group(4)), int(m.group(5)))
+            n_out, n_err = min(osz, cap), min(esz, cap)
+            out = await chan.readexactly(n_out) if n_out else b""
+            err = await chan.readexactly(n_err) if n_err else b""
         return rc, to, out, err, osz, esz, clock.monotonic() - t0
 
     async def kill_agent(self, pid: int) -> None:
