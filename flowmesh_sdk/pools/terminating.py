@@ -16,6 +16,7 @@ import logging
 import operator
 from collections import defaultdict
 from collections.abc import Callable
+from itertools import compress, repeat
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -164,20 +165,27 @@ class Terminator:
                 log.warning("pool %s: reconcile describe on %s/%s failed: %s", self.pool, provider.name,
                             region, exc)
                 continue
-            # the common case -- listed running, as the pool thinks -- is a set difference away,
-            # in C loops (map, count): this runs over every instance each reconcile (issue 29)
+            # the common case -- listed running, as the pool thinks -- in C loops (map, count,
+            # compress): this runs over every instance each reconcile (issue 29)
             states = list(map(_STATE, described))
-            if states.count(running) == len(states):
-                fine = set(map(_ID, described))
+            listed = list(map(_ID, described))
+            seen: dict[str, Instance] | None = None   # the listing of each suspect
+            if listed == ids:   # each one listed, in the order asked: those not running are the suspects
+                seen = dict(compress(zip(listed, described), map(operator.is_not, states, repeat(running))))
+                suspects = set(seen)
             else:
-                fine = {i.id for i, st in zip(described, states) if st is running}
-            suspects = set(ids)
-            suspects -= fine
-            if inv.termination_failed:
-                suspects |= inv.termination_failed & fine
+                suspects = set(ids)
+                suspects -= (set(listed) if states.count(running) == len(states)
+                             else set(compress(listed, map(operator.is_, states, repeat(running)))))
+            # one whose termination failed is looked at again, listed running or not
+            again = [i for i in inv.termination_failed if i in group]
+            if again:
+                suspects.update(again)
+                seen = None
             if not suspects:
                 continue
-            seen: dict[str, Instance] = dict(zip(map(_ID, described), described))
+            if seen is None:
+                seen = dict(zip(listed, described))
             for iid in suspects:
                 mi = group.get(iid)
                 if mi is None or iid in inv.terminating or mi.lifecycle.state not in _RECONCILED:
