@@ -69,11 +69,14 @@ class SimMachine(Runner):
         return f"SimMachine({self.name}, {'up' if self.alive else 'dead'})"
 
     def kill(self) -> None:
-        """The machine vanishes: commands fail, open channels end."""
+        """The machine vanishes: commands fail, open channels end, and what it held goes
+        with it (its provider keeps the VM's record for an hour, not its containers)."""
         self.alive = False
         for c in self.containers.values():
             for ch in list(c.channels):
                 ch.hang_up()
+        self.containers.clear()
+        self.images.clear()
 
     def _check(self) -> None:
         if not self.alive:
