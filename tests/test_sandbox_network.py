@@ -212,13 +212,13 @@ def test_egress_ruleset_refuses_ipv4_and_ipv6_at_once(tmp_path):
     import shutil
     import sys
 
-    from flowmesh_sdk.remote.local import LocalRunner
-    from flowmesh_sdk.remote.runtime import ContainerRuntime
+    from flowmesh_sdk.remote.runtime import RuntimeConfig
+    from flowmesh_sdk.remote.runtime_network import egress_ruleset
 
     if not (shutil.which("unshare") and shutil.which("nft") and shutil.which("ip")):
         pytest.skip("needs unshare, ip and nft")
     allow = ("192.0.2.2:8080", "[2001:db8::2]:8080")
-    (tmp_path / "rules.nft").write_text(ContainerRuntime(LocalRunner()).egress_ruleset(allow, {}))
+    (tmp_path / "rules.nft").write_text(egress_ruleset(allow, {}, RuntimeConfig().metadata_networks))
     probe = _PROBE.replace('"/tmp/targets.json"', repr(str(tmp_path / "targets.json")))
     (tmp_path / "probe.py").write_text(probe.replace("s.settimeout(5)", "s.settimeout(0.7)"))
     (tmp_path / "targets.json").write_text(json.dumps({

@@ -60,13 +60,6 @@ def ulimit_flags(cap_eff: int | None, hard_nofile: str) -> list[str]:
 
 
 
-def _refuse(match: str) -> list[str]:
-    """nft rules that refuse what ``match`` selects at once: TCP with a reset, the rest with
-    an ICMP administratively-prohibited (``icmpx``: ICMPv4 or ICMPv6 as the packet is)."""
-    return [f"{match}meta l4proto tcp reject with tcp reset",
-            f"{match}reject with icmpx type admin-prohibited"]
-
-
 def pull_error(ref: str, where: str, res: CommandResult) -> Exception:
     """Map a failed ``pull`` to the SDK's error classes by what the runtime printed."""
     err = res.stderr.decode("utf-8", "replace")

@@ -48,8 +48,11 @@ class RunCommand(Protocol):
                  timeout_s: float | None = None) -> Awaitable[CommandResult]: ...
 
 
-class RuntimeImages:
-    """Image operations over ``runner`` (see the module docstring)."""
+class RuntimePart:
+    """What each component of a :class:`~.runtime.ContainerRuntime` is built with: the
+    runner, the settings, the runtime's probe and its command-running callable."""
+
+    __slots__ = ("runner", "config", "probe", "_run")
 
     def __init__(self, runner: Runner, config: RuntimeConfig, probe: Callable[[], Awaitable[RuntimeInfo]],
                  run: RunCommand) -> None:
@@ -57,6 +60,12 @@ class RuntimeImages:
         self.config = config
         self.probe = probe
         self._run = run
+
+
+class RuntimeImages(RuntimePart):
+    """Image operations over ``runner`` (see the module docstring)."""
+
+    __slots__ = ()
 
     # ---- images ----------------------------------------------------------------
     async def image_inspect(self, image: str) -> tuple[str, str] | None:
