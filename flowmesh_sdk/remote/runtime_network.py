@@ -40,6 +40,9 @@ class NetworkRules:
     hosts: Mapping[str, Sequence[str]] = field(default_factory=lambda: MappingProxyType({}))   # its host names, resolved
 
 
+_OPEN = NetworkRules()   # no network, or one with nothing to apply
+
+
 def refuse(match: str) -> list[str]:
     """nft rules that refuse what ``match`` selects at once: TCP with a reset, the rest with
     an ICMP administratively-prohibited (``icmpx``: ICMPv4 or ICMPv6 as the packet is)."""
@@ -153,9 +156,6 @@ class SandboxNetwork(RuntimePart):
         if not res.ok:
             raise ContainerRuntimeError(f"could not block the metadata addresses in {container} on "
                                         f"{self.runner.label}: {res.describe()}")
-
-
-_OPEN = NetworkRules()   # no network, or one with nothing to apply
 
 
 __all__ = ["NetworkRules", "SandboxNetwork", "egress_ruleset", "refuse"]
