@@ -16,8 +16,8 @@ import logging
 import operator
 from collections import defaultdict
 from collections.abc import Callable
-from itertools import compress, repeat
 from dataclasses import dataclass
+from itertools import compress, repeat
 from typing import Any, Protocol
 
 from ..control.events import EventKind
@@ -165,7 +165,7 @@ class Terminator:
                 log.warning("pool %s: reconcile describe on %s/%s failed: %s", self.pool, provider.name,
                             region, exc)
                 continue
-            # the common case -- listed running, as the pool thinks -- in C loops (map, count,
+            # the common case -- listed running, as the pool thinks -- in C loops (map,
             # compress): this runs over every instance each reconcile (issue 29)
             states = list(map(_STATE, described))
             listed = list(map(_ID, described))
@@ -175,8 +175,7 @@ class Terminator:
                 suspects = set(seen)
             else:
                 suspects = set(ids)
-                suspects -= (set(listed) if states.count(running) == len(states)
-                             else set(compress(listed, map(operator.is_, states, repeat(running)))))
+                suspects.difference_update(compress(listed, map(operator.is_, states, repeat(running))))
             # one whose termination failed is looked at again, listed running or not
             again = [i for i in inv.termination_failed if i in group]
             if again:
