@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import clock
+from .. import clock, timers
 from ..errors import BootstrapError, FlowMeshError, RuntimeMissingError, SpecError
 from ..images import ImageInfo
 from ..observe.tracing import traced
@@ -187,7 +187,7 @@ class Bootstrapper:
         chan = await mi.runtime.runner.open_channel(["sh"])
         try:
             await chan.write(b"echo fm-agent-ok\n")
-            async with asyncio.timeout(30):
+            async with timers.timeout(30):
                 line = await chan.readline()
         finally:
             await chan.close()

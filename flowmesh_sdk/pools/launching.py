@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
-from .. import clock
+from .. import clock, timers
 from ..bidder.policy import Policy
 from ..control.events import EventKind
 from ..errors import BudgetExceededError, CapacityError, FlowMeshError, ImageNotFoundError, InstanceLost, SandboxTimeout
@@ -333,7 +333,7 @@ class Launcher:
             self._publish(EventKind.INSTANCE_RUNNING, instance_id=mi.id)
             warm = [await self.ctx.images.resolve(image, arch=self.spec.instance.arch)
                     for image in self.spec.warm_images]
-            async with asyncio.timeout(self.ctx.bootstrap_timeout_s):
+            async with timers.timeout(self.ctx.bootstrap_timeout_s):
                 report = await self.bootstrapper.run(mi, warm)
             mi.bootstrap = report
             mi.lifecycle.to(InstanceState.READY)

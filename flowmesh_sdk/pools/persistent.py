@@ -23,7 +23,7 @@ import logging
 import math
 from typing import TYPE_CHECKING
 
-from .. import clock
+from .. import clock, timers
 from ..control.events import EventKind
 from ..errors import SandboxTimeout
 from ..images import ImageInfo
@@ -115,7 +115,7 @@ class PersistentPool(MachinePool):
                         raise SandboxTimeout(f"pool {self.name!r}: no slot became free within "
                                              f"{self.ctx.bootstrap_timeout_s:g} s")
                     try:
-                        async with asyncio.timeout(remaining):
+                        async with timers.timeout(remaining):
                             await self._cond.wait()
                     except TimeoutError:
                         continue

@@ -10,6 +10,7 @@ import signal
 import time
 from collections.abc import Sequence
 
+from .. import timers
 from ..errors import SandboxClosedError
 from .runner import Channel, CommandResult, Runner, StreamChannel
 
@@ -80,7 +81,7 @@ class LocalRunner(Runner):
             start_new_session=True)
         timed_out = False
         try:
-            async with asyncio.timeout(timeout_s):   # no task of its own, unlike wait_for
+            async with timers.timeout(timeout_s):   # no task of its own, unlike wait_for
                 out, err = await proc.communicate(input)
         except TimeoutError:
             timed_out = True

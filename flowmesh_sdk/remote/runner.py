@@ -18,6 +18,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .. import timers
 from ..errors import ProviderUnavailableError, SandboxClosedError
 
 
@@ -159,7 +160,7 @@ class Runner(abc.ABC):
         answers a trivial command within ``timeout_s`` (a pool's heartbeat, and its check
         of an instance after an error under a task)."""
         try:
-            async with asyncio.timeout(timeout_s):   # no task of its own, unlike wait_for
+            async with timers.timeout(timeout_s):   # no task of its own, unlike wait_for
                 res = await self.run(["true"], timeout_s=timeout_s)
         except TimeoutError as exc:
             raise ProviderUnavailableError(f"{self.label}: `true` got no answer within {timeout_s:g} s") from exc

@@ -52,6 +52,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from .. import timers
 from ..errors import ContainerRuntimeError, ImageNotFoundError, RuntimeMissingError, SpecError
 from ..specs import SandboxSpec
 from .attached import AttachedChannel
@@ -164,7 +165,7 @@ class ContainerRuntime:
         chan = await self.runner.open_channel(launch.argv)
         try:
             try:
-                async with asyncio.timeout(self.config.command_timeout_s):
+                async with timers.timeout(self.config.command_timeout_s):
                     first = await chan.readline()
             except TimeoutError:
                 raise ContainerRuntimeError(f"a container on {self.runner.label} did not start within "

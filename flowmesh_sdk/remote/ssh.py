@@ -44,6 +44,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from .. import timers
 from ..errors import AuthError, ProviderUnavailableError, SandboxClosedError, SpecError
 from . import connection
 from .keys import PublicKey
@@ -157,7 +158,7 @@ class SshRunner(Runner):
                 conn.busy += 1
                 return conn
             self._freed.clear()
-            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+            async with timers.timeout(max(0.0, deadline - time.monotonic())):
                 await self._freed.wait()
 
     def _give_slot(self, conn: _Conn) -> None:
@@ -247,7 +248,7 @@ class SshRunner(Runner):
                 raise ProviderUnavailableError(f"{self.label}: `true` ended with {code}", provider="ssh")
 
         try:
-            async with asyncio.timeout(timeout_s):
+            async with timers.timeout(timeout_s):
                 await asyncio.gather(*(one(c) for c in conns))
         except TimeoutError as exc:
             raise ProviderUnavailableError(f"{self.label}: `true` got no answer within {timeout_s:g} s",

@@ -14,7 +14,7 @@ import itertools
 import re
 import weakref
 
-from .. import clock
+from .. import clock, timers
 from ..errors import SandboxClosedError, SandboxTimeout
 from ..remote.runner import Channel
 from ..remote.runtime import ContainerRuntime
@@ -244,8 +244,8 @@ class AgentChannels:
         else:   # no copy of a large payload
             await chan.write(head + script)
             await chan.write(stdin)
-        # one timer for the whole answer, not one per read (each is a push on the loop's heap)
-        async with asyncio.timeout(timeout + _HOST_GRACE_S - (clock.monotonic() - t0)):
+        # one deadline for the whole answer, not one per read
+        async with timers.timeout(timeout + _HOST_GRACE_S - (clock.monotonic() - t0)):
             while True:
                 raw = await chan.readline()
                 if not raw:

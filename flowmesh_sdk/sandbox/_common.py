@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .. import clock
+from .. import clock, timers
 from ..errors import SpecError
 from ..remote.runner import Channel
 from ..specs import ExecResult
@@ -119,7 +119,7 @@ async def _read_exactly(chan: Channel, n: int, deadline: float) -> bytes:
     remaining = deadline - clock.monotonic()
     if remaining <= 0:
         raise asyncio.TimeoutError
-    async with asyncio.timeout(remaining):
+    async with timers.timeout(remaining):
         return await chan.readexactly(n)
 
 
@@ -127,5 +127,5 @@ async def _read_line(chan: Channel, deadline: float) -> bytes:
     remaining = deadline - clock.monotonic()
     if remaining <= 0:
         raise asyncio.TimeoutError
-    async with asyncio.timeout(remaining):   # no extra task per line, unlike wait_for
+    async with timers.timeout(remaining):   # no extra task per line, unlike wait_for
         return await chan.readline()

@@ -19,7 +19,7 @@ import signal as _signal
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Protocol
 
-from .. import clock
+from .. import clock, timers
 from ..errors import SandboxClosedError, SandboxTimeout, SpecError
 from ..remote.runner import Channel
 from ..specs import ExecResult
@@ -208,7 +208,7 @@ class Process:
         give it, capped the same way).  ``timeout_s`` bounds the wait only (the process
         keeps running): :class:`SandboxTimeout` past it."""
         try:
-            async with asyncio.timeout(timeout_s):
+            async with timers.timeout(timeout_s):
                 return await asyncio.shield(self._done)
         except TimeoutError as exc:
             raise SandboxTimeout(f"{self.sandbox.name}: {self.command[:40]!r} still running "

@@ -29,7 +29,7 @@ import signal
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from .. import clock
+from .. import clock, timers
 from ..errors import SandboxClosedError, SandboxFileError, SpecError
 from ..specs import ExecResult, SandboxSpec, check_number
 from ._agent import SESSION
@@ -287,7 +287,7 @@ class Session:
     async def _signal(self, cur: _Running, sig: int) -> None:
         if not cur.started.is_set():
             try:
-                async with asyncio.timeout(_START_S):
+                async with timers.timeout(_START_S):
                     await cur.started.wait()
             except TimeoutError:
                 return
@@ -315,7 +315,7 @@ class Session:
         for sig, grace in ((signal.SIGINT, _INT_GRACE_S), (signal.SIGKILL, _KILL_GRACE_S)):
             await self._signal(cur, sig)
             try:
-                async with asyncio.timeout(grace):
+                async with timers.timeout(grace):
                     await cur.done.wait()
                 return
             except TimeoutError:

@@ -13,6 +13,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from ... import timers
 from ...errors import SpecError
 from ...specs import check_number
 
@@ -62,7 +63,7 @@ class Admission:
             return Admit.OVERLOADED
         self._queued += 1
         try:
-            async with asyncio.timeout(wait_s):
+            async with timers.timeout(wait_s):
                 await self._sem.acquire()   # a cancelled acquire gives a granted permit back
         except TimeoutError:
             self._timed_out += 1

@@ -22,6 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ... import timers
 from ...errors import FlowMeshError, PoolClosedError, SpecError
 from ...sandbox import Sandbox
 from ...specs import check_number
@@ -270,7 +271,7 @@ class SandboxFusionServer:
             if not answer.done():
                 answer.set_result(body)
         try:
-            async with asyncio.timeout(limit):
+            async with timers.timeout(limit):
                 spec = sandbox_spec(self.pool, image, memory_limit_mb)
                 async with self.pool.sandbox(spec, tenant=self.config.tenant, name=name) as sb:
                     give((await work(sb)).to_json())
