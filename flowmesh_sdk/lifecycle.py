@@ -80,15 +80,15 @@ class Transition(Generic[S]):
 class Lifecycle(Generic[S]):
     """A state machine over one transition table, remembering when each state began."""
 
-    # The history is kept as two flat lists (states, times), not one Transition each: a
-    # coordinator holds one lifecycle per task and instance, and the garbage collector walks
-    # every object it holds (issue 29); :attr:`history` builds the Transitions when asked.
-    __slots__ = ("_table", "_states", "_ats", "_what", "_state")
+    # The history is kept as one flat list (state, time, state, time, ...), not one
+    # Transition each: a coordinator holds one lifecycle per task and instance, and the
+    # garbage collector walks every object it holds (issue 29); :attr:`history` builds the
+    # Transitions when asked.
+    __slots__ = ("_table", "_log", "_what", "_state")
 
     def __init__(self, table: Mapping[S, frozenset[S]], initial: S, what: str = "") -> None:
         self._table: Mapping[S, frozenset[S]] = table
-        self._states: list[S] = [initial]
-        self._ats: list[float] = [time.time()]
+        self._log: list[S | float] = [initial, time.time()]
         self._what = what
         self._state: S = initial   # the last transition's, read far more often than it changes
 
@@ -98,7 +98,7 @@ class Lifecycle(Generic[S]):
 
     @property
     def history(self) -> tuple[Transition[S], ...]:
-        return tuple(map(Transition, self._states, self._ats))
+        return tuple(map(Transition, self._log[0::2], self._log[1::2]))  # type: ignore[arg-type]
 
     @property
     def terminal(self) -> bool:
@@ -113,17 +113,16 @@ class Lifecycle(Generic[S]):
             raise LifecycleError(f"{self._what or 'lifecycle'}: invalid transition "
                                  f"{self.state.value} -> {new.value} (allowed: {allowed})")
         at = time.time()
-        self._states.append(new)
-        self._ats.append(at)
+        self._log += (new, at)
         self._state = new
         return Transition(new, at)
 
     def entered(self, state: S) -> float | None:
         """When ``state`` was last entered, or None."""
-        states = self._states
-        for i in range(len(states) - 1, -1, -1):
-            if states[i] == state:
-                return self._ats[i]
+        log = self._log
+        for i in range(len(log) - 2, -1, -2):
+            if log[i] == state:
+                return log[i + 1]  # type: ignore[return-value]
         return None
 
     def __repr__(self) -> str:

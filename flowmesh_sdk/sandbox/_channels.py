@@ -63,11 +63,14 @@ class AgentChannels:
         self._freed: list[asyncio.Future[None]] = []   # acquire()s waiting for a channel
         self.closed = False
         self.aborted: Exception | None = None
-        self._chans: weakref.WeakSet[Channel] = weakref.WeakSet()   # every channel opened (abort)
+        # every channel opened, for abort: weak references, pruned as they pile up (a WeakSet
+        # is five objects for the collector to walk, per sandbox)
+        self._chans: list[weakref.ref[Channel]] = []
+        self._prune_at = 8
         # a shell that came with the container (ContainerRuntime.start): the first agent's
         self._shell = shell
         if shell is not None:
-            self._chans.add(shell)
+            self._chans.append(weakref.ref(shell))
 
     # ---- the sandbox's lifecycle, channel side ---------------------------------
     async def prime(self) -> None:
@@ -98,7 +101,7 @@ class AgentChannels:
         self.closed = True
         self.aborted = exc
         self.idle = []
-        chans = list(self._chans)
+        chans = [c for r in self._chans if (c := r()) is not None]
         for chan in chans:
             chan.abort(exc)
         return chans
@@ -110,7 +113,10 @@ class AgentChannels:
     # ---- channels ---------------------------------------------------------------
     def track(self, chan: Channel) -> None:
         """Know ``chan`` for :meth:`abort` (aborted at once where the sandbox already is)."""
-        self._chans.add(chan)
+        if len(self._chans) >= self._prune_at:
+            self._chans = [r for r in self._chans if r() is not None]
+            self._prune_at = 2 * len(self._chans) + 8
+        self._chans.append(weakref.ref(chan))
         if self.aborted is not None:
             chan.abort(self.aborted)
 

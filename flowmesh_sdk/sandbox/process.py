@@ -76,7 +76,7 @@ class ProcessHost(Protocol):
     not import the sandbox's."""
 
     name: str
-    _procs: set[Process]
+    _procs: dict[Process, None]
 
     @property
     def closed(self) -> bool: ...
@@ -186,7 +186,7 @@ class Process:
                 f"{self.sandbox.name}: lost {self.command[:40]!r}: {exc}"), cause=exc)
         finally:
             self._agent = None
-            self.sandbox._procs.discard(self)
+            self.sandbox._procs.pop(self, None)
             await asyncio.shield(self.sandbox._release(agent, proc=True, ok=ok))
 
     async def _lost(self, exc: BaseException, cause: BaseException | None = None) -> None:

@@ -51,8 +51,9 @@ class Sandbox:
         self._start_lock = asyncio.Lock()
         self._ids = itertools.count(1)
         self._sessions: dict[str, Session] = {}
-        self._procs: set[Process] = set()
-        self._tasks: set[asyncio.Task[object]] = set()
+        # dicts used as sets: an empty dict is not tracked by the collector, an empty set is
+        self._procs: dict[Process, None] = {}
+        self._tasks: dict[asyncio.Task[object], None] = {}
         # the channels hold the spec (each agent's start reads it) and nothing holds the
         # sandbox back: a closed sandbox is freed when its last reference goes, not left for
         # the collector's full passes (issue 29)
@@ -123,8 +124,8 @@ class Sandbox:
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = None
+        task.add_done_callback(self._tasks.__delitem__)   # added once, so removed once
         return task
 
     # ---- the channels' calls that sessions and processes make (see AgentChannels) ----
@@ -219,11 +220,11 @@ class Sandbox:
         await self._channels.ensure_open()
         agent = await self._channels.acquire(proc=True)
         proc = Process(self, agent, next(self._ids), cmd, cap, binary)
-        self._procs.add(proc)
+        self._procs[proc] = None
         try:
             await proc._launch(script, timeout)
         except BaseException:
-            self._procs.discard(proc)
+            self._procs.pop(proc, None)
             await self._channels.release(agent, proc=True, ok=False)
             raise
         return proc
