@@ -9,7 +9,7 @@ import enum
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .errors import LifecycleError
 
@@ -88,7 +88,7 @@ class Lifecycle(Generic[S]):
 
     def __init__(self, table: Mapping[S, frozenset[S]], initial: S, what: str = "") -> None:
         self._table: Mapping[S, frozenset[S]] = table
-        self._log: list[S | float] = [initial, time.time()]
+        self._log: list[Any] = [initial, time.time()]   # a state S, then its time (a float)
         self._what = what
         self._state: S = initial   # the last transition's, read far more often than it changes
 
@@ -98,7 +98,7 @@ class Lifecycle(Generic[S]):
 
     @property
     def history(self) -> tuple[Transition[S], ...]:
-        return tuple(map(Transition, self._log[0::2], self._log[1::2]))  # type: ignore[arg-type]
+        return tuple(map(Transition, self._log[0::2], self._log[1::2]))
 
     @property
     def terminal(self) -> bool:
@@ -122,7 +122,7 @@ class Lifecycle(Generic[S]):
         log = self._log
         for i in range(len(log) - 2, -1, -2):
             if log[i] == state:
-                return log[i + 1]  # type: ignore[return-value]
+                return float(log[i + 1])
         return None
 
     def __repr__(self) -> str:

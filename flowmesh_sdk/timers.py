@@ -82,16 +82,17 @@ class Deadline:
 class _Wheel:
     """A loop's deadlines: ``slots`` maps a slot number to its deadlines (in the order set),
     ``due`` is a heap of slot numbers (one of them may be emptied already: skipped when it
-    comes up), ``armed`` the slot the loop's one timer is set for."""
+    comes up), ``armed`` the slot the loop's timer is set for (a timer set for another slot
+    before is stale: it finds that out when it fires).  Nothing here holds the loop: it is
+    the key the wheel is found by, and a closed loop is freed with its wheel."""
 
-    __slots__ = ("loop", "slots", "due", "armed", "timer", "__weakref__")
+    __slots__ = ("loop", "slots", "due", "armed", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+        self.loop = weakref.ref(loop)
         self.slots: dict[int, dict[Deadline, None]] = {}
         self.due: list[int] = []
         self.armed: int | None = None
-        self.timer: asyncio.TimerHandle | None = None
 
     def add(self, d: Deadline) -> None:
         slot = math.ceil(d._when / TICK)
@@ -119,14 +120,17 @@ class _Wheel:
                     heapq.heapify(self.due)
 
     def _arm(self, slot: int) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        self.armed = slot
-        self.timer = self.loop.call_at(slot * TICK, self._fire)
+        loop = self.loop()
+        if loop is not None:
+            self.armed = slot
+            loop.call_at(slot * TICK, self._fire, slot)
 
-    def _fire(self) -> None:
-        self.timer = self.armed = None
-        now = self.loop.time()
+    def _fire(self, slot: int) -> None:
+        loop = self.loop()
+        if slot != self.armed or loop is None:
+            return        # stale: an earlier slot came since, and set the timer of its own
+        self.armed = None
+        now = loop.time()
         due, slots = self.due, self.slots
         while due and due[0] * TICK <= now:
             members = slots.pop(heapq.heappop(due), None)
@@ -140,18 +144,20 @@ class _Wheel:
 
 
 _wheels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Wheel] = weakref.WeakKeyDictionary()
-_last: tuple[weakref.ref[asyncio.AbstractEventLoop], _Wheel] | None = None
+_last: tuple[weakref.ref[asyncio.AbstractEventLoop], weakref.ref[_Wheel]] | None = None   # found last
 
 
 def _wheel(loop: asyncio.AbstractEventLoop) -> _Wheel:
     global _last
     last = _last
     if last is not None and last[0]() is loop:
-        return last[1]
+        wheel = last[1]()
+        if wheel is not None:
+            return wheel
     wheel = _wheels.get(loop)
     if wheel is None:
         wheel = _wheels[loop] = _Wheel(loop)
-    _last = (weakref.ref(loop), wheel)
+    _last = (weakref.ref(loop), weakref.ref(wheel))
     return wheel
 
 

@@ -230,3 +230,18 @@ def test_no_delay_sets_no_deadline(timeout: Callable[[float | None], Any]) -> No
         return asyncio.get_running_loop().time()
 
     assert run(main()) == 1e6
+
+
+def test_a_closed_loop_is_freed_with_its_wheel() -> None:
+    import gc
+    import weakref
+
+    async def main() -> tuple[weakref.ref[asyncio.AbstractEventLoop], weakref.ref[timers._Wheel]]:
+        async with timers.timeout(5):
+            await asyncio.sleep(0)
+        return weakref.ref(asyncio.get_running_loop()), weakref.ref(_wheel())
+
+    loop_ref, wheel_ref = asyncio.run(main())
+    gc.collect()
+    assert loop_ref() is None
+    assert wheel_ref() is None
