@@ -12,8 +12,8 @@ log2(n) times per timer, and a block that ends in time (nearly all of them) leav
 cancelled handle in the heap until it comes to the top.  With thousands of sandboxes in
 flight that heap holds tens of thousands of timers, a handful per command.  Here each
 loop has one :class:`_Wheel`: deadlines wait in slots of :data:`TICK` seconds (a dict
-each), the slots' numbers in a heap of ints (compared in C), and the loop holds one timer,
-for the earliest slot.  Entering a block is a dict insert, leaving it a dict delete.  A
+each), the slots' numbers in a heap of ints (compared in C), and the loop holds a timer
+for the earliest slot only.  Entering a block is a dict insert, leaving it a dict delete.  A
 deadline fires at the end of its slot: up to ``TICK`` late, never early.
 """
 
@@ -81,8 +81,8 @@ class Deadline:
 
 class _Wheel:
     """A loop's deadlines: ``slots`` maps a slot number to its deadlines (in the order set),
-    ``due`` is a heap of slot numbers (one of them may be emptied already: skipped when it
-    comes up), ``armed`` the slot the loop's timer is set for (a timer set for another slot
+    ``due`` is a heap of slot numbers (some of them emptied already: skipped when they
+    come up), ``armed`` the slot the loop's timer is set for (a timer set for another slot
     before is stale: it finds that out when it fires).  Nothing here holds the loop: it is
     the key the wheel is found by, and a closed loop is freed with its wheel."""
 
