@@ -92,6 +92,18 @@ def test_no_file_in_the_core_or_a_provider_is_over_the_size_rule() -> None:
     assert long == {}
 
 
+def test_every_timeout_in_the_core_and_the_providers_is_the_sdks_own() -> None:
+    """One way to set a timeout: ``flowmesh_sdk.timers.timeout`` (one loop timer for all of
+    them), never ``asyncio.timeout``, which puts a timer each on the loop's heap (issue 29)."""
+    used = []
+    for p in _shipped():
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if (isinstance(node, ast.Attribute) and node.attr in ("timeout", "timeout_at")
+                    and isinstance(node.value, ast.Name) and node.value.id == "asyncio"):
+                used.append(f"{p.relative_to(ROOT)}:{node.lineno}")
+    assert used == []
+
+
 def test_mypy_checks_every_module_with_no_exemption() -> None:
     """No per-module baseline in [tool.mypy], and the provider packages are checked under the
     name users import (the .typecheck link), so their imports of each other resolve."""

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from flowmesh_sdk import clock
+from flowmesh_sdk import clock, timers
 from flowmesh_sdk.errors import FlowMeshError, ProviderUnavailableError, SandboxClosedError
 from flowmesh_sdk.remote.runner import Channel, CommandResult, Runner, StreamChannel
 
@@ -162,7 +162,7 @@ class ExecChannel(StreamChannel):
 
     async def ended(self, timeout_s: float) -> bool:
         with contextlib.suppress(asyncio.TimeoutError):
-            async with asyncio.timeout(timeout_s):
+            async with timers.timeout(timeout_s):
                 await self._ended.wait()
         return self._ended.is_set()
 
@@ -258,7 +258,7 @@ class PodRunner(Runner):
             verdict = None
             if self._why_cut is not None:
                 try:
-                    async with asyncio.timeout(max(0.0, deadline - clock.monotonic())):
+                    async with timers.timeout(max(0.0, deadline - clock.monotonic())):
                         verdict = await self._why_cut()
                 except (TimeoutError, FlowMeshError):
                     pass   # no word from the watch: the refusal stands, its cause kept
@@ -284,7 +284,7 @@ class PodRunner(Runner):
                     out.extend(chunk)
 
             try:
-                async with asyncio.timeout(timeout_s):
+                async with timers.timeout(timeout_s):
                     await drain()
                     await chan.ended(timeout_s)
             except asyncio.TimeoutError:

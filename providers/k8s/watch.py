@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from flowmesh_sdk import timers
+
 from .config import Target
 
 log = logging.getLogger("flowmesh.providers.k8s")
@@ -76,7 +78,7 @@ class PodWatch:
 
     async def synced(self, timeout_s: float) -> None:
         """Return once the first list is in (raise what stopped it, if anything did)."""
-        async with asyncio.timeout(timeout_s):
+        async with timers.timeout(timeout_s):
             await self._synced.wait()
         if self._error is not None and not self._pods:
             raise self._error
@@ -90,7 +92,7 @@ class PodWatch:
         fut: asyncio.Future[Pod | None] = self._loop.create_future()
         self._waiters.setdefault(name, []).append((predicate, fut))
         try:
-            async with asyncio.timeout(timeout_s):
+            async with timers.timeout(timeout_s):
                 return await fut
         finally:
             waiting = self._waiters.get(name)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flowmesh_sdk import settings as _settings
+from flowmesh_sdk import timers
 from flowmesh_sdk.config import home_dir
 from flowmesh_sdk.errors import CapacityError, FlowMeshError, SpecError
 from flowmesh_sdk.provider import (LABEL_INSTANCE, TAG_FLEET, TAG_POOL, Capabilities, Instance, LaunchRequest,
@@ -187,7 +188,7 @@ class SshProvider(SlicedProvider):
             return LeftoverScan(self.name, unreachable=((name, "no longer in the inventory"),))
         by_id = {i.id: i for i in insts}
         try:
-            async with asyncio.timeout(ASK_TIMEOUT_S):
+            async with timers.timeout(ASK_TIMEOUT_S):
                 listed = await self._runtime(name).list(label_keys=[LABEL_INSTANCE])
         except (FlowMeshError, OSError, TimeoutError) as exc:
             return LeftoverScan(self.name, unreachable=((name, f"{type(exc).__name__}: {exc}"),))
@@ -214,7 +215,7 @@ class SshProvider(SlicedProvider):
                 continue
             runtime = self._runtime(name)
             try:
-                async with asyncio.timeout(ASK_TIMEOUT_S):
+                async with timers.timeout(ASK_TIMEOUT_S):
                     await runtime.remove([lo.container_id for lo in items])
                     left = {c.id for c in await runtime.list(label_keys=[LABEL_INSTANCE])}
             except (FlowMeshError, OSError, TimeoutError) as exc:
