@@ -44,9 +44,6 @@ class Deadline:
         self._slot: int | None = None    # not in the wheel (no deadline, or not entered yet)
         self._state = -1
 
-    def when(self) -> float:
-        return self._when
-
     def expired(self) -> bool:
         return self._state in (_EXPIRING, _EXPIRED)
 
@@ -144,20 +141,12 @@ class _Wheel:
 
 
 _wheels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Wheel] = weakref.WeakKeyDictionary()
-_last: tuple[weakref.ref[asyncio.AbstractEventLoop], weakref.ref[_Wheel]] | None = None   # found last
 
 
 def _wheel(loop: asyncio.AbstractEventLoop) -> _Wheel:
-    global _last
-    last = _last
-    if last is not None and last[0]() is loop:
-        wheel = last[1]()
-        if wheel is not None:
-            return wheel
     wheel = _wheels.get(loop)
     if wheel is None:
         wheel = _wheels[loop] = _Wheel(loop)
-    _last = (weakref.ref(loop), weakref.ref(wheel))
     return wheel
 
 
