@@ -4,7 +4,7 @@
 the task is cancelled, and the block's ``CancelledError`` leaves it as ``TimeoutError``
 unless someone else cancelled the task too (then the cancellation goes on).  Nested
 deadlines and a cancellation from outside are told apart by the task's cancel count, as
-Python 3.12 does it.
+``asyncio.timeout`` tells them apart.
 
 What it saves is the timer.  ``asyncio.timeout`` makes a ``TimerHandle`` per block and
 pushes it onto the loop's heap of timers, whose order is a Python ``__lt__`` called about
@@ -48,6 +48,8 @@ class Deadline:
         return self._state in (_EXPIRING, _EXPIRED)
 
     async def __aenter__(self) -> Deadline:
+        if self._state != -1:
+            raise RuntimeError("a deadline is entered once")
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("a deadline is set inside a task")
