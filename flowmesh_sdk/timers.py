@@ -28,7 +28,7 @@ from types import TracebackType
 #: a deadline's slot, in seconds of the loop's clock: how late a deadline may fire
 TICK = 0.001
 
-_ENTERED, _EXPIRING, _EXPIRED, _EXITED = range(4)
+_CREATED, _ENTERED, _EXPIRING, _EXPIRED, _EXITED = range(5)
 
 
 class Deadline:
@@ -42,13 +42,13 @@ class Deadline:
         self._task: asyncio.Task[object] | None = None
         self._cancelling = 0
         self._slot: int | None = None    # not in the wheel (no deadline, or not entered yet)
-        self._state = -1
+        self._state = _CREATED
 
     def expired(self) -> bool:
         return self._state in (_EXPIRING, _EXPIRED)
 
     async def __aenter__(self) -> Deadline:
-        if self._state != -1:
+        if self._state != _CREATED:
             raise RuntimeError("a deadline is entered once")
         task = asyncio.current_task()
         if task is None:
