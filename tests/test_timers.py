@@ -21,6 +21,17 @@ def _wheel() -> timers._Wheel:
     return timers._wheel(asyncio.get_running_loop())
 
 
+async def _within(timeout: Callable[[float], Any], limit: float, work: float) -> float | None:
+    """``work`` seconds of sleep under ``timeout(limit)``: the loop's time when it timed
+    out, or None when the work ended first."""
+    try:
+        async with timeout(limit):
+            await asyncio.sleep(work)
+    except TimeoutError:
+        return asyncio.get_running_loop().time()
+    return None
+
+
 @BOTH
 def test_a_block_past_its_deadline_is_cancelled_and_leaves_as_timeout_error(timeout: Callable[[float], Any]) -> None:
     async def main() -> tuple[str, float, bool]:
@@ -123,7 +134,7 @@ def test_a_cancellation_from_outside_is_not_turned_into_a_timeout(timeout: Calla
 @BOTH
 def test_a_task_already_being_cancelled_still_gets_its_timeout(timeout: Callable[[float], Any]) -> None:
     """The task's cancellations are counted from the block's start."""
-    async def main() -> str:
+    async def main() -> float | None:
         task = asyncio.current_task()
         assert task is not None
         task.cancel()
@@ -131,44 +142,22 @@ def test_a_task_already_being_cancelled_still_gets_its_timeout(timeout: Callable
             await asyncio.sleep(0)
         except asyncio.CancelledError:
             pass                      # swallowed without uncancel(): cancelling() stays 1
-        try:
-            async with timeout(1):
-                await asyncio.sleep(5)
-        except TimeoutError:
-            return "timeout"
-        return "no timeout"
+        return await _within(timeout, 1, 5)
 
-    assert run(main()) == "timeout"
+    assert run(main()) == 1.0
 
 
 @BOTH
 def test_a_deadline_already_past_fires_at_the_next_turn(timeout: Callable[[float], Any]) -> None:
-    async def main() -> tuple[str, float]:
-        try:
-            async with timeout(-1):
-                await asyncio.sleep(3)
-        except TimeoutError:
-            return "timeout", asyncio.get_running_loop().time()
-        return "none", asyncio.get_running_loop().time()
-
-    assert run(main()) == ("timeout", 0.0)
+    assert run(_within(timeout, -1, 3)) == 0.0
 
 
 def test_a_deadline_fires_at_the_end_of_its_slot_never_before() -> None:
-    async def main() -> list[float]:
-        loop = asyncio.get_running_loop()
-
-        async def one(s: float) -> float:
-            try:
-                async with timers.timeout(s):
-                    await asyncio.sleep(5)
-            except TimeoutError:
-                pass
-            return loop.time()
-
-        return list(await asyncio.gather(one(1.0), one(1.0004), one(1.3)))
+    async def main() -> list[float | None]:
+        return list(await asyncio.gather(*(_within(timers.timeout, s, 5) for s in (1.0, 1.0004, 1.3))))
 
     first, second, third = run(main())
+    assert first is not None and second is not None and third is not None
     assert first == 1.0
     assert 1.0004 <= second <= 1.0004 + timers.TICK    # the next slot, not the first one's
     assert third == pytest.approx(1.3)
@@ -176,22 +165,13 @@ def test_a_deadline_fires_at_the_end_of_its_slot_never_before() -> None:
 
 
 def test_many_blocks_on_many_tasks_each_fire_at_their_own_deadline() -> None:
-    async def main() -> list[tuple[int, float | None]]:
-        loop = asyncio.get_running_loop()
-
-        async def one(i: int) -> tuple[int, float | None]:
-            try:
-                async with timers.timeout(i % 7 + 0.5):
-                    await asyncio.sleep(i % 5 + 1)    # some end in time, some not
-            except TimeoutError:
-                return i, loop.time()
-            return i, None
-
-        out = await asyncio.gather(*(one(i) for i in range(200)))
+    async def main() -> list[float | None]:
+        # some end in time, some not
+        out = await asyncio.gather(*(_within(timers.timeout, i % 7 + 0.5, i % 5 + 1) for i in range(200)))
         assert not _wheel().slots
-        return out
+        return list(out)
 
-    for i, fired in run(main()):
+    for i, fired in enumerate(run(main())):
         limit, work = i % 7 + 0.5, i % 5 + 1
         assert fired == (limit if limit < work else None), i
 
