@@ -117,14 +117,10 @@ class SimJob:
         if not self._signal.done():
             self._signal.set_result(sig)
 
-    def _finish(self) -> None:
-        if not self._signal.done():
-            self._signal.set_result(0)      # the work's end: no signal
-
     async def run(self, machine: SimHost) -> None:
         t0 = clock.monotonic()
         if self.seconds:
-            end = asyncio.get_running_loop().call_later(self.seconds, self._finish)
+            end = asyncio.get_running_loop().call_later(self.seconds, self.kill, 0)   # 0: the work's end
             try:
                 sig = await self._signal
             finally:
