@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -50,6 +51,10 @@ SANDBOX_GB = 0.0625   # 64 MB a sandbox: 256 of them are a 16 GB instance of thi
 STOCK_TIMEOUT_S = 900.0
 
 console = bench_console()
+
+
+class StockShort(Exception):
+    """The warm stock will not fill: the bench stops (its fleet cleans up) with this message."""
 
 
 @dataclass(frozen=True)
@@ -77,12 +82,23 @@ async def arrive(n: int, pattern: str, rate: float, one: Callable[[], Awaitable[
 
 
 async def stocked(fleet: Fleet, pool: Pool, want: int) -> None:
-    """Until the pool holds ``want`` warm containers (event-driven)."""
+    """Until the pool holds ``want`` warm containers (woken by each one ready).
+
+    A refill that fails publishes nothing (the pool logs it), so the stock is also looked at
+    every second: short of ``want`` with no refill under way, it will not fill, and the
+    bench stops there rather than wait out STOCK_TIMEOUT_S."""
     sub = fleet.bus.subscribe(EventKind.SANDBOX_READY)
     try:
         deadline = time.monotonic() + STOCK_TIMEOUT_S
-        while pool.stats().warm < want:
-            await sub.next(max(0.0, deadline - time.monotonic()))
+        while (st := pool.stats()).warm < want:
+            if st.warming == 0:
+                raise StockShort(f"the warm stock stopped at {st.warm} of {want} with no refill under way: "
+                                 "its refills failed (the pool's warnings above say why)")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StockShort(f"the warm stock reached {st.warm} of {want} in {STOCK_TIMEOUT_S:.0f} s")
+            with contextlib.suppress(TimeoutError):
+                await sub.next(min(1.0, left))
     finally:
         sub.close()
 
@@ -176,4 +192,7 @@ async def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    try:
+        sys.exit(asyncio.run(main()))
+    except StockShort as e:
+        sys.exit(f"sandbox_burst: {e}")
