@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
+import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -161,7 +161,7 @@ class Provisioner:
         skipped for the rest of the run.  ``container``: what instances that are containers
         run (:attr:`LaunchRequest.container`)."""
         prov = providers[offer.provider]
-        request_id = f"{request_prefix}-{uuid.uuid4().hex[:16]}"
+        request_id = f"{request_prefix}-{secrets.token_hex(8)}"
         req = LaunchRequest(offer=offer, spec=spec, count=min(count, prov.capabilities.max_batch),
                             request_id=request_id, tags={**tags, TAG_REQUEST: request_id}, container=container)
         try:

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import uuid
+import secrets
 from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping
 from dataclasses import asdict
 from typing import Any
@@ -247,7 +247,7 @@ class MachinePool(Pool):
 
     # ---- the journey of one task ---------------------------------------------------
     def _new_run(self, name: str, tenant: str) -> TaskRun:
-        run = TaskRun(id=uuid.uuid4().hex[:16], name=name, tenant=tenant,
+        run = TaskRun(id=secrets.token_hex(8), name=name, tenant=tenant,
                       lifecycle=task_lifecycle(name))
         run.trace = tracing.journey(self.name, run.id, name, tenant)
         run.mark("submitted")

@@ -6,7 +6,7 @@ back."""
 
 from __future__ import annotations
 
-import uuid
+import secrets
 from collections.abc import Callable, Mapping
 
 from ..control.events import EventKind
@@ -46,7 +46,7 @@ class Sandboxes:
     async def new(self, mi: ManagedInstance, spec: SandboxSpec, info: ImageInfo, task_id: str) -> Sandbox:
         """A container from the pinned image on ``mi``, its channel open (the one it was
         started with, where the runtime gives one: :meth:`ContainerRuntime.start`)."""
-        name = f"fm-{self.pool}-{uuid.uuid4().hex[:10]}"
+        name = f"fm-{self.pool}-{secrets.token_hex(5)}"
         labels = {LABEL_FLEET: self.ctx.fleet, LABEL_POOL: self.pool, LABEL_INSTANCE: mi.id,
                   LABEL_OWNER: self.ctx.owner, LABEL_TASK: task_id, LABEL_RUN: self.ctx.run}
         # wanted from before its pull until its container holds it: eviction never takes an

@@ -8,8 +8,8 @@ import asyncio
 import dataclasses
 import inspect
 import logging
+import secrets
 import socket
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -127,7 +127,7 @@ class ResultReuse:
         _check_flag("cache_failures", cache_failures)
         _check_request_id(request_id)
         pool_name = str(getattr(pool, "name", "?"))
-        request_id = request_id or uuid.uuid4().hex[:16]
+        request_id = request_id or secrets.token_hex(8)
         if not (task.deterministic or task.seed is not None):
             return await self._bypass(task, pool, request_id, workflow)
         try:
@@ -214,7 +214,7 @@ class ResultReuse:
         params = dict(params or {})
         inputs = {k: bytes(v) for k, v in (inputs or {}).items()}
         ident = call_identity(kind, image_or_model, params, inputs, resource_class, seed)
-        request_id = request_id or uuid.uuid4().hex[:16]
+        request_id = request_id or secrets.token_hex(8)
         t0 = clock.monotonic()
 
         async def run_fn() -> CallResult:

@@ -29,8 +29,8 @@ bytes with ``head -c N`` instead of up to EOF.
 
 from __future__ import annotations
 
+import secrets
 import shlex
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -154,7 +154,7 @@ class WorkerContainer:
         self.runtime = runtime
         self.role = role
         self.labels = dict(labels)
-        self.name = name or f"fm-worker-{role}-{uuid.uuid4().hex[:10]}"
+        self.name = name or f"fm-worker-{role}-{secrets.token_hex(5)}"
         self.id: str | None = None
 
     @property

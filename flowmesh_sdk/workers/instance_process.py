@@ -35,8 +35,8 @@ such an instance), or a :class:`~.container.WorkerProcess` given as it is.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import shlex
-import uuid
 from collections.abc import Mapping, Sequence
 
 from .. import clock
@@ -90,7 +90,7 @@ class InstanceWorkerProcess:
             raise SpecError("worker.entrypoint", f"must be the entrypoint's argv, got {entrypoint!r}")
         self.runner = runner
         self.role = role
-        self.name = name or f"fm-worker-{role}-{uuid.uuid4().hex[:10]}"
+        self.name = name or f"fm-worker-{role}-{secrets.token_hex(5)}"
         self.entrypoint = tuple(entrypoint)
         self.host = host
         self.port = port

@@ -29,7 +29,7 @@ done, on its own pool; an operator whose input failed is skipped, not run.
 from __future__ import annotations
 
 import asyncio
-import uuid
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -273,7 +273,7 @@ class Workflow:
         await self._preflight(reuse, pools)
         done: dict[str, asyncio.Future[OpOutcome]] = {
             n: asyncio.get_running_loop().create_future() for n in order}
-        request_ids = {n: uuid.uuid4().hex[:16] for n in order}
+        request_ids = {n: secrets.token_hex(8) for n in order}
 
         async def one(n: str) -> None:
             op = self.ops[n]
