@@ -8,13 +8,19 @@ whole heap.  At 10,000 tasks in flight that was 15 full passes over up to 1.5 mi
 objects: about a quarter of the process's CPU (``bench/control_plane_scale.py``; issue 29).
 
 While at least one :class:`~flowmesh_sdk.fleet.Fleet` is open in the process, the
-thresholds are raised to at least ``coordinator.gc_threshold`` (default ``10000,10,10``:
-a young pass per 10,000 allocations, so full passes come about fourteen times less often;
-the memory held by young garbage waiting for a pass grows by a few megabytes).  A threshold the
-process already set higher is kept, a collector switched off stays off, and when the last
-fleet closes the interpreter's values come back -- unless somebody changed them meanwhile,
-whose values are then left alone.  ``coordinator.gc_threshold = "off"`` (or
-``FLOWMESH_GC_THRESHOLD=off``) leaves the collector as the process has it.
+thresholds are raised to at least ``coordinator.gc_threshold`` (default ``50000,20,10``:
+a young pass per 50,000 allocations and a middle pass per twenty young ones).  What a
+pass costs per object grows with the heap (each object's referents are read wherever
+they lie), so at 100,000 tasks the passes were about half of the per-task cost that grows
+with the fleet; fewer, larger passes cut it (docs/operations.md, the tenth stop on
+issue 29).  The price: young garbage waits for up to 50,000 allocations (a few tens of
+megabytes at most; the SDK's own per-task objects are freed by reference counting), and
+a middle pass walks up to about a million objects (about a tenth of a second at 100,000
+tasks).  A threshold the process already set higher is kept, a collector switched off
+stays off, and when the last fleet closes the interpreter's values come back -- unless
+somebody changed them meanwhile, whose values are then left alone.
+``coordinator.gc_threshold = "off"`` (or ``FLOWMESH_GC_THRESHOLD=off``) leaves the
+collector as the process has it.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import threading
 from .errors import SpecError
 
 SETTING = "coordinator.gc_threshold"
-DEFAULT = "10000,10,10"
+DEFAULT = "50000,20,10"
 
 _lock = threading.Lock()
 _holders = 0

@@ -32,23 +32,23 @@ async def test_an_open_fleet_raises_the_thresholds_and_its_close_gives_them_back
     fleet = Fleet("gc-one", home=tmp_path, reconcile_interval_s=None)
     assert gc.get_threshold() == (700, 10, 10)        # made, not started: nothing changed yet
     async with fleet:
-        assert gc.get_threshold() == (10_000, 10, 10)
+        assert gc.get_threshold() == (50_000, 20, 10)
     assert gc.get_threshold() == (700, 10, 10)
 
 
 async def test_the_last_of_two_fleets_gives_them_back(tmp_path: Path) -> None:
     async with Fleet("gc-a", home=tmp_path / "a", reconcile_interval_s=None):
         async with Fleet("gc-b", home=tmp_path / "b", reconcile_interval_s=None):
-            assert gc.get_threshold() == (10_000, 10, 10)
-        assert gc.get_threshold() == (10_000, 10, 10)   # gc-a is still open
+            assert gc.get_threshold() == (50_000, 20, 10)
+        assert gc.get_threshold() == (50_000, 20, 10)   # gc-a is still open
     assert gc.get_threshold() == (700, 10, 10)
 
 
 async def test_higher_thresholds_and_a_process_own_change_are_left_alone(tmp_path: Path) -> None:
-    gc.set_threshold(50_000, 5, 100)
+    gc.set_threshold(80_000, 5, 100)
     async with Fleet("gc-high", home=tmp_path / "h", reconcile_interval_s=None):
-        assert gc.get_threshold() == (50_000, 10, 100)   # each raised to at least the setting, none lowered
-    assert gc.get_threshold() == (50_000, 5, 100)
+        assert gc.get_threshold() == (80_000, 20, 100)   # each raised to at least the setting, none lowered
+    assert gc.get_threshold() == (80_000, 5, 100)
     gc.set_threshold(700, 10, 10)
     async with Fleet("gc-mine", home=tmp_path / "m", reconcile_interval_s=None):
         gc.set_threshold(2_000, 10, 10)                  # the program changes them while the fleet is open
