@@ -13,14 +13,15 @@ a young pass per 50,000 allocations and a middle pass per twenty young ones).  W
 pass costs per object grows with the heap (each object's referents are read wherever
 they lie), so at 100,000 tasks the passes were about half of the per-task cost that grows
 with the fleet; fewer, larger passes cut it (docs/operations.md, the tenth stop on
-issue 29).  The price: young garbage waits for up to 50,000 allocations (a few tens of
-megabytes at most; the SDK's own per-task objects are freed by reference counting), and
-a middle pass walks up to about a million objects (about a tenth of a second at 100,000
-tasks).  A threshold the process already set higher is kept, a collector switched off
-stays off, and when the last fleet closes the interpreter's values come back -- unless
-somebody changed them meanwhile, whose values are then left alone.
-``coordinator.gc_threshold = "off"`` (or ``FLOWMESH_GC_THRESHOLD=off``) leaves the
-collector as the process has it.
+issue 29).  The price: cyclic garbage waits for up to 50,000 allocations before a
+young pass frees it (the SDK's own per-task objects are freed by reference counting, not
+by the collector), and a middle pass walks up to about a million objects (0.4 s on
+average at 100,000 simulated tasks; the longest pass of any kind there took about a
+second with the old values and the new).  A threshold the process already set higher
+is kept, a collector switched off stays off, and when the last fleet closes the
+interpreter's values come back -- unless somebody changed them meanwhile, whose values
+are then left alone.  ``coordinator.gc_threshold = "off"`` (or
+``FLOWMESH_GC_THRESHOLD=off``) leaves the collector as the process has it.
 """
 
 from __future__ import annotations
