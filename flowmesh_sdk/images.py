@@ -17,6 +17,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -115,12 +116,18 @@ class PullBudget:
 # ---- resolvers --------------------------------------------------------------------------
 
 class _Cache:
-    """Per-image TTL cache with single-flight lookups."""
+    """Per-image TTL cache with single-flight lookups.  An entry past its TTL is dropped
+    when a later one is stored: a coordinator that resolves a new image for every task (a
+    SWE-style batch) holds the images of the last ``ttl_s``, not every one it ever saw."""
 
     def __init__(self, ttl_s: float) -> None:
         self.ttl_s = ttl_s
-        self._hits: dict[str, tuple[ImageInfo, float]] = {}
+        # oldest first: each entry is (re)stored at the end, and all share one TTL
+        self._hits: OrderedDict[str, tuple[ImageInfo, float]] = OrderedDict()
         self._inflight: dict[str, asyncio.Future[ImageInfo]] = {}
+
+    def __len__(self) -> int:
+        return len(self._hits)
 
     async def get(self, image: str, fetch: Callable[[], Awaitable[ImageInfo]]) -> ImageInfo:
         """``image`` is the cache key (a reference, plus the platform where it matters)."""
@@ -135,10 +142,14 @@ class _Cache:
 
     def _done(self, image: str, fut: asyncio.Future[ImageInfo]) -> None:
         self._inflight.pop(image, None)
-        if not fut.cancelled() and fut.exception() is None:
-            self._hits[image] = (fut.result(), clock.monotonic())
-        else:
-            self._hits.pop(image, None)
+        hits = self._hits
+        hits.pop(image, None)
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        now = clock.monotonic()
+        while hits and now - next(iter(hits.values()))[1] >= self.ttl_s:
+            hits.popitem(last=False)
+        hits[image] = (fut.result(), now)
 
     def forget(self, image: str) -> None:
         self._hits.pop(image, None)

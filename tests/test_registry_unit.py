@@ -1,4 +1,5 @@
-"""Image references, credentials files and the pull budget (no registry needed)."""
+"""Image references, credentials files, the pull budget and the resolvers' cache (no
+registry needed)."""
 
 import asyncio
 import json
@@ -8,9 +9,10 @@ import pytest
 
 from flowmesh_sdk.control import InProcessBackend
 from flowmesh_sdk.errors import AuthError, RegistryUnavailableError, SpecError, ThrottledError
-from flowmesh_sdk.images import PullBudget, PullPolicy
+from flowmesh_sdk.images import ImageInfo, PullBudget, PullPolicy, _Cache
 from flowmesh_sdk.registry.auth import Credentials, load_credentials, write_auth_file
 from flowmesh_sdk.registry.reference import ImageRef
+from flowmesh_sdk.sim.loop import run as run_virtual
 
 D = "sha256:" + "ab" * 32
 
@@ -114,3 +116,40 @@ async def test_pull_budget_caps_concurrent_pulls():
 
     await asyncio.gather(*(budget.run("r", f"pull {i}", pull, pull=True) for i in range(6)))
     assert peak == 2
+
+
+def test_resolver_cache_is_single_flight_and_holds_only_what_is_within_its_ttl():
+    """One fetch for concurrent asks; a hit until the TTL; a failure not kept; and a
+    coordinator resolving a new image every 10 s (a SWE-style batch) holds the last
+    30 s of them, not every image it ever saw (on virtual time: every instant exact)."""
+    fetched: list[str] = []
+
+    def fetcher(image: str, fail: bool = False):
+        async def fetch() -> ImageInfo:
+            fetched.append(image)
+            await asyncio.sleep(1)
+            if fail:
+                raise RegistryUnavailableError("reg is down")
+            return ImageInfo(image=image, digest=D, run_ref=f"{image}@{D}", registry="reg")
+        return fetch
+
+    async def scenario() -> None:
+        cache = _Cache(30.0)
+        a, b = await asyncio.gather(cache.get("a", fetcher("a")), cache.get("a", fetcher("a")))
+        assert a is b and fetched == ["a"]                      # one fetch, shared
+        await asyncio.sleep(28)                                 # stored at t=1: a hit until t=31
+        assert await cache.get("a", fetcher("a")) is a and fetched == ["a"]
+        await asyncio.sleep(2)
+        assert await cache.get("a", fetcher("a")) is not a and fetched == ["a", "a"]
+        with pytest.raises(RegistryUnavailableError):
+            await cache.get("x", fetcher("x", fail=True))
+        assert "x" not in cache._hits
+        for i in range(20):                                     # a new image every 10 s
+            await cache.get(f"img{i}", fetcher(f"img{i}"))
+            await asyncio.sleep(9)
+            held = list(cache._hits)
+            assert len(cache) == len(held) <= 4, held           # what is younger than 30 s, and the newest
+            assert held[-1] == f"img{i}"
+        assert held == ["img17", "img18", "img19"]
+
+    run_virtual(scenario())

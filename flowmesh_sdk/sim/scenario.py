@@ -140,7 +140,8 @@ class SimResolver(ImageResolver):
 
     def __init__(self, sizes: dict[str, int]) -> None:
         self.sizes = sizes           # image name -> bytes
-        # one ImageInfo per image, as the real resolvers' caches give (images.RegistryResolver)
+        # one ImageInfo per image for the whole run (the real resolvers' caches give one per
+        # image for their TTL, images.RegistryResolver: a lookup of the simulated registry is free)
         self._resolved: dict[str, ImageInfo] = {}
 
     @staticmethod
