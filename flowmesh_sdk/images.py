@@ -126,9 +126,6 @@ class _Cache:
         self._hits: OrderedDict[str, tuple[ImageInfo, float]] = OrderedDict()
         self._inflight: dict[str, asyncio.Future[ImageInfo]] = {}
 
-    def __len__(self) -> int:
-        return len(self._hits)
-
     async def get(self, image: str, fetch: Callable[[], Awaitable[ImageInfo]]) -> ImageInfo:
         """``image`` is the cache key (a reference, plus the platform where it matters)."""
         hit = self._hits.get(image)

@@ -140,8 +140,8 @@ class SimResolver(ImageResolver):
 
     def __init__(self, sizes: dict[str, int]) -> None:
         self.sizes = sizes           # image name -> bytes
-        # one ImageInfo per image for the whole run (the real resolvers' caches give one per
-        # image for their TTL, images.RegistryResolver: a lookup of the simulated registry is free)
+        # one ImageInfo per image for the whole run: a lookup of the simulated registry is
+        # free, so unlike the real resolvers' TTL caches (images.RegistryResolver) it never refetches
         self._resolved: dict[str, ImageInfo] = {}
 
     @staticmethod
