@@ -10,14 +10,10 @@ objects: about a quarter of the process's CPU (``bench/control_plane_scale.py``;
 While at least one :class:`~flowmesh_sdk.fleet.Fleet` is open in the process, the
 thresholds are raised to at least ``coordinator.gc_threshold`` (default ``50000,20,10``:
 a young pass per 50,000 allocations and a middle pass per twenty young ones).  What a
-pass costs per object grows with the heap (each object's referents are read wherever
-they lie), so at 100,000 tasks the passes were about half of the per-task cost that grows
-with the fleet; fewer, larger passes cut it (docs/operations.md, the tenth stop on
-issue 29).  The price: cyclic garbage waits for up to 50,000 allocations before a
-young pass frees it (the SDK's own per-task objects are freed by reference counting, not
-by the collector), and a middle pass walks up to about a million objects (0.4 s on
-average at 100,000 simulated tasks; the longest pass of any kind there took about a
-second with the old values and the new).  A threshold the process already set higher
+pass costs per object grows with the heap, so fewer, larger passes are cheaper at scale;
+the price is cyclic garbage waiting longer for a pass (the SDK's own per-task objects are
+freed by reference counting).  docs/operations.md ("The coordinator's garbage
+collector") has the measurements.  A threshold the process already set higher
 is kept, a collector switched off stays off, and when the last fleet closes the
 interpreter's values come back -- unless somebody changed them meanwhile, whose values
 are then left alone.  ``coordinator.gc_threshold = "off"`` (or
