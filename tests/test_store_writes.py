@@ -116,3 +116,49 @@ def test_a_row_that_cannot_be_written_loses_only_itself(store: MetadataStore,
     warned = [r.getMessage() for r in caplog.records]
     assert sum("could not record task.submitted" in m for m in warned) == 1
     assert sum("could not record instance.requested" in m for m in warned) == 1
+
+
+def test_the_store_is_handed_exactly_the_kinds_it_writes() -> None:
+    # the bus hands the store only store_writes.RECORDED: a kind it writes that were left
+    # out would be lost without a word, one it does not write costs it queueing for nothing
+    def sample(kind: EventKind) -> Event:
+        return Event(kind, "f", "p", instance_id="i-1", task_id="t-1", task_name="n",
+                     detail='{"provider": "aws"}' if kind is EventKind.INSTANCE_REQUESTED else "", at=1.0)
+
+    written = {k for k in EventKind if list(store_writes._rows(sample(k)))}
+    assert written == store_writes.RECORDED
+    assert EventKind.SANDBOX_READY not in written and EventKind.INSTANCE_READY in written
+
+
+def test_an_instances_rows_in_one_batch_are_one_row_that_ends_as_they_would(store: MetadataStore,
+                                                                              caplog: pytest.LogCaptureFixture) -> None:
+    # i-1 is made in an earlier batch; i-2 and i-3 are made and end within this one
+    _write(Path(store.path), [Event(EventKind.INSTANCE_REQUESTED, "f", "p", instance_id="i-1", detail="asked",
+                                    at=1.0, run="r0")])
+    life = [(EventKind.INSTANCE_RUNNING, "", 2.0), (EventKind.INSTANCE_READY, "booted", 3.0),
+            (EventKind.INSTANCE_DRAINING, "", 4.0), (EventKind.INSTANCE_TERMINATED, '{"cost": 1}', 5.0)]
+    ev = [Event(k, "f", "p", instance_id="i-1", detail=d, at=at, run="r1") for k, d, at in life]
+    ev += [Event(EventKind.INSTANCE_REQUESTED, "f", "q", instance_id="i-2", detail="asked", at=1.5, run="r1"),
+           Event(EventKind.INSTANCE_READY, "f", "q", instance_id="i-2", detail="up", at=2.5, run="r1"),
+           Event(EventKind.INSTANCE_DRAINING, "f", "q", instance_id="i-2", detail="", at=3.5, run="r1")]
+    statements = _write(Path(store.path), ev)
+    assert sum(s.startswith("INSERT INTO instances") for s in statements) == 1   # 7 events, one statement of 2 rows
+    rows = {r.id: r for r in store.instances()}
+    one, two = rows["i-1"], rows["i-2"]
+    # what the insert set is the first event's; state and detail the last's; ready_at and terminated_at the latest given
+    assert (one.state, one.requested_at, one.ready_at, one.terminated_at, one.detail) == \
+        ("terminated", 1.0, 3.0, 5.0, '{"cost": 1}')
+    assert (two.pool, two.state, two.requested_at, two.ready_at, two.terminated_at, two.detail) == \
+        ("q", "draining", 1.5, 2.5, None, "")
+
+    # a folded row that cannot be written is written as the rows it stands for: only the bad one is lost
+    bad = [Event(EventKind.INSTANCE_REQUESTED, "f", "p", instance_id="i-3", detail="asked", at=1.0),
+           Event(EventKind.INSTANCE_READY, "f", "p", instance_id="i-3", detail="up", at=2.0),
+           Event(EventKind.INSTANCE_DRAINING, "f", "p", instance_id="i-3", detail=object(),  # type: ignore[arg-type]
+                 at=3.0)]
+    with caplog.at_level(logging.WARNING, logger="flowmesh.store"):
+        _write(Path(store.path), bad)
+    three = {r.id: r for r in store.instances()}["i-3"]
+    assert (three.state, three.ready_at, three.detail) == ("ready", 2.0, "up")
+    warned = [r.getMessage() for r in caplog.records if "could not record" in r.getMessage()]
+    assert len(warned) == 1 and "could not record instance.draining" in warned[0]

@@ -126,7 +126,7 @@ class MetadataStore:
 
     # ---- writing ---------------------------------------------------------------
     def attach(self, bus: EventBus) -> None:
-        bus.on(self.record)
+        bus.on(self.record, *store_writes.RECORDED)
 
     def record(self, ev: Event) -> None:
         """Queue ``ev`` for the writer thread (never blocks).  The writer takes everything

@@ -6,7 +6,10 @@ reuse outcome.  :func:`write` groups a batch's rows by statement and writes each
 multi-row statements of up to :data:`CHUNK` rows (what is left over in chunks of the powers
 of two, whose statements SQLite keeps prepared), the groups in an order that keeps every
 row's history (a task's submission before its start before its end; an instance's events
-in the order they came).  A pool's rows, a few in a fleet's life, are written one by one in
+in the order they came, folded into one row per instance that ends as they would: most of
+an instance's life -- requested, running, ready; draining, terminating, terminated -- is
+seconds apart, and a batch gathers them).  The store is handed only the kinds of event it
+writes (:data:`RECORDED`).  A pool's rows, a few in a fleet's life, are written one by one in
 the order they came (a pool drained and made again in one batch ends up not drained).
 
 Why not one statement per event: SQLite lets go of Python's GIL while it steps a
@@ -25,13 +28,16 @@ import functools
 import json
 import logging
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..catalog.profiles import profile
 from .events import TASK_END, Event, EventKind
 
 log = logging.getLogger("flowmesh.store")
+
+_Row = tuple[object, ...]
+_Entry = tuple[str, _Row]   # a row to write and the kind of the event it records
 
 CHUNK = 1024   # most rows in one statement (fewer where SQLite allows fewer variables)
 
@@ -52,20 +58,26 @@ _TASK_STATE = {
     EventKind.TASK_TIMED_OUT: "timed_out", EventKind.TASK_REJECTED: "rejected",
     EventKind.TASK_CANCELLED: "cancelled",
 }
+#: the kinds of event the store records (the bus hands it only these)
+RECORDED = frozenset({*_INSTANCE_STATE, *_DECISIONS, *_REUSE_OUTCOME, *TASK_END, EventKind.TASK_SUBMITTED,
+                      EventKind.TASK_STARTED, EventKind.POOL_CREATED, EventKind.POOL_DRAINED})
 
 
 @dataclass(frozen=True)
 class _Statement:
     """A statement written for many rows at once: ``head``, the row placeholders repeated
-    (comma-separated), ``tail``.  ``key``: for an UPDATE whose rows are joined on these
-    columns of the row, a batch keeps only the last row per key (a join with two rows
-    for one target would take either)."""
+    (comma-separated), ``tail``.  ``key``: for an UPDATE whose rows are joined on this
+    column of the row, a batch keeps only the last row per key (a join with two rows for
+    one target would take either).  ``fold``: for an upsert keyed on ``key``, the one row
+    that leaves the table as the earlier row then the later would: a batch writes one row
+    per key."""
 
     name: str
     head: str
     row: str
     tail: str = ""
-    key: tuple[int, ...] = ()
+    key: int | None = None
+    fold: Callable[[_Row, _Row], _Row] | None = None
 
     @property
     def width(self) -> int:
@@ -85,21 +97,33 @@ def _sql(stmt: _Statement, rows: int) -> str:
 _POOL = _Statement("pool", "INSERT OR REPLACE INTO pools VALUES", "(?,?,?,?,NULL)")
 _DRAINED = _Statement("drained", "UPDATE pools SET drained_at = v.column2 FROM (VALUES", "(?,?,?)",
                       ") AS v WHERE pools.fleet = v.column1 AND pools.name = v.column3")
+
+
+def _fold_instance(old: _Row, new: _Row) -> _Row:
+    """Two of an instance's rows as one: the first's id, fleet, pool, requested_at and run
+    (what the insert sets), the last's state and detail, the latest ready_at and
+    terminated_at given (what the updates set)."""
+    return (*old[:3], new[3], old[4], new[5], old[6], old[7] if new[7] is None else new[7],
+            old[8] if new[8] is None else new[8])
+
+
 # then the rest, grouped, in this order: each row's history is kept (see the module docstring)
 # an instance's every event: the row is made by whichever comes first (requested_at is its time);
-# ready_at and terminated_at are set by their own events and kept by the others
+# ready_at and terminated_at are set by their own events and kept by the others; a batch's rows
+# of one instance are folded into one
 _INSTANCE = _Statement(
     "instance", "INSERT INTO instances (id, fleet, pool, state, requested_at, detail, run, ready_at,"
     " terminated_at) VALUES", "(?,?,?,?,?,?,?,?,?)",
     " ON CONFLICT(id) DO UPDATE SET state=excluded.state, detail=excluded.detail,"
-    " ready_at=COALESCE(excluded.ready_at, ready_at), terminated_at=COALESCE(excluded.terminated_at, terminated_at)")
+    " ready_at=COALESCE(excluded.ready_at, ready_at), terminated_at=COALESCE(excluded.terminated_at, terminated_at)",
+    key=0, fold=_fold_instance)
 _CHARGE = _Statement("charge", "INSERT OR REPLACE INTO charges (id, fleet, pool, provider, region, type, spot,"
                      " price_per_hour, billing_min_s, run) VALUES", "(?,?,?,?,?,?,?,?,?,?)")
 _DECISION = _Statement("decision", "INSERT INTO decisions VALUES", "(?,?,?,?,?)")
 _SUBMITTED = _Statement("submitted", "INSERT OR REPLACE INTO tasks (id, fleet, pool, name, state, submitted_at,"
                         " run) VALUES", "(?,?,?,?,'submitted',?,?)")
 _STARTED = _Statement("started", "UPDATE tasks SET state='running', instance_id = v.column2 FROM (VALUES",
-                      "(?,?)", ") AS v WHERE tasks.id = v.column1", key=(0,))
+                      "(?,?)", ") AS v WHERE tasks.id = v.column1", key=0)
 # a task's end: its row (made by task.submitted, or here when that was not recorded) takes the outcome
 _ENDED = _Statement(
     "ended", "INSERT INTO tasks (id, fleet, pool, name, submitted_at, run, state, instance_id, exit_code, queued_s,"
@@ -113,20 +137,26 @@ _ENDED = _Statement(
 _REUSE = _Statement("reuse", "INSERT OR REPLACE INTO reuse VALUES", "(?,?,?,?,?,?,?,?,?,?,?,?)")
 _ORDER = (_INSTANCE, _CHARGE, _DECISION, _SUBMITTED, _STARTED, _ENDED, _REUSE)
 
-_Row = tuple[object, ...]
-
 
 def write(c: sqlite3.Connection, events: Iterable[Event]) -> None:
     """Write ``events`` (in the order they happened) in the current transaction.  An event
     that cannot be recorded is logged and skipped: it does not lose the rest."""
-    rows: dict[str, dict[object, tuple[str, _Row]]] = {s.name: {} for s in _ORDER}
+    rows: dict[str, dict[object, _Entry]] = {s.name: {} for s in _ORDER}
+    folded: dict[tuple[str, object], list[_Entry]] = {}   # the rows each folded row stands for
     for i, ev in enumerate(events):
         try:
             for stmt, row in _rows(ev):
                 if stmt is _POOL or stmt is _DRAINED:
-                    _execute(c, stmt, [(ev.kind.value, row)])
-                else:   # a keyed UPDATE keeps the last row per key; the rest keep every row, in order
-                    rows[stmt.name][tuple(row[j] for j in stmt.key) if stmt.key else i] = (ev.kind.value, row)
+                    _execute(c, stmt, [(ev.kind.value, row)], folded)
+                    continue
+                # a keyed UPDATE keeps the last row per key, a keyed upsert folds them into one;
+                # the rest keep every row, in order
+                group = rows[stmt.name]
+                key = i if stmt.key is None else row[stmt.key]
+                if stmt.fold is not None and (had := group.get(key)) is not None:
+                    folded.setdefault((stmt.name, key), [had]).append((ev.kind.value, row))
+                    row = stmt.fold(had[1], row)
+                group[key] = (ev.kind.value, row)
         except ValueError as exc:
             log.warning("metadata store: could not record %s: %s", ev.kind.value, exc)
     most = c.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
@@ -139,19 +169,23 @@ def write(c: sqlite3.Connection, events: Iterable[Event]) -> None:
         while start < len(todo):
             while size > len(todo) - start:
                 size //= 2   # what is left goes in chunks of the powers of two: a few statements
-            _execute(c, stmt, todo[start:start + size])
+            _execute(c, stmt, todo[start:start + size], folded)
             start += size
 
 
-def _execute(c: sqlite3.Connection, stmt: _Statement, chunk: Sequence[tuple[str, _Row]]) -> None:
+def _execute(c: sqlite3.Connection, stmt: _Statement, chunk: Sequence[_Entry],
+             folded: Mapping[tuple[str, object], list[_Entry]]) -> None:
     try:
         c.execute(stmt.sql(len(chunk)), [v for _, row in chunk for v in row])
     except (sqlite3.Error, ValueError, OverflowError) as exc:
-        if len(chunk) == 1:
+        if len(chunk) > 1:
+            for one in chunk:   # one bad row does not lose the others
+                _execute(c, stmt, [one], folded)
+        elif stmt.key is not None and (parts := folded.get((stmt.name, chunk[0][1][stmt.key]))):
+            for part in parts:   # nor, where it is folded, the rows it stands for
+                _execute(c, stmt, [part], {})
+        else:
             log.warning("metadata store: could not record %s: %s", chunk[0][0], exc)
-            return
-        for one in chunk:   # one bad row does not lose the others
-            _execute(c, stmt, [one])
 
 
 def _rows(ev: Event) -> Iterator[tuple[_Statement, _Row]]:
