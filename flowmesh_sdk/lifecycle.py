@@ -107,15 +107,13 @@ class Lifecycle(Generic[S]):
     def can(self, new: S) -> bool:
         return new in self._table[self._state]
 
-    def to(self, new: S) -> Transition[S]:
+    def to(self, new: S) -> None:
         if new not in self._table[self._state]:
             allowed = ", ".join(sorted(s.value for s in self._table[self.state])) or "nothing"
             raise LifecycleError(f"{self._what or 'lifecycle'}: invalid transition "
                                  f"{self.state.value} -> {new.value} (allowed: {allowed})")
-        at = time.time()
-        self._log += (new, at)
+        self._log += (new, time.time())
         self._state = new
-        return Transition(new, at)
 
     def entered(self, state: S) -> float | None:
         """When ``state`` was last entered, or None."""
