@@ -106,7 +106,7 @@ async def test_limits_bad_input_is_a_spec_error():
 # ---- the registry reference parser ---------------------------------------------------------
 
 @pytest.mark.parametrize("text", [
-    None, 5, "", "a b", "x:latest\n", "localhost:99999/x", "a..b/x", "loc\x00al/x", "x:t\u00e9",
+    None, 5, "", "a b", "x:latest\n", "a\u00a0b", "a\x7fb", "localhost:99999/x", "a..b/x", "loc\x00al/x", "x:t\u00e9",
     "x@sha256:abc", "UPPER/case", "x:" + "t" * 200,
 ])
 def test_reference_parser_refuses_with_spec_error(text):

@@ -24,6 +24,15 @@ _REGISTRY = re.compile(rf"(?:{_HOST_PART}(?:\.{_HOST_PART})*|\[[0-9A-Fa-f:.]+\])
                        re.ASCII)
 
 
+
+def _printable_no_space(text: str) -> bool:
+    """No whitespace and no control character in ``text`` (in ASCII, the one printable
+    whitespace is the space: the common case is two C-level scans, not a loop)."""
+    if text.isascii():
+        return text.isprintable() and " " not in text
+    return not any(c.isspace() or not c.isprintable() for c in text)
+
+
 @dataclass(frozen=True, slots=True)
 class ImageRef:
     registry: str
@@ -33,7 +42,7 @@ class ImageRef:
 
     @classmethod
     def parse(cls, text: str) -> ImageRef:
-        if not isinstance(text, str) or not text or any(c.isspace() or not c.isprintable() for c in text):
+        if not isinstance(text, str) or not text or not _printable_no_space(text):
             raise SpecError("image", f"must be an image reference "
                                      f"([registry[:port]/]repository[:tag][@sha256:<64 hex>], no "
                                      f"spaces or control characters), got {text!r}")
