@@ -121,6 +121,33 @@ async def test_event_bus_subscribers_and_wait_for():
         await bus.wait_for(lambda e: False, 0.05)
 
 
+
+def test_event_bus_says_which_kinds_anyone_takes():
+    # a pool makes no event that nobody takes: the bus must know, as handlers and subscriptions come and go
+    bus = EventBus()
+    assert not bus.wants(EventKind.SANDBOX_READY)
+    bus.on(lambda e: None, EventKind.TASK_STARTED, EventKind.TASK_FAILED)
+    assert bus.wants(EventKind.TASK_STARTED) and not bus.wants(EventKind.SANDBOX_READY)
+    sub = bus.subscribe(EventKind.SANDBOX_READY)
+    assert bus.wants(EventKind.SANDBOX_READY) and not bus.wants(EventKind.IMAGE_PULLED)
+    everything = bus.subscribe()
+    assert bus.wants(EventKind.IMAGE_PULLED)
+    everything.close()
+    sub.close()
+    assert not bus.wants(EventKind.SANDBOX_READY) and bus.wants(EventKind.TASK_FAILED)
+
+    # a handler that adds another while it is called: the new one hears the next event, not this one
+    heard: list[str] = []
+
+    def first(e: Event) -> None:
+        heard.append("first")
+        if len(heard) == 1:
+            bus.on(lambda _: heard.append("late"), EventKind.TASK_STARTED)
+    bus.on(first, EventKind.TASK_STARTED)
+    bus.publish(Event(EventKind.TASK_STARTED, fleet="f"))
+    bus.publish(Event(EventKind.TASK_STARTED, fleet="f"))
+    assert heard == ["first", "first", "late"]
+
 def test_spend_ledger_running_sums_match_every_charge_summed(monkeypatch):
     """The ledger's O(1) sums against the definition (each charge: price x max(billing
     minimum, end or now - start)), through launches, terminations, replaced charges and

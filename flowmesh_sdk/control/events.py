@@ -120,6 +120,7 @@ class Subscription:
 
     def close(self) -> None:
         self._bus._subs.discard(self)
+        self._bus._taken()
 
 
 class EventBus:
@@ -128,21 +129,40 @@ class EventBus:
     def __init__(self, run: str = "") -> None:
         self.run = run
         self._subs: set[Subscription] = set()
-        self._handlers: list[tuple[frozenset[EventKind] | None, Handler]] = []
+        # replaced, not appended to, by on(): a handler that adds one while called is safe
+        self._handlers: tuple[tuple[frozenset[EventKind] | None, Handler], ...] = ()
+        self._wanted: frozenset[EventKind] | None = frozenset()   # what anyone takes; None: every kind
 
     def subscribe(self, *kinds: EventKind) -> Subscription:
         sub = Subscription(self, frozenset(kinds) or None)
         self._subs.add(sub)
+        self._taken()
         return sub
 
     def on(self, handler: Handler, *kinds: EventKind) -> None:
         """Call ``handler(event)`` synchronously on publish (keep it quick)."""
-        self._handlers.append((frozenset(kinds) or None, handler))
+        self._handlers += ((frozenset(kinds) or None, handler),)
+        self._taken()
+
+    def wants(self, kind: EventKind) -> bool:
+        """Whether an event of ``kind`` would reach a handler or a subscription now: a
+        publisher may skip making one that nobody takes."""
+        wanted = self._wanted
+        return wanted is None or kind in wanted
+
+    def _taken(self) -> None:
+        wanted: set[EventKind] = set()
+        for kinds in [k for k, _ in self._handlers] + [sub.kinds for sub in self._subs]:
+            if kinds is None:
+                self._wanted = None
+                return
+            wanted |= kinds
+        self._wanted = frozenset(wanted)
 
     def publish(self, event: Event) -> None:
         if self.run and not event.run:   # the pools stamp their own; this is for the rest
             event = dataclasses.replace(event, run=self.run)
-        for kinds, handler in list(self._handlers):
+        for kinds, handler in self._handlers:
             if kinds is None or event.kind in kinds:
                 try:
                     handler(event)

@@ -410,8 +410,10 @@ class MachinePool(Pool):
             log.warning("pool %s background work failed: %s", self.name, task.exception())
 
     def _publish(self, kind: EventKind, **kw: object) -> None:
-        self.ctx.bus.publish(Event(kind=kind, fleet=self.ctx.fleet, pool=self.name, run=self.ctx.run,
-                                   **kw))  # type: ignore[arg-type]  # kw: Event's own fields, each its type
+        bus = self.ctx.bus
+        if bus.wants(kind):   # one that nobody takes is not made: by default, three of a task's dozen
+            bus.publish(Event(kind=kind, fleet=self.ctx.fleet, pool=self.name, run=self.ctx.run,
+                              **kw))  # type: ignore[arg-type]  # kw: Event's own fields, each its type
 
 
 def _spec_json(spec: PoolSpec) -> dict[str, object]:
