@@ -27,6 +27,11 @@ measures the interpreter's own.
 
     python bench/control_plane_scale.py [--tasks 1,10,100,1000,10000] [--modes ephemeral,persistent]
     python bench/control_plane_scale.py --tasks 1000,10000,100000 --modes ephemeral
+    python bench/control_plane_scale.py --tasks 1000,10000 --modes ephemeral --repeat 5
+
+``--repeat K`` runs each point K times, each in its own process, and takes the median of the
+CPU figures (the simulated results are the same in every run): on a shared machine one run's
+CPU figure moves by 10 % or more from the next.
 
 Last line: ``cpu_ms_per_task=<at 10,000, else the largest N> control_plane_ms_per_task=<its control
 plane part> growth=<per-task CPU at the largest N over at 1,000 (or the smallest N)>
@@ -38,13 +43,14 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import statistics
 import sys
 import threading
 import time
 
 from _cpu_split import Sampler
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from flowmesh_providers.sim import ec2
 from flowmesh_sdk import collector, settings
@@ -111,16 +117,28 @@ def in_own_process(n: int, mode: str, minutes: float, seed: int) -> Run:
         return ex.submit(one_run, n, mode, minutes, seed).result()
 
 
+def median_run(runs: list[Run]) -> Run:
+    """One run's simulated results with the median of the runs' CPU and memory figures."""
+    def mid(f: str) -> float:
+        return statistics.median(getattr(r, f) for r in runs)
+    return replace(runs[0], cpu_ms_per_task=mid("cpu_ms_per_task"), cp_ms_per_task=mid("cp_ms_per_task"),
+                   kb_per_in_flight_task=mid("kb_per_in_flight_task"), wall_s=mid("wall_s"))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", default="1,10,100,1000,10000")
     p.add_argument("--modes", default="ephemeral,persistent")
     p.add_argument("--minutes", type=float, default=100.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs per point, each in its own process; the CPU figures are their median")
     p.add_argument("--gc-threshold", default=None,
                    help="the fleet's coordinator.gc_threshold for the run, e.g. 50000,20,100, or off (the "
                         "interpreter's own); default: the setting's (docs/operations.md)")
     args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error(f"--repeat must be 1 or more, got {args.repeat}")
     if args.gc_threshold:
         os.environ["FLOWMESH_GC_THRESHOLD"] = args.gc_threshold
     print(f"coordinator.gc_threshold: {settings.value(collector.SETTING)}")
@@ -134,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     kb: dict[int, float] = {}
     for n in levels:
         for mode in modes:
-            r = in_own_process(n, mode, args.minutes, args.seed)
+            r = median_run([in_own_process(n, mode, args.minutes, args.seed) for _ in range(args.repeat)])
             worst = max(worst, r.overhead_pct)
             if r.cpu_ms_per_task > cpu.get(n, 0.0):
                 cpu[n], cp[n], kb[n] = r.cpu_ms_per_task, r.cp_ms_per_task, r.kb_per_in_flight_task
