@@ -24,7 +24,6 @@ _REGISTRY = re.compile(rf"(?:{_HOST_PART}(?:\.{_HOST_PART})*|\[[0-9A-Fa-f:.]+\])
                        re.ASCII)
 
 
-
 def _printable_no_space(text: str) -> bool:
     """No whitespace and no control character in ``text`` (in ASCII, the one printable
     whitespace is the space: the common case is two C-level scans, not a loop)."""
