@@ -210,6 +210,66 @@ async def test_a_killed_standby_costs_nothing_but_its_own_start(make_sandbox):
     assert got[0][1] != "sh" and [g[1] for g in got[1:]] == ["sh", "sh"], got
 
 
+# the processes a command's timeout forks: a watcher of the command's own sleeps its timeout
+_TIMERS = ("for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < \"$f\"; echo; done 2>/dev/null "
+           "| grep -c '^sleep 123.000 $' || true")
+_KILL_WATCHER = ('for d in /proc/[0-9]*; do grep -q __fm_mark "$d/cmdline" 2>/dev/null '
+                 '&& kill -9 "${d#/proc/}" && echo killed; done')
+
+
+async def test_the_agents_watcher_times_commands_and_comes_back_when_killed(make_sandbox, swe_image,
+                                                                            busybox_image):
+    """With bash in the image, one watcher per agent times every command (bash's ``read -t``):
+    a command's timeout forks nothing.  Without bash, each command has a watcher of its own.
+    A command that kills the agent's watcher leaves the next ones timed: the one after it by
+    a watcher of its own, the later ones by the agent's watcher, started again."""
+    for image, timers in ((swe_image, "0"), (busybox_image, "1")):
+        sb = await make_sandbox(image=image)
+        assert (await sb.exec(_TIMERS, timeout_s=123)).stdout.strip() == timers, image
+        r = await sb.exec("sleep 30 & sleep 31; echo never", timeout_s=0.5)
+        assert r.timed_out and r.exit_code == 137 and "never" not in r.stdout, (image, r)
+        assert not (await sb.exec("exit 137", timeout_s=5)).timed_out   # SIGKILL's status alone
+    sb = await make_sandbox(image=swe_image)
+    assert "killed" in (await sb.exec(_KILL_WATCHER)).stdout
+    for timers in ("1", "0"):
+        t0 = time.monotonic()
+        r = await sb.exec("sleep 30; echo never", timeout_s=0.5)
+        # killed at its timeout, not when the host gives up on the agent (15 s later)
+        assert r.timed_out and "never" not in r.stdout and time.monotonic() - t0 < 10, r
+        assert (await sb.exec(_TIMERS, timeout_s=123)).stdout.strip() == "0"
+    assert (await sb.exec("echo still here", timeout_s=5)).stdout == "still here\n"
+
+
+# the inode of the command's stdout file, kept by a link of its own: a later file can share
+# that number only by being that same file (filesystems hand out a freed inode's number again)
+_INODE = 'mkdir -p /tmp/keep && ln "$(readlink /proc/$$/fd/1)" /tmp/keep/$$ && stat -Lc %i /proc/$$/fd/1'
+
+
+async def test_output_files_are_used_again_only_once_nothing_holds_them(make_sandbox, swe_image,
+                                                                          busybox_image):
+    """The agent empties a used stock of output files and hands it out again when no process
+    holds any of them (making files on a container's overlay costs far more); a file that a
+    background job of an earlier command still holds is no later command's, and what the job
+    writes reaches no later command."""
+    for image in (swe_image, busybox_image):
+        sb = await make_sandbox(image=image)
+        seen = [int((await sb.exec(_INODE)).stdout) for _ in range(120)]
+        assert len(set(seen)) < len(seen), image   # files used again
+        flag = f"/tmp/go-{uuid.uuid4().hex[:6]}"
+        held = await sb.exec(f"(while [ ! -e {flag} ]; do sleep 0.05; done; echo LATE; echo LATE >&2) & "
+                             + _INODE)
+        later = []
+        for i in range(150):   # several stocks' worth
+            r = await sb.exec(_INODE + f"; echo {i} >&2")
+            assert r.stderr == f"{i}\n", (image, r)
+            later.append(int(r.stdout))
+        assert int(held.stdout) not in later and len(set(later)) < len(later), image
+        await sb.exec(f"touch {flag}; sleep 0.3")
+        for i in range(100):
+            r = await sb.exec(f"echo {i}; echo {i} >&2")
+            assert (r.stdout, r.stderr) == (f"{i}\n", f"{i}\n"), (image, r)
+
+
 async def test_missing_runtime_says_how_to_install():
     rt = ContainerRuntime(LocalRunner(), RuntimeConfig(binary="no-such-podman"))
     with pytest.raises(RuntimeMissingError, match="apt-get install -y podman"):

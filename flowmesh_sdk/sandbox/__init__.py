@@ -15,10 +15,13 @@ with ``dd``:
 * the agent stores the payloads in files of its own (in 1 MiB ``dd`` chunks, so a full
   disk costs that command, never the framing: what could not be stored is drained; a
   short script goes to ``/dev/shm`` when that is a writable tmpfs, since making a file on
-  the container's overlay costs ~240 us on the development machine against ~30 us there),
+  the container's overlay costs 240-500 us on the development machines against ~30 us there),
   takes a fresh pair of output files for this command only (made ahead in stocks of 32
   by a background job, which also removes the files of finished commands, so neither
-  costs the round trip) and holds them open
+  costs the round trip; a used stock is emptied and handed out again once ``/proc``
+  shows no process holding any of its files: emptying a file costs ~20 us of the
+  sandbox's CPU where making one costs the overlay's price above)
+  and holds them open
   (``/proc/self/fd``), so a background job of an earlier command, or a command that
   deletes the agent's files, can reach neither this command's output nor the
   protocol;
@@ -30,14 +33,18 @@ with ``dd``:
   each command's shell is started when it arrives); all under a watchdog which at the
   deadline SIGKILLs the session's process group and then every process whose session
   (or parent chain) leads back to the command, found through ``/proc``: this works
-  under dash, busybox ash and bash alike;
+  under dash, busybox ash and bash alike.  With ``bash`` in the image the watchdog is
+  one process per agent, timing each command with ``read -t`` (no process per command;
+  one a command kills is started again); without it, each command has a watcher of its
+  own (a subshell and a ``sleep``);
 * it answers ``__FM__ ID RC TIMEDOUT OUTBYTES ERRBYTES`` followed by at most CAP bytes
   of each stream (``RC`` 125 with a message on stderr when the agent itself could not
   run the command, e.g. the disk is full).
 
 Only POSIX sh, ``setsid`` (optional: without it a timeout kills the command's process
-tree by parent links), ``mkfifo`` (optional), ``dd``, ``sleep``, ``wc``, ``head``, ``mkdir`` and ``rm`` are
-needed in the image, so busybox and Debian images both work.
+tree by parent links), ``mkfifo`` (optional), ``bash`` (optional), ``dd``, ``sleep``,
+``wc``, ``head``, ``mkdir``, ``mv``, ``rm``, ``ls`` and ``grep`` are needed in the image, so
+busybox and Debian images both work.
 
 Sessions (``session.py``) hold a shell whose state persists; processes (``process.py``)
 stream; a terminal (``terminal.py``) is a shell on a pseudo-terminal, for programs that

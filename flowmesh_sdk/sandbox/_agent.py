@@ -57,17 +57,44 @@ __fm_mkq() {
   command mkdir -p "$__fm_q" 2>/dev/null && [ -w "$__fm_q" ] && return 0
   __fm_q=$__fm_d
 }
+__fm_unheld() {
+  # true when no process has a file under the directory $1 open, as /proc shows them: one
+  # whose descriptors may not be listed counts as having one (a process gone meanwhile
+  # has none), and so does everything when ls cannot run
+  { LC_ALL=C command ls -ln /proc/[0-9]*/fd/ 2>&1 || [ $? -lt 3 ] || echo "$1/"; } \
+    | command grep -qF -e "$1/" -e denied
+  [ $? = 1 ]
+}
+__fm_empty() {
+  # truncate the 32 output pairs of the stock $1; false if one is not a plain file (then
+  # the stock is not used again)
+  __x=0
+  while [ $__x -lt 32 ]; do
+    for __y in "$1/$__x.o" "$1/$__x.e"; do
+      [ -f "$__y" ] && [ ! -h "$__y" ] && : > "$__y" || return 1
+    done
+    __x=$((__x + 1))
+  done
+}
 __fm_kick() {
-  # in the background: remove the files of the commands done since the last kick and
-  # the stock before the one in use, and make the next stock of 32 output pairs.  Forked
-  # from a subshell, so a session's $!, jobs and wait never see it.
+  # in the background: remove the files of the commands done since the last kick, and
+  # make the next stock of 32 output pairs.  That is the stock before the one in use,
+  # emptied, when no process holds any of its files (making a file on a container's
+  # overlay costs far more than emptying one), else a fresh one (the old one removed: a
+  # background job of an earlier command may still write to its file, and it must not
+  # reach a later command's).  Forked from a subshell, so a session's $!, jobs and wait
+  # never see it.
   __fm_k=$((__fm_b + 1))
   ( ( set --
     for __x in $__fm_old; do
       set -- "$@" "$__fm_d/$__x.sh" "$__fm_d/$__x.in" "$__fm_d/$__x.out" "$__fm_d/$__x.err" \
         "$__fm_d/$__x.fifo" "$__fm_q/$__x.sh"
     done
-    command rm -rf -- "$@" "$__fm_d/s$((__fm_b - 1))"
+    __u="$__fm_d/s$((__fm_b - 1))"
+    if [ -d "$__u" ] && __fm_unheld "$__u" && __fm_empty "$__u"; then
+      command mv "$__u" "$__fm_d/s$__fm_k"; command rm -rf -- "$@"; exit 0
+    fi
+    command rm -rf -- "$@" "$__u"
     __t="$__fm_d/t$__fm_k"; command mkdir "$__t" || exit 0
     __x=0
     while [ $__x -lt 32 ]; do
@@ -178,10 +205,8 @@ case "$__fm_s" in
 esac
 """
 
-AGENT = r"""
-__fm_tag=; __fm_d0="${TMPDIR:-/tmp}/.flowmesh-$$"; __fm_d="$__fm_d0"
-command rm -rf -- "$__fm_d0" 2>/dev/null
-""" + _COMMON + r"""
+# Kills a command's tree at its timeout (run by a command's own watcher, or the agent's)
+_KILL = r"""
 __fm_kill() {
   # the command's group first (its shell and what it started die together), then by links.
   # Builtins only: a tree that fills the process limit leaves no fork.  It returns once
@@ -206,14 +231,93 @@ __fm_kill() {
     [ $__hit = 0 ] && [ $__zz = 0 ] && [ $__r -gt 1 ] && break
   done
 }
+"""
+
+# The agent's own watcher (``__fm_w``), under bash: ``bash -c PROGRAM bash SETSID AGENT_PID
+# MARK``, its stdin the agent's watcher fifo, held open here for reading and writing.
+# bash's ``read -t`` times a command with no process of its own, where a watcher per
+# command (``__fm_watch``) costs a fork and a ``sleep`` for every command.  The agent
+# writes ``go ID PID TIMEOUT`` once the command runs and ``end ID`` once it has reaped it
+# (each message opens the fifo for reading and writing: a write never blocks nor raises
+# SIGPIPE).  At the deadline it writes ID to MARK, then kills the command's tree.  A
+# message other than the awaited ``end`` (one an earlier watcher left unread) is skipped.
+# It ends once the agent is gone and no command is being timed; a command it is timing
+# when the agent goes is still killed at its deadline, as a watcher per command would be.
+# A bash older than 4.0 (no fractional timeouts) exits at once, and the agent falls back
+# to a watcher per command
+_WATCHER = r"""
+[ "${BASH_VERSINFO[0]:-0}" -ge 4 ] 2>/dev/null || exit 1
+__fm_ss=$1; __fm_ag=$2; __fm_mark=$3
+""" + _KILL + r"""
+while :; do
+  if IFS=' ' read -r -t 5 __op __id __c __to; then
+    [ "$__op" = go ] || continue
+    # a timeout of 0.000 (under a millisecond) is over already; read -t 0 would not wait
+    case "$__to" in *[1-9]*) ;; *) __to=0.001;; esac
+    while :; do
+      if IFS=' ' read -r -t "$__to" __op __x; then
+        [ "$__op $__x" = "end $__id" ] && break
+      elif [ $? -gt 128 ]; then
+        { printf '%s\n' "$__id" > "$__fm_mark"; } 2>/dev/null
+        __fm_kill "$__c"; break
+      fi
+    done
+  elif [ $? -gt 128 ]; then
+    kill -0 "$__fm_ag" 2>/dev/null || exit 0
+  else exit 0
+  fi
+done
+"""
+
+AGENT = r"""
+__fm_tag=; __fm_d0="${TMPDIR:-/tmp}/.flowmesh-$$"; __fm_d="$__fm_d0"
+command rm -rf -- "$__fm_d0" 2>/dev/null
+""" + _COMMON + _KILL + r"""
 __fm_fail() {
   printf '__FM__ %s %s 0 0 %s
 %s' "$__id" 125 "${#1}" "$1"
 }
+__fm_wstart() {
+  # the agent's watcher (_WATCHER), at most three times in the agent's life (a bash that
+  # cannot serve ends at once: then each command has a watcher of its own)
+  __fm_w=
+  [ -n "$__fm_wf" ] && [ "$__fm_wn" -lt 3 ] || return 0
+  __fm_wn=$((__fm_wn + 1))
+  # The fifo is opened here and inherited at the fork: a message the agent writes before
+  # the watcher has run is kept for it (a fifo no one holds open drops what it is sent).
+  # Forked from a command substitution, so PID 1 reaps it: kill -0 tells its end at once
+  # (a child of the agent's would stay a zombie, alive to kill -0, until the agent's next
+  # wait), and the agent's $! stays the standby's
+  { command exec 8<>"$__fm_wf"; } 2>/dev/null || return 0
+  __fm_w=$( ( unset BASH_ENV ENV; exec bash -c "$__fm_wp" bash "$__fm_ss" "$$" "$__fm_wf.m" ) \
+    <&8 >/dev/null 2>&1 3>&- 4>&- 5<&- 6<&- 7>&- 8<&- 9<&- & echo $! )
+  exec 8<&-
+}
+__fm_arm() {
+  # the command's timeout: given to the agent's watcher while it runs, else to a watcher
+  # of the command's own
+  __w=; __wa=
+  if [ -n "$__fm_w" ] && kill -0 "$__fm_w" 2>/dev/null \
+      && { printf 'go %s %s %s\n' "$__id" "$__c" "$__to" 1<>"$__fm_wf"; } 2>/dev/null; then
+    __wa=1
+  else __fm_watch; fi
+}
+__fm_disarm() {
+  # once the command is reaped ($__rc): __tw=1 when its timeout killed it
+  if [ -n "$__wa" ]; then
+    { printf 'end %s\n' "$__id" 1<>"$__fm_wf"; } 2>/dev/null; __tw=0
+    # the watcher marks the command before it kills it: a command it killed ends by SIGKILL
+    [ "$__rc" = 137 ] && { read -r __x < "$__fm_wf.m"; } 2>/dev/null && [ "$__x" = "$__id" ] && __tw=1
+  else
+    kill $__w 2>/dev/null; wait $__w; __tw=$?
+    [ "$__tw" = 3 ] && __tw=1 || __tw=0
+  fi
+}
 __fm_watch() {
-  # The timeout watcher W: a subshell that forks the timer S (a sleep), waits for it, then
-  # kills the command's tree and exits 3.  The agent cancels W with a TERM once the command
-  # has ended; no S may outlive W, however the forks and the signal interleave:
+  # A timeout watcher of the command's own, W: a subshell that forks the timer S (a
+  # sleep), waits for it, then kills the command's tree and exits 3.  The agent cancels W
+  # with a TERM once the command has ended; no S may outlive W, however the forks and the
+  # signal interleave:
   # - TERM before W's trap is set: the default action ends W, which has forked no S yet;
   # - TERM after the trap is set: a shell runs a trap only between commands (the handler
   #   only notes the signal), and sets $! in W right after S's fork returns, so the trap
@@ -254,10 +358,9 @@ __fm_one() {
   fi
   __sb=
   exec 3>&- 4>&-
-  __fm_watch
+  __fm_arm
   wait $__c; __rc=$?
-  kill $__w 2>/dev/null; wait $__w; __tw=$?
-  [ "$__tw" = 3 ] && __tw=1 || __tw=0
+  __fm_disarm
   __fm_sizes; __no=$__os; __ne=$__es
   [ "$__no" -gt "$__cap" ] && __no=$__cap
   [ "$__ne" -gt "$__cap" ] && __ne=$__cap
@@ -266,7 +369,12 @@ __fm_one() {
   [ "$__no" -gt 0 ] && __fm_put 5 "$__no"
   [ "$__ne" -gt 0 ] && __fm_put 6 "$__ne"
   exec 5<&- 6<&-
-  __fm_stand
+  __fm_wcheck; __fm_stand
+}
+__fm_wcheck() {
+  # the agent's watcher, started again if it died (a command killed it)
+  [ -n "$__fm_w" ] && ! kill -0 "$__fm_w" 2>/dev/null && __fm_wstart
+  return 0
 }
 __fm_stand() {
   # The next command's fresh shell, made ahead while the host reads this answer: forked
@@ -353,7 +461,7 @@ __fm_proc() {
   __c=$!
   exec 3>&- 4>&-
   printf '__FMP__ %s pid %s\n' "$__id" "$__c"
-  __w=; [ "$__to" != 0 ] && __fm_watch
+  __wa=; __w=; [ "$__to" != 0 ] && __fm_arm
   __so=0; __se=0; __nap=0.002
   while :; do
     __z=0; { read -r __l < /proc/$__c/stat; } 2>/dev/null || __z=1
@@ -366,10 +474,7 @@ __fm_proc() {
     else __nap=0.002; fi
   done
   wait $__c; __rc=$?; __tw=0
-  if [ -n "$__w" ]; then
-    kill $__w 2>/dev/null; wait $__w; __tw=$?
-    [ "$__tw" = 3 ] && __tw=1 || __tw=0
-  fi
+  [ -n "$__wa$__w" ] && __fm_disarm
   __fm_flush
   printf '__FMP__ %s end %s %s %s %s\n' "$__id" "$__rc" "$__tw" "$__os" "$__es"
   exec 5<&- 6<&-
@@ -379,14 +484,18 @@ __fm_proc() {
   printf '__FMP__ %s idle\n' "$__id"
   # a fresh standby, the last background job again (__fm_one)
   [ -n "$__sb" ] && { kill -9 "$__sb"; wait "$__sb"; } 2>/dev/null
-  __sb=; __fm_stand
+  __sb=; __fm_wcheck; __fm_stand
 }
-""" + "__fm_sbp=" + _STANDBY.replace("'", "'\"'\"'").join("''") + "\n" + r"""
+""" + "__fm_sbp=" + _STANDBY.replace("'", "'\"'\"'").join("''") + "\n" \
+  + "__fm_wp=" + _WATCHER.replace("'", "'\"'\"'").join("''") + "\n" + r"""
 __fm_loop() {
-  __fm_mk; __fm_mkq; __sb=; __fm_cf="$__fm_q/c"
-  { command mkfifo "$__fm_cf" && exec 9<>"$__fm_cf"; } 2>/dev/null || __fm_cf=
+  __fm_mk; __fm_mkq; __sb=; __fm_cf="$__fm_q/c"; __fm_wf=; __fm_wn=0
+  command -v bash >/dev/null 2>&1 && __fm_wf="$__fm_q/w"
+  # one mkfifo for both fifos: the control fifo and the watcher's
+  { command mkfifo "$__fm_cf" ${__fm_wf:+"$__fm_wf"} && exec 9<>"$__fm_cf"; } 2>/dev/null \
+    || { __fm_cf=; __fm_wf=; }
   exec 7>&1          # the channel, where __fm_copy writes (the commands never hold it)
-  __fm_stand
+  __fm_wstart; __fm_stand
   echo __FM_READY__ $$
   while IFS=' ' read -r __k __id __to __cap __sl __il __sn; do
     case "$__k $__id $__cap $__sl $__il $__sn" in
