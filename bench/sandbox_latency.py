@@ -21,10 +21,17 @@ Four measurements, ``--n`` samples each (after one unmeasured warm-up):
 (h) a held-open shell's round trip (``echo`` to ``podman exec -i CTR sh`` and back): the
     floor any channel-based design pays on this machine.
 
+Beside (d), the CPU time the sandbox's container used per exec (its cgroup's CPU usage over
+the n back-to-back commands, read on the host through the container's PID: cgroups v1 or
+v2): what each command costs inside the sandbox (the agent, the command's shell, the
+watchdog), all of it on the sandbox's CPU quota, where a command the host times also waits.
+
 Then ttfc_ratio = p50(c) / p50(a), exec_ratio = p50(d) / p50(b) and session_ratio =
 p50(e) / p50(d), against the targets ttfc <= 0.1, exec <= 0.01 and session <= 1 (a session
 command no slower than exec), and warm_ttfc_p50_ms = p50(c) against 5 ms.  The last line
-printed is exactly ``ttfc_ratio=<x> exec_ratio=<y> session_ratio=<z> warm_ttfc_p50_ms=<ms>``.
+printed is exactly ``ttfc_ratio=<x> exec_ratio=<y> session_ratio=<z> warm_ttfc_p50_ms=<ms>``,
+then ``sandbox_cpu_ms_per_exec=<ms>`` where the container's cgroup could be read (and the
+gVisor figures below with ``--isolation gvisor``).
 
 ``--isolation gvisor`` measures (a)-(e) again with the sandboxes under gVisor
 (``kernel="gvisor"``; raw podman with the same ``--runtime runsc`` flags) and prints them
@@ -153,9 +160,32 @@ async def wait_warm(fleet: Fleet, pool: Pool) -> None:
         sub.close()
 
 
-async def sdk(image: str, n: int, kernel: str = "host", *,
+def cgroup_cpu_s(pid: int) -> float | None:
+    """CPU seconds the cgroup of host process ``pid`` has used (cgroups v1 or v2), or None."""
+    try:
+        lines = open(f"/proc/{pid}/cgroup").read().splitlines()
+        for line in lines:
+            _, ctrls, path = line.split(":", 2)
+            if ctrls == "":                      # v2: one hierarchy
+                for row in open(f"/sys/fs/cgroup{path}/cpu.stat"):
+                    if row.startswith("usage_usec "):
+                        return int(row.split()[1]) / 1e6
+            elif "cpuacct" in ctrls.split(","):  # v1: the cpuacct controller's hierarchy
+                return int(open(f"/sys/fs/cgroup/{ctrls}{path}/cpuacct.usage").read()) / 1e9
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+async def container_pid(binary: str, container: str) -> int:
+    _, out, _ = await sh(binary, "inspect", "--format", "{{.State.Pid}}", container)
+    return int(out.strip() or 0)
+
+
+async def sdk(info: RuntimeInfo, image: str, n: int, kernel: str = "host", *,
               full: bool = True) -> tuple[list[float], list[float], dict[str, Any]]:
-    """(c) and (d), and with ``full`` (e)-(g), on a warm persistent pool of ``kernel``."""
+    """(c) and (d) (with the sandbox's CPU per exec in ``facts``), and with ``full``
+    (e)-(g), on a warm persistent pool of ``kernel``."""
     spec = PoolSpec(name="bench-warm", mode="persistent", instance=InstanceSpec(cpus=1, memory_gb=2),
                     min_instances=1, max_instances=1, sandboxes_per_instance=1, warm_per_image=1,
                     warm_images=(image,), kernel=kernel)
@@ -192,7 +222,12 @@ async def sdk(image: str, n: int, kernel: str = "host", *,
                     raise RuntimeError(f"exec true exited {res.exit_code}: {res.stderr}")
                 return dt
 
+            pid = await container_pid(info.binary, sb.container_id)
+            cpu0 = cgroup_cpu_s(pid)
             rtts = await sample(n, rtt, f"(d) SDK exec round trip [{kernel}]")
+            cpu1 = cgroup_cpu_s(pid)
+            if cpu0 is not None and cpu1 is not None:   # n commands and sample()'s warm-up
+                facts["sandbox_cpu_ms"] = (cpu1 - cpu0) / (n + 1) * 1e3
             if not full:
                 return ttfcs, rtts, facts
 
@@ -290,13 +325,13 @@ async def main(argv: list[str] | None = None) -> int:
         return 2
     runs = await raw_run(info, args.image, args.n)
     execs = await raw_exec(info, args.image, args.n)
-    ttfcs, rtts, facts = await sdk(args.image, args.n)
+    ttfcs, rtts, facts = await sdk(info, args.image, args.n)
     shells = await held_shell(info, args.image, args.n)
     gv: dict[str, list[float]] = {}
     if args.isolation == "gvisor":
         gv["run"] = await raw_run(info, args.image, args.n, "gvisor")
         gv["exec"] = await raw_exec(info, args.image, args.n, "gvisor")
-        gv["ttfc"], gv["rtt"], _ = await sdk(args.image, args.n, "gvisor", full=False)
+        gv["ttfc"], gv["rtt"], _ = await sdk(info, args.image, args.n, "gvisor", full=False)
 
     rows = [("(a) raw podman run --rm … true", runs),
             ("(b) raw podman exec CTR true", execs),
@@ -320,6 +355,9 @@ async def main(argv: list[str] | None = None) -> int:
                       f"{min(xs) * 1e3:.1f}", f"{max(xs) * 1e3:.1f}")
     console.print(table)
     console.print(f"(c) took a warm container in {facts['warm_hits']} samples")
+    cpu_ms = facts.get("sandbox_cpu_ms")
+    console.print(f"(d) the sandbox's CPU per exec: {cpu_ms:.3f} ms" if cpu_ms is not None else
+                  "(d) the sandbox's CPU per exec: its cgroup could not be read")
 
     ttfc_ratio = pct(ttfcs, 50) / pct(runs, 50)
     exec_ratio = pct(rtts, 50) / pct(execs, 50)
@@ -343,6 +381,8 @@ async def main(argv: list[str] | None = None) -> int:
                   f"{'[bold green]MET[/]' if warm_ms < WARM_TTFC_TARGET_MS else '[bold red]NOT MET[/]'}")
     last = (f"ttfc_ratio={ttfc_ratio:.3f} exec_ratio={exec_ratio:.3f} session_ratio={session_ratio:.3f} "
             f"warm_ttfc_p50_ms={warm_ms:.2f}")
+    if cpu_ms is not None:
+        last += f" sandbox_cpu_ms_per_exec={cpu_ms:.3f}"
     if gv:
         ratios = {"gvisor_ttfc_ratio": pct(gv["ttfc"], 50) / pct(gv["run"], 50),
                   "gvisor_exec_ratio": pct(gv["rtt"], 50) / pct(gv["exec"], 50),

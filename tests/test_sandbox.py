@@ -211,7 +211,8 @@ async def test_a_killed_standby_costs_nothing_but_its_own_start(make_sandbox):
 
 
 # the processes a command's timeout forks: a watcher of the command's own sleeps its timeout
-_TIMERS = ("for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < \"$f\"; echo; done 2>/dev/null "
+# (forked as the command starts: looked for a moment later)
+_TIMERS = ("sleep 0.5; for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < \"$f\"; echo; done 2>/dev/null "
            "| grep -c '^sleep 123.000 $' || true")
 _KILL_WATCHER = ('for d in /proc/[0-9]*; do grep -q __fm_mark "$d/cmdline" 2>/dev/null '
                  '&& kill -9 "${d#/proc/}" && echo killed; done')
@@ -238,6 +239,21 @@ async def test_the_agents_watcher_times_commands_and_comes_back_when_killed(make
         assert r.timed_out and "never" not in r.stdout and time.monotonic() - t0 < 10, r
         assert (await sb.exec(_TIMERS, timeout_s=123)).stdout.strip() == "0"
     assert (await sb.exec("echo still here", timeout_s=5)).stdout == "still here\n"
+
+
+async def test_a_command_that_removes_the_agents_files_leaves_timeouts_exact(make_sandbox, swe_image):
+    """The agent's watcher is told through a fifo in the agent's directory.  A command that
+    removes that directory leaves later commands timed, and a command that ended before
+    its timeout keeps its background jobs: no watcher kills them afterwards."""
+    sb = await make_sandbox(image=swe_image)
+    job = await sb.exec("sleep 30 >/dev/null 2>&1 & rm -rf /dev/shm/.flowmesh-* /tmp/.flowmesh-*; echo $!",
+                        timeout_s=1)
+    await asyncio.sleep(2)   # past that command's timeout
+    assert (await sb.exec(f"kill -0 {job.stdout.strip()} && echo alive")).stdout == "alive\n"
+    for _ in range(2):
+        r = await sb.exec("sleep 30; echo never", timeout_s=0.5)
+        assert r.timed_out and "never" not in r.stdout, r
+    assert (await sb.exec(_TIMERS, timeout_s=123)).stdout.strip() == "0"   # the watcher is back
 
 
 # the inode of the command's stdout file, kept by a link of its own: a later file can share

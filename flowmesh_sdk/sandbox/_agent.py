@@ -60,7 +60,11 @@ __fm_mkq() {
 __fm_unheld() {
   # true when no process has a file under the directory $1 open, as /proc shows them: one
   # whose descriptors may not be listed counts as having one (a process gone meanwhile
-  # has none), and so does everything when ls cannot run
+  # has none), and so does everything when ls cannot run.  A no is asked again once: a
+  # process that is ending as the list is made may refuse to be listed
+  __fm_scan "$1" || __fm_scan "$1"
+}
+__fm_scan() {
   { LC_ALL=C command ls -ln /proc/[0-9]*/fd/ 2>&1 || [ $? -lt 3 ] || echo "$1/"; } \
     | command grep -qF -e "$1/" -e denied
   [ $? = 1 ]
@@ -190,12 +194,12 @@ __fm_store() {
 }
 """
 
-# The standby's program (``sh -c PROGRAM sh FIFO``: see ``__fm_stand``)
+# The standby's program (``sh -c PROGRAM sh``: see ``__fm_stand``)
 _STANDBY = r"""
 while :; do
   IFS= read -r __fm_p && IFS= read -r __fm_s && IFS= read -r __fm_i || exit 0
   [ "$__fm_p" = "$$" ] && break
-done <"$1"
+done <"/proc/$PPID/fd/9"
 exec <"$__fm_i" >>"/proc/$PPID/fd/5" 2>>"/proc/$PPID/fd/6"
 unset __fm_p __fm_i
 set --
@@ -279,33 +283,41 @@ __fm_fail() {
 }
 __fm_wstart() {
   # the agent's watcher (_WATCHER), at most three times in the agent's life (a bash that
-  # cannot serve ends at once: then each command has a watcher of its own)
+  # cannot serve ends at once: then each command has a watcher of its own; __fm_wf empty)
   __fm_w=
-  [ -n "$__fm_wf" ] && [ "$__fm_wn" -lt 3 ] || return 0
+  [ "$__fm_wn" -lt 3 ] || { __fm_wf=; return 0; }
   __fm_wn=$((__fm_wn + 1))
   # The fifo is opened here and inherited at the fork: a message the agent writes before
   # the watcher has run is kept for it (a fifo no one holds open drops what it is sent).
   # Forked from a command substitution, so PID 1 reaps it: kill -0 tells its end at once
   # (a child of the agent's would stay a zombie, alive to kill -0, until the agent's next
   # wait), and the agent's $! stays the standby's
-  { command exec 8<>"$__fm_wf"; } 2>/dev/null || return 0
+  [ -p "$__fm_wf" ] || { command mkdir -p -- "${__fm_wf%/*}"; command rm -f -- "$__fm_wf"
+    command mkfifo -- "$__fm_wf"; } 2>/dev/null   # a command removed it
+  [ -p "$__fm_wf" ] && { command exec 8<>"$__fm_wf"; } 2>/dev/null || return 0
   __fm_w=$( ( unset BASH_ENV ENV; exec bash -c "$__fm_wp" bash "$__fm_ss" "$$" "$__fm_wf.m" ) \
     <&8 >/dev/null 2>&1 3>&- 4>&- 5<&- 6<&- 7>&- 8<&- 9<&- & echo $! )
   exec 8<&-
+}
+__fm_tell() {
+  # a line for the agent's watcher, through its fifo: never into a file made in its place
+  # (the fifo is opened by name: a command may have removed it)
+  [ -p "$__fm_wf" ] && { printf '%s\n' "$1" 1<>"$__fm_wf"; } 2>/dev/null
 }
 __fm_arm() {
   # the command's timeout: given to the agent's watcher while it runs, else to a watcher
   # of the command's own
   __w=; __wa=
-  if [ -n "$__fm_w" ] && kill -0 "$__fm_w" 2>/dev/null \
-      && { printf 'go %s %s %s\n' "$__id" "$__c" "$__to" 1<>"$__fm_wf"; } 2>/dev/null; then
+  if [ -n "$__fm_w" ] && kill -0 "$__fm_w" 2>/dev/null && __fm_tell "go $__id $__c $__to"; then
     __wa=1
   else __fm_watch; fi
 }
 __fm_disarm() {
-  # once the command is reaped ($__rc): __tw=1 when its timeout killed it
+  # once the command is reaped ($__rc): __tw=1 when its timeout killed it.  A watcher
+  # that cannot be told the command ended (its fifo removed) would still kill the
+  # command's tree at the deadline: it is killed instead, and started again (__fm_wcheck)
   if [ -n "$__wa" ]; then
-    { printf 'end %s\n' "$__id" 1<>"$__fm_wf"; } 2>/dev/null; __tw=0
+    __fm_tell "end $__id" || kill -9 "$__fm_w" 2>/dev/null; __tw=0
     # the watcher marks the command before it kills it: a command it killed ends by SIGKILL
     [ "$__rc" = 137 ] && { read -r __x < "$__fm_wf.m"; } 2>/dev/null && [ "$__x" = "$__id" ] && __tw=1
   else
@@ -372,8 +384,8 @@ __fm_one() {
   __fm_wcheck; __fm_stand
 }
 __fm_wcheck() {
-  # the agent's watcher, started again if it died (a command killed it)
-  [ -n "$__fm_w" ] && ! kill -0 "$__fm_w" 2>/dev/null && __fm_wstart
+  # the agent's watcher, started again if it is not running (a command killed it)
+  [ -n "$__fm_wf" ] && { [ -z "$__fm_w" ] || ! kill -0 "$__fm_w" 2>/dev/null; } && __fm_wstart
   return 0
 }
 __fm_stand() {
@@ -381,7 +393,8 @@ __fm_stand() {
   # and exec'd (setsid, /bin/sh: most of an exec's cost) before the command arrives.  It
   # waits on the control fifo (fd 9, which the agent holds open for reading and writing,
   # so a message waits there for its reader and the standby sees EOF once the agent is
-  # gone) for a message that starts with its own pid: a message left by a standby that
+  # gone; opened through /proc, so a command that removes its name changes nothing) for a
+  # message that starts with its own pid: a message left by a standby that
   # died unread is skipped by the next.  Then it opens the command's output files through
   # the agent's own descriptors of them (fds 5 and 6, by /proc: the files the agent reads,
   # whatever a job of an earlier command did to their names) and runs the script in itself,
@@ -389,7 +402,7 @@ __fm_stand() {
   # that reads the script, unless the name has a quote).  Without the
   # fifo (no mkfifo in the image) every command is forked as it arrives.
   [ -n "$__fm_cf" ] || return 0
-  ( __fm_nproc; exec $__fm_ss /bin/sh -c "$__fm_sbp" sh "$__fm_cf" ) </dev/null >/dev/null 2>&1 \
+  ( __fm_nproc; exec $__fm_ss /bin/sh -c "$__fm_sbp" sh ) </dev/null >/dev/null 2>&1 \
     3>&- 4>&- 5<&- 6<&- 7>&- 9<&- &
   __sb=$!
 }
