@@ -241,6 +241,18 @@ async def test_the_agents_watcher_times_commands_and_comes_back_when_killed(make
     assert (await sb.exec("echo still here", timeout_s=5)).stdout == "still here\n"
 
 
+async def test_a_sandbox_that_runs_a_few_commands_makes_a_few_output_files(make_sandbox, swe_image):
+    """The agent's stocks of output files grow (2, 4, 8, ... pairs): a sandbox that runs a
+    handful of commands makes about as many files as it uses, not two stocks of 32 pairs
+    (each file costs the sandbox's CPU on the overlay)."""
+    sb = await make_sandbox(image=swe_image)
+    for i in range(3):
+        assert (await sb.exec(f"echo {i}")).stdout == f"{i}\n"
+    await asyncio.sleep(1)   # the stocks are made in the background
+    made = await sb.exec("ls /tmp/.flowmesh-*/*/ | grep -c '[.][oe]$' || true")
+    assert 0 < int(made.stdout) <= 2 * (2 + 4 + 8), made.stdout
+
+
 async def test_a_command_that_removes_the_agents_files_leaves_timeouts_exact(make_sandbox, swe_image):
     """The agent's watcher is told through a fifo in the agent's directory.  A command that
     removes that directory leaves later commands timed, and a command that ended before

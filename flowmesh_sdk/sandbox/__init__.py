@@ -16,8 +16,9 @@ with ``dd``:
   disk costs that command, never the framing: what could not be stored is drained; a
   short script goes to ``/dev/shm`` when that is a writable tmpfs, since making a file on
   the container's overlay costs 240-500 us on the development machines against ~30 us there),
-  takes a fresh pair of output files for this command only (made ahead in stocks of 32
-  by a background job, which also removes the files of finished commands, so neither
+  takes a fresh pair of output files for this command only (made ahead in stocks that
+  grow from 2 to 32 pairs, so a sandbox that runs a few commands makes a few files, by a
+  background job, which also removes the files of finished commands, so neither
   costs the round trip; a used stock is emptied and handed out again once ``/proc``
   shows no process holding any of its files: emptying a file costs ~20 us of the
   sandbox's CPU where making one costs the overlay's price above)

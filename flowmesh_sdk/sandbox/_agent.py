@@ -16,7 +16,7 @@ __all__ = ["AGENT", "KILL_AGENT", "SESSION", "SIGNAL_TREE"]   # the last two liv
 
 # ---- shared pieces ---------------------------------------------------------------------
 _COMMON = r"""
-__fm_ss=; __fm_q=; __fm_b=0; __fm_j=32; __fm_k=0; __fm_f=0; __fm_old=; __fm_prev=
+__fm_ss=; __fm_q=; __fm_b=0; __fm_j=0; __fm_n=0; __fm_k=0; __fm_f=0; __fm_old=; __fm_prev=
 command -v setsid >/dev/null 2>&1 && __fm_ss=setsid
 # Slots kept for the SDK's own processes.  Under a process limit (pids.max) the commands
 # may fill, the agent -- which must fork to answer, and which ends when it cannot (a
@@ -69,39 +69,44 @@ __fm_scan() {
     | command grep -qF -e "$1/" -e denied
   [ $? = 1 ]
 }
+__fm_size() {
+  # __n: how many output pairs stock $1 holds.  Stocks grow (2, 4, 8, 16, then 32 each),
+  # so a sandbox that runs a few commands makes a few files, not two stocks of 32
+  __n=32; [ "$1" -lt 5 ] && __n=$((1 << $1)); return 0
+}
 __fm_empty() {
-  # truncate the 32 output pairs of the stock $1; false if one is not a plain file (then
-  # the stock is not used again)
+  # the used stock $1 made ready for $2 output pairs: its files emptied, those it lacks
+  # made (stocks grow); false if one is not a plain file (then it is not used again)
   __x=0
-  while [ $__x -lt 32 ]; do
+  while [ $__x -lt $2 ]; do
     for __y in "$1/$__x.o" "$1/$__x.e"; do
-      [ -f "$__y" ] && [ ! -h "$__y" ] && : > "$__y" || return 1
+      { [ ! -h "$__y" ] && { [ -f "$__y" ] || [ ! -e "$__y" ]; } && : > "$__y"; } || return 1
     done
     __x=$((__x + 1))
   done
 }
 __fm_kick() {
   # in the background: remove the files of the commands done since the last kick, and
-  # make the next stock of 32 output pairs.  That is the stock before the one in use,
+  # make the next stock of output pairs (__fm_size).  That is the stock before the one in use,
   # emptied, when no process holds any of its files (making a file on a container's
   # overlay costs far more than emptying one), else a fresh one (the old one removed: a
   # background job of an earlier command may still write to its file, and it must not
   # reach a later command's).  Forked from a subshell, so a session's $!, jobs and wait
   # never see it.
-  __fm_k=$((__fm_b + 1))
+  __fm_k=$((__fm_b + 1)); __fm_size "$__fm_k"
   ( ( set --
     for __x in $__fm_old; do
       set -- "$@" "$__fm_d/$__x.sh" "$__fm_d/$__x.in" "$__fm_d/$__x.out" "$__fm_d/$__x.err" \
         "$__fm_d/$__x.fifo" "$__fm_q/$__x.sh"
     done
     __u="$__fm_d/s$((__fm_b - 1))"
-    if [ -d "$__u" ] && __fm_unheld "$__u" && __fm_empty "$__u"; then
+    if [ -d "$__u" ] && __fm_unheld "$__u" && __fm_empty "$__u" "$__n"; then
       command mv "$__u" "$__fm_d/s$__fm_k"; command rm -rf -- "$@"; exit 0
     fi
     command rm -rf -- "$@" "$__u"
     __t="$__fm_d/t$__fm_k"; command mkdir "$__t" || exit 0
     __x=0
-    while [ $__x -lt 32 ]; do
+    while [ $__x -lt $__n ]; do
       : > "$__t/$__x.o" && : > "$__t/$__x.e" || exit 0
       __x=$((__x + 1))
     done
@@ -114,9 +119,9 @@ __fm_names() {
   # or a fresh pair while there is none.  The previous command's files go at the next kick.
   __fm_old="$__fm_old $__fm_prev"; __fm_prev=$__id
   __s="$__fm_d/$__id.sh"; __i="$__fm_d/$__id.in"; __f="$__fm_d/$__id.fifo"
-  if [ $__fm_j -ge 32 ] || [ ! -d "$__fm_d/s$__fm_b" ]; then
+  if [ $__fm_j -ge $__fm_n ] || [ ! -d "$__fm_d/s$__fm_b" ]; then
     if [ -d "$__fm_d/s$((__fm_b + 1))" ]; then
-      __fm_b=$((__fm_b + 1)); __fm_j=0; __fm_f=0; __fm_kick
+      __fm_b=$((__fm_b + 1)); __fm_j=0; __fm_f=0; __fm_size "$__fm_b"; __fm_n=$__n; __fm_kick
     else
       __fm_f=$((__fm_f + 1))
       if [ $__fm_k -le $__fm_b ] || [ $__fm_f -ge 32 ]; then __fm_f=0; __fm_kick; fi
