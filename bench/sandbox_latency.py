@@ -50,6 +50,7 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from rich.table import Table
@@ -163,15 +164,14 @@ async def wait_warm(fleet: Fleet, pool: Pool) -> None:
 def cgroup_cpu_s(pid: int) -> float | None:
     """CPU seconds the cgroup of host process ``pid`` has used (cgroups v1 or v2), or None."""
     try:
-        lines = open(f"/proc/{pid}/cgroup").read().splitlines()
-        for line in lines:
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
             _, ctrls, path = line.split(":", 2)
             if ctrls == "":                      # v2: one hierarchy
-                for row in open(f"/sys/fs/cgroup{path}/cpu.stat"):
+                for row in Path(f"/sys/fs/cgroup{path}/cpu.stat").read_text().splitlines():
                     if row.startswith("usage_usec "):
                         return int(row.split()[1]) / 1e6
             elif "cpuacct" in ctrls.split(","):  # v1: the cpuacct controller's hierarchy
-                return int(open(f"/sys/fs/cgroup/{ctrls}{path}/cpuacct.usage").read()) / 1e9
+                return int(Path(f"/sys/fs/cgroup/{ctrls}{path}/cpuacct.usage").read_text()) / 1e9
     except (OSError, ValueError):
         pass
     return None

@@ -87,8 +87,8 @@ __fm_empty() {
 }
 __fm_kick() {
   # in the background: remove the files of the commands done since the last kick, and
-  # make the next stock of output pairs (__fm_size).  That is the stock before the one in use,
-  # emptied, when no process holds any of its files (making a file on a container's
+  # make the next stock of output pairs (__fm_size).  That is the stock before the one in
+  # use, emptied, when no process holds any of its files (making a file on a container's
   # overlay costs far more than emptying one), else a fresh one (the old one removed: a
   # background job of an earlier command may still write to its file, and it must not
   # reach a later command's).  Forked from a subshell, so a session's $!, jobs and wait
