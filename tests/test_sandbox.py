@@ -232,11 +232,11 @@ async def test_the_agents_watcher_times_commands_and_comes_back_when_killed(make
         assert not (await sb.exec("exit 137", timeout_s=5)).timed_out   # SIGKILL's status alone
     sb = await make_sandbox(image=swe_image)
     assert "killed" in (await sb.exec(_KILL_WATCHER)).stdout
-    for timers in ("1", "0"):
-        t0 = time.monotonic()
+    for _ in range(2):
+        # killed at its timeout in the sandbox: the host giving up on the agent (15 s later)
+        # would raise SandboxTimeout instead of returning a result
         r = await sb.exec("sleep 30; echo never", timeout_s=0.5)
-        # killed at its timeout, not when the host gives up on the agent (15 s later)
-        assert r.timed_out and "never" not in r.stdout and time.monotonic() - t0 < 10, r
+        assert r.timed_out and "never" not in r.stdout, r
         assert (await sb.exec(_TIMERS, timeout_s=123)).stdout.strip() == "0"
     assert (await sb.exec("echo still here", timeout_s=5)).stdout == "still here\n"
 
