@@ -11,6 +11,7 @@ the package docstring for the framing.
 
 from __future__ import annotations
 
+from ._common import sh_quote
 from ._host_scripts import KILL_AGENT, SIGNAL_TREE
 from ._watchdog import WATCHDOG
 
@@ -374,7 +375,7 @@ __fm_proc() {
   [ -n "$__sb" ] && { kill -9 "$__sb"; wait "$__sb"; } 2>/dev/null
   __sb=; __fm_wcheck; __fm_stand
 }
-""" + "__fm_sbp=" + _STANDBY.replace("'", "'\"'\"'").join("''") + "\n" + r"""
+""" + "__fm_sbp=" + sh_quote(_STANDBY) + "\n" + r"""
 __fm_loop() {
   __fm_mk; __fm_mkq; __sb=; __fm_cf="$__fm_q/c"; __fm_wf=; __fm_wn=0
   command -v bash >/dev/null 2>&1 && __fm_wf="$__fm_q/w"

@@ -7,6 +7,8 @@ calls ``__fm_arm`` once the command runs, ``__fm_disarm`` once it has reaped it,
 
 from __future__ import annotations
 
+from ._common import sh_quote
+
 __all__ = ["WATCHDOG"]
 
 # Kills a command's tree at its timeout (run by a command's own watcher, or the agent's)
@@ -74,7 +76,7 @@ done
 """
 
 # The agent's side: the watcher's program in __fm_wp, and the functions it calls
-WATCHDOG = _KILL + "__fm_wp=" + _WATCHER.replace("'", "'\"'\"'").join("''") + r"""
+WATCHDOG = _KILL + "__fm_wp=" + sh_quote(_WATCHER) + r"""
 __fm_wstart() {
   # the agent's watcher (_WATCHER), at most three times in the agent's life (a bash that
   # cannot serve ends at once: then each command has a watcher of its own; __fm_wf empty)
