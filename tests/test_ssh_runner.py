@@ -214,3 +214,16 @@ async def test_more_channels_than_max_sessions_open_a_second_connection(sshd):
         for ch in chans:
             await ch.close()
         await runner.close()
+
+
+async def test_a_test_hosts_sessions_read_startup_files_from_its_own_home(runner, sshd):
+    # each LoopbackSshd is a machine of its own: its sessions' shell takes ~/.bashrc from the
+    # daemon's home, never this machine's user's (whose pyenv init could stall every shell)
+    rc = os.path.join(sshd.home, ".bashrc")
+    with open(rc, "w") as f:
+        f.write("export FM_FROM_HOME=yes\n")
+    try:
+        r = await runner.run(["sh", "-c", 'echo "$HOME $FM_FROM_HOME"'], timeout_s=20)
+    finally:
+        os.unlink(rc)
+    assert r.stdout.decode().split() == [sshd.home, "yes"]

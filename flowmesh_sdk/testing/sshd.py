@@ -11,7 +11,8 @@ temporary directory, writes an ``sshd_config`` that accepts exactly that client 
 
 Each daemon is a distinct machine as far as containers go: its sessions get
 ``CONTAINERS_STORAGE_CONF`` and ``CONTAINERS_CONF`` (``SetEnv``) pointing at a storage root,
-run root and libpod state of its own, so every host has its own image cache.  ``path=``
+run root and libpod state of its own, so every host has its own image cache, and a ``HOME``
+of its own (``.home``), so no startup file of this machine's user runs in its sessions.  ``path=``
 replaces the sessions' ``PATH`` (a host "without podman" gets a directory of symlinks to
 everything but the container runtimes: :func:`bin_dir_without`).  ``host_key_path=`` and
 ``authorized_keys=`` make it use keys handed to it (as cloud-init would on a VM) instead of
@@ -120,7 +121,14 @@ class LoopbackSshd:
         parts = Path(self.host_key_path + ".pub").read_text().split()
         #: the host's public key line, ``ssh-ed25519 AAAA...`` (what a client pins)
         self.host_public_key = f"{parts[0]} {parts[1]}"
-        env = [f"PATH={path}"] if path else []
+        #: its sessions' ``HOME``, empty as on a fresh machine: their shell reads none of this
+        #: machine's user's startup files (a ``pyenv init`` in root's ~/.bashrc leaves its rehash
+        #: lock behind when a session is killed mid-rehash, and every later shell waits 60 s on it)
+        self.home = str(self._tmp / "home")
+        os.mkdir(self.home, 0o700)
+        env = [f"HOME={self.home}"]
+        if path:
+            env.append(f"PATH={path}")
         env.append(f"{HOST_VAR}={self._tmp}")
         if os.environ.get(hygiene.SESSION_VAR):
             env.append(f"{hygiene.SESSION_VAR}={os.environ[hygiene.SESSION_VAR]}")
