@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from .. import timers
 from ..errors import SandboxClosedError
+from .children import pidfd_watcher
 from .runner import Channel, CommandResult, Runner, StreamChannel
 
 
@@ -75,6 +76,7 @@ class LocalRunner(Runner):
     async def run(self, argv: Sequence[str], *, timeout_s: float,
                   input: bytes | None = None) -> CommandResult:
         t0 = time.monotonic()
+        pidfd_watcher()
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -94,6 +96,7 @@ class LocalRunner(Runner):
                              out, err, time.monotonic() - t0, timed_out)
 
     async def open_channel(self, argv: Sequence[str]) -> Channel:
+        pidfd_watcher()
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=1 << 20)
