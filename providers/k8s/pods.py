@@ -229,11 +229,20 @@ def scheduled(pod: Mapping[str, Any]) -> bool:
     return bool(cond is not None and cond.get("status") == "True") or bool((pod.get("spec") or {}).get("nodeName"))
 
 
+def _container_end(status: Mapping[str, Any]) -> str | None:
+    """How the pod's container ended, as ``kubectl describe`` shows it (OOMKilled, Error...)."""
+    for cs in status.get("containerStatuses") or ():
+        ended = (cs.get("state") or {}).get("terminated")
+        if ended:
+            return f"its container terminated ({ended.get('reason') or 'no reason'}, exit code {ended.get('exitCode')})"
+    return None
+
+
 def _fault(pod: Mapping[str, Any]) -> tuple[ProviderState, InstanceFault | None]:
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     phase = status.get("phase") or "Pending"
     if phase in ("Failed", "Succeeded"):
-        why = status.get("reason") or ("the sandbox's container exited" if phase == "Succeeded" else "Failed")
+        why = status.get("reason") or _container_end(status) or "the sandbox's container exited"
         text = f"pod {meta.get('name')} {phase}: {why}" + (f": {status['message']}" if status.get("message") else "")
         return ProviderState.TERMINATED, InstanceFault(FaultKind.LOST, text)
     if meta.get("deletionTimestamp"):

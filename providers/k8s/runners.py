@@ -15,13 +15,8 @@ from flowmesh_sdk.provider import ProviderState
 from . import pods
 from .config import Target
 from .portforward import PodPorts
-from .stream import PodRunner
+from .stream import CUT_VERDICT_S, PodRunner
 from .watch import PodWatch
-
-# how long a stream cut without an exit status waits for the watch's word on its pod: the kubelet
-# reports an eviction only once the container is stopped, seconds after the stream died (stress
-# run c16 saw more than 5 s on a busy 2-core machine)
-CUT_VERDICT_S = 30.0
 
 
 def pod_runner(target: Target, name: str, configuration: Any, *, watch: Callable[[Target], Awaitable[PodWatch]],

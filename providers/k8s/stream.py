@@ -32,7 +32,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from flowmesh_sdk import clock, timers
-from flowmesh_sdk.errors import FlowMeshError, ProviderUnavailableError, SandboxClosedError
+from flowmesh_sdk.errors import FlowMeshError, InstanceLost, ProviderUnavailableError, SandboxClosedError
 from flowmesh_sdk.remote.runner import Channel, CommandResult, Runner, StreamChannel
 
 from .pods import CONTAINER
@@ -40,6 +40,12 @@ from .portforward import PodPorts
 
 STDIN, STDOUT, STDERR, STATUS, CLOSE = 0, 1, 2, 3, 255
 V5 = "v5.channel.k8s.io"
+
+# how long a stream cut without an exit status waits for the watch's word on its pod: the kubelet
+# reports an eviction only once the container is stopped, seconds after the stream died (stress
+# run c16 saw more than 5 s on a busy 2-core machine)
+CUT_VERDICT_S = 30.0
+KILLED = 137   # a held-open shell's exit code when its container is stopped (SIGKILL)
 
 
 def exit_code(status: dict[str, Any] | None) -> int:
@@ -74,12 +80,14 @@ class ExecChannel(StreamChannel):
     def __init__(self, sock: Any, loop: asyncio.AbstractEventLoop,
                  send: Callable[[Callable[[], Any]], Awaitable[Any]],
                  on_close: Callable[[ExecChannel], None] | None = None,
-                 why_cut: Callable[[], Awaitable[Exception | None]] | None = None) -> None:
+                 why_cut: Callable[[], Awaitable[Exception | None]] | None = None,
+                 why_killed: Callable[[], Awaitable[Exception | None]] | None = None) -> None:
         self._stderr_in = asyncio.StreamReader()
         super().__init__(asyncio.StreamReader(limit=1 << 24), self._stderr_in)
         self._sock = sock
         self._on_close = on_close
         self._why_cut = why_cut
+        self._why_killed = why_killed
         self._closing = False
         self._loop = loop
         self._send = send
@@ -118,10 +126,20 @@ class ExecChannel(StreamChannel):
     def _on_end(self) -> None:
         self._alive = False
         self._stderr_in.feed_eof()
-        if self.status is None and not self._closing and self._why_cut is not None:
-            # cut without an exit status: the pod may have been evicted or lost -- the watch
-            # says which before the reader sees the end (then it reads InstanceLost, not EOF)
-            asyncio.ensure_future(self._end_cut(self._why_cut))
+        why = None
+        if not self._closing:
+            if self.status is None:
+                # cut without an exit status: the pod may have been evicted or lost -- the
+                # watch says which before the reader sees the end (then it reads
+                # InstanceLost, not EOF)
+                why = self._why_cut
+            elif exit_code(self.status) == KILLED:
+                # a held-open shell killed: its container stopped (an eviction's, whose exec
+                # stream can end before the watch reports the pod) or something in it killed
+                # the shell -- the runner tells which
+                why = self._why_killed
+        if why is not None:
+            asyncio.ensure_future(self._end_cut(why))
             return
         self._finish(None)
 
@@ -214,7 +232,7 @@ class PodRunner(Runner):
         scheme = "wss" if host.startswith("https://") else "ws"
         return f"{scheme}://{host.split('://', 1)[1]}{self._path}/exec?{urlencode(query)}"
 
-    async def _open(self, argv: Sequence[str]) -> ExecChannel:
+    async def _open(self, argv: Sequence[str], *, held: bool = False) -> ExecChannel:
         from kubernetes.stream.ws_client import create_websocket   # the k8s extra
 
         if self._lost is not None:
@@ -231,7 +249,7 @@ class PodRunner(Runner):
             raise ProviderUnavailableError(f"{self.label}: exec refused: {exc}", provider="k8s",
                                            code="ExecFailed") from exc
         chan = ExecChannel(sock, asyncio.get_running_loop(), self._send, on_close=self._channels.discard,
-                           why_cut=self._why_cut)
+                           why_cut=self._why_cut, why_killed=self._why_killed if held else None)
         self._channels.add(chan)
         return chan
 
@@ -267,7 +285,20 @@ class PodRunner(Runner):
             raise verdict from exc
 
     async def open_channel(self, argv: Sequence[str]) -> Channel:
-        return await self._open(argv)
+        return await self._open(argv, held=True)
+
+    async def _why_killed(self) -> Exception | None:
+        """A held-open channel's shell was killed unasked: the pod's loss if the pod no longer
+        runs commands (the probe, refused, waits for the watch's word), else None (something
+        in the sandbox killed it, and the channel ends as it would have).  A one-off command's
+        137 is its own exit code, never asked about."""
+        try:
+            await self.probe(CUT_VERDICT_S)
+        except InstanceLost as exc:
+            return exc
+        except FlowMeshError:
+            return None   # no verdict: the plain end
+        return None
 
     async def run(self, argv: Sequence[str], *, timeout_s: float, input: bytes | None = None) -> CommandResult:
         t0 = time.monotonic()

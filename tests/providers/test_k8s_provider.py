@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from flowmesh_sdk import EventKind, Fleet, ImageNotFoundError, InfraFailure, PoolSpec, SandboxSpec, Task
-from flowmesh_sdk.errors import InstanceLost, QuotaError
+from flowmesh_sdk.errors import InstanceLost, QuotaError, SandboxClosedError
 from flowmesh_sdk.provider import TAG_FLEET, ContainerRequest, LaunchRequest, ProviderState
 from flowmesh_sdk.remote.direct import InstanceRuntime
 
@@ -157,6 +157,36 @@ async def test_an_evicted_pod_ends_its_sandbox_with_instance_lost(fm_home, emu, 
                 await asyncio.wait_for(running, 90)
         (seen,) = await prov.describe([inst.id])
         assert seen.state is ProviderState.TERMINATED
+
+
+async def test_a_sandbox_whose_container_is_killed_under_a_command_ends_instance_lost(fm_home, emu, image, prov):
+    # the agent's exec stream ends with its shell's 137 as the container dies, and the watch
+    # reports the pod Failed only after the kubelet has seen the container's end: the stream
+    # that ended first still ends the command with the pod's loss, not a closed channel
+    async with Fleet("k8s-killed", home=fm_home, providers={"k8s": prov}) as fleet:
+        pool = await fleet.pool(PoolSpec(name="k", mode="ephemeral", provider="k8s", instance=SPEC))
+        async with pool.sandbox(_sandbox(image)) as sb:
+            inst = pool.instances[sb.instance_id].instance
+            running = asyncio.ensure_future(sb.exec("sleep 60", timeout_s=90))
+            await asyncio.sleep(1)
+            emu.kill_container("default", inst.address)
+            with pytest.raises(InstanceLost, match=r"Failed: its container terminated \(Error, exit code 137\)"):
+                await asyncio.wait_for(running, 90)
+
+
+async def test_a_command_that_kills_its_agent_shell_ends_at_once_with_the_pod_still_running(fm_home, emu, image,
+                                                                                            prov):
+    # the same 137 from inside: the pod still runs commands, so the runner's probe answers at
+    # once and the exec ends as a closed channel, without waiting for a verdict that never comes
+    async with Fleet("k8s-selfkill", home=fm_home, providers={"k8s": prov}) as fleet:
+        pool = await fleet.pool(PoolSpec(name="k", mode="ephemeral", provider="k8s", instance=SPEC))
+        async with pool.sandbox(_sandbox(image)) as sb:
+            t0 = asyncio.get_running_loop().time()
+            with pytest.raises(SandboxClosedError):
+                await sb.exec("kill -9 $PPID; sleep 60", timeout_s=90)
+            assert asyncio.get_running_loop().time() - t0 < 20   # not the 30 s a verdict may take
+            (seen,) = await prov.describe([pool.instances[sb.instance_id].instance.id])
+            assert seen.state is ProviderState.RUNNING
 
 
 async def test_a_task_whose_pod_is_evicted_with_no_retry_left_ends_instance_lost(fm_home, emu, image, prov):

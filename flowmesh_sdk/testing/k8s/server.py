@@ -311,6 +311,16 @@ class KubeEmulator(HttpServer):
         """The kubelet evicts a pod (module docstring of ``kubelet``); returns the pod."""
         return self.call(self.kubelet.evict(namespace, name, reason, message), timeout=60)
 
+    def kill_container(self, namespace: str, name: str) -> None:
+        """A pod's container is killed from outside the kubelet (the node's OOM killer, a
+        crash): with ``restartPolicy: Never`` the kubelet sees it end (``podman wait``) and
+        reports the pod Failed, its container terminated with exit code 137 (reason Error)."""
+        container = self.container_name(namespace, name)   # from this thread: it asks the server's loop
+
+        async def go() -> None:
+            await self.kubelet.core.podman("kill", container, kill_on_cancel=False)
+        self.call(go(), timeout=60)
+
     def lose_node(self, name: str) -> None:
         """The node stops reporting: Ready Unknown, its pods' containers killed, the pods
         marked Failed with reason NodeLost."""
