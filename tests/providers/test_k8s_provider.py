@@ -145,33 +145,23 @@ async def test_an_image_the_kubelet_cannot_pull_fails_the_task_at_once(fm_home, 
         emu.fail_pulls(False)
 
 
-async def test_an_evicted_pod_ends_its_sandbox_with_instance_lost(fm_home, emu, image, prov):
-    async with Fleet("k8s-evict", home=fm_home, providers={"k8s": prov}) as fleet:
+@pytest.mark.parametrize("end,reason", [
+    ("evict", "Evicted"),   # the kubelet's reason, whichever news came first
+    # the container killed outside the kubelet: the agent's exec stream ends with its shell's
+    # 137 before the watch reports the pod Failed, and still ends the command with the loss
+    ("kill_container", r"Failed: its container terminated \(Error, exit code 137\)")])
+async def test_a_pod_lost_under_a_command_ends_its_sandbox_with_instance_lost(fm_home, emu, image, prov, end, reason):
+    async with Fleet(f"k8s-{end.replace('_', '-')}", home=fm_home, providers={"k8s": prov}) as fleet:
         pool = await fleet.pool(PoolSpec(name="e", mode="ephemeral", provider="k8s", instance=SPEC))
         async with pool.sandbox(_sandbox(image)) as sb:
             inst = pool.instances[sb.instance_id].instance
             running = asyncio.ensure_future(sb.exec("sleep 60", timeout_s=90))
             await asyncio.sleep(1)
-            emu.evict("default", inst.address)
-            with pytest.raises(InstanceLost, match="Evicted"):   # the kubelet's reason, whichever news came first
+            getattr(emu, end)("default", inst.address)
+            with pytest.raises(InstanceLost, match=reason):
                 await asyncio.wait_for(running, 90)
         (seen,) = await prov.describe([inst.id])
         assert seen.state is ProviderState.TERMINATED
-
-
-async def test_a_sandbox_whose_container_is_killed_under_a_command_ends_instance_lost(fm_home, emu, image, prov):
-    # the agent's exec stream ends with its shell's 137 as the container dies, and the watch
-    # reports the pod Failed only after the kubelet has seen the container's end: the stream
-    # that ended first still ends the command with the pod's loss, not a closed channel
-    async with Fleet("k8s-killed", home=fm_home, providers={"k8s": prov}) as fleet:
-        pool = await fleet.pool(PoolSpec(name="k", mode="ephemeral", provider="k8s", instance=SPEC))
-        async with pool.sandbox(_sandbox(image)) as sb:
-            inst = pool.instances[sb.instance_id].instance
-            running = asyncio.ensure_future(sb.exec("sleep 60", timeout_s=90))
-            await asyncio.sleep(1)
-            emu.kill_container("default", inst.address)
-            with pytest.raises(InstanceLost, match=r"Failed: its container terminated \(Error, exit code 137\)"):
-                await asyncio.wait_for(running, 90)
 
 
 async def test_a_command_that_kills_its_agent_shell_ends_at_once_with_the_pod_still_running(fm_home, emu, image,
