@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import platform
 import time
 import uuid
 
@@ -211,6 +212,39 @@ async def test_a_killed_standby_costs_nothing_but_its_own_start(make_sandbox):
     assert [g[0] for g in got] == ["0", "1", "2"], got
     # $0: the script's path when the shell was started for the command, "sh" for a standby
     assert got[0][1] != "sh" and [g[1] for g in got[1:]] == ["sh", "sh"], got
+
+
+_LEADS = 'read -r p c t pp g s r </proc/$$/stat; [ "$g $s" = "$$ $$" ] && echo leads'
+_SWAP_LAUNCHER = """d=/tmp/.flowmesh-$PPID
+cat > "$d/ss.x" <<'X'
+#!/bin/sh
+echo used >> /tmp/uses
+exec setsid "$@"
+X
+chmod 700 "$d/ss.x" && mv -f "$d/ss.x" "$d/ss"
+"""
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the agent's launcher is x86-64 code")
+async def test_commands_lead_their_sessions_through_the_agents_launcher_or_else_setsid(make_sandbox):
+    """On x86-64 the agent writes a session launcher of its own (_setsid.py) into its
+    directory, checks it in the background, and from then on makes each command's shell
+    through it rather than through setsid.  A command that puts another program in its
+    place, or removes it, changes only how its own sandbox's next shells are made."""
+    sb = await make_sandbox()
+    deadline = time.monotonic() + 60        # a bound on the wait, not a timing claim
+    while (await sb.exec('[ -x "/tmp/.flowmesh-$PPID/ss" ]')).exit_code != 0:
+        assert time.monotonic() < deadline, "the agent's launcher was never made"
+        await asyncio.sleep(0.1)
+    r = await sb.exec("sleep 30 & sleep 31; echo never", timeout_s=0.5)
+    assert r.timed_out and "never" not in r.stdout, r
+    assert (await sb.exec("pgrep -x sleep || echo none")).stdout == "none\n"   # the whole tree
+    assert (await sb.exec(_SWAP_LAUNCHER)).exit_code == 0
+    # each shell made after it (once the answer is sent) comes through it: five by the sixth
+    assert [(await sb.exec(_LEADS)).stdout for _ in range(4)] == ["leads\n"] * 4
+    assert (await sb.exec('rm "/tmp/.flowmesh-$PPID/ss"; wc -l < /tmp/uses')).stdout.strip() == "5"
+    assert [(await sb.exec(_LEADS)).stdout for _ in range(3)] == ["leads\n"] * 3   # through setsid
+    assert (await sb.exec("wc -l < /tmp/uses")).stdout.strip() == "5"
 
 
 # the processes a command's timeout forks: a watcher of the command's own sleeps its timeout

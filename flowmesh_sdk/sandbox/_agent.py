@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ._common import sh_quote
 from ._host_scripts import KILL_AGENT, SIGNAL_TREE
+from ._setsid import LAUNCHER
 from ._watchdog import WATCHDOG
 
 __all__ = ["AGENT", "KILL_AGENT", "SESSION", "SIGNAL_TREE"]   # the last two live in _host_scripts.py
@@ -97,7 +98,8 @@ __fm_kick() {
   # reach a later command's).  Forked from a subshell, so a session's $!, jobs and wait
   # never see it.
   __fm_k=$((__fm_b + 1)); __fm_size "$__fm_k"
-  ( ( set --
+  ( ( [ "$__fm_k" = 1 ] && __fm_ssprep
+    set --
     for __x in $__fm_old; do
       set -- "$@" "$__fm_d/$__x.sh" "$__fm_d/$__x.in" "$__fm_d/$__x.out" "$__fm_d/$__x.err" \
         "$__fm_d/$__x.fifo" "$__fm_q/$__x.sh"
@@ -220,7 +222,7 @@ esac
 AGENT = r"""
 __fm_tag=; __fm_d0="${TMPDIR:-/tmp}/.flowmesh-$$"; __fm_d="$__fm_d0"
 command rm -rf -- "$__fm_d0" 2>/dev/null
-""" + _COMMON + WATCHDOG + r"""
+""" + _COMMON + WATCHDOG + LAUNCHER + r"""
 __fm_fail() {
   printf '__FM__ %s %s 0 0 %s
 %s' "$__id" 125 "${#1}" "$1"
@@ -245,7 +247,7 @@ __fm_one() {
     printf '%s\n%s\n%s\n' "$__sb" "$__s" "$__i" >&9
     __c=$__sb
   else
-    ( __fm_nproc; exec $__fm_ss /bin/sh "$__s" ) <"$__i" >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&- 9<&- &
+    ( __fm_nproc; __fm_sx /bin/sh "$__s" ) <"$__i" >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&- 9<&- &
     __c=$!
     [ -n "$__sb" ] && { kill -9 "$__sb"; wait "$__sb"; } 2>/dev/null
   fi
@@ -278,7 +280,7 @@ __fm_stand() {
   # that reads the script, unless the name has a quote).  Without the
   # fifo (no mkfifo in the image) every command is forked as it arrives.
   [ -n "$__fm_cf" ] || return 0
-  ( __fm_nproc; exec $__fm_ss /bin/sh -c "$__fm_sbp" sh ) </dev/null >/dev/null 2>&1 \
+  ( __fm_nproc; __fm_sx /bin/sh -c "$__fm_sbp" sh ) </dev/null >/dev/null 2>&1 \
     3>&- 4>&- 5<&- 6<&- 7>&- 9<&- &
   __sb=$!
 }
@@ -346,7 +348,7 @@ __fm_proc() {
   ( __fm_feed "$__f" ) 0<&8 3>&- 4>&- 5<&- 6<&- 7>&- 8<&- 9<&- &
   __r=$!
   exec 8<&-
-  ( __fm_nproc; exec $__fm_ss /bin/sh "$__s" ) <"$__f" >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&- 9<&- &
+  ( __fm_nproc; __fm_sx /bin/sh "$__s" ) <"$__f" >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&- 9<&- &
   __c=$!
   exec 3>&- 4>&-
   printf '__FMP__ %s pid %s\n' "$__id" "$__c"
