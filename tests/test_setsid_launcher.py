@@ -1,5 +1,5 @@
 """The agent's session launcher (flowmesh_sdk/sandbox/_setsid.py), run on this host: the
-174 bytes it writes into an x86-64 sandbox, and their printf form in the shells an agent
+230 bytes it writes into an x86-64 sandbox, and their printf form in the shells an agent
 may run under."""
 
 import os

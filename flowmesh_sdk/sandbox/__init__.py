@@ -27,7 +27,7 @@ with ``dd``:
   deletes the agent's files, can reach neither this command's output nor the
   protocol;
 * it runs the script in a fresh ``/bin/sh`` in a new session (``setsid``; on an x86-64
-  kernel, once checked, the agent's own 174-byte launcher, ``_setsid.py``, which costs a
+  kernel, once checked, the agent's own 230-byte launcher, ``_setsid.py``, which costs a
   fifth of ``setsid``'s exec), made ahead of the command: after each answer the agent starts the next command's shell (the
   *standby*), which waits on a fifo for its script's name, so the fork and the two execs
   are paid while the host reads the answer, not after the next command arrives (the
