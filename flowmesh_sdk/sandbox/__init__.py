@@ -27,12 +27,13 @@ with ``dd``:
   deletes the agent's files, can reach neither this command's output nor the
   protocol;
 * it runs the script in a fresh ``/bin/sh`` in a new session (``setsid``; on an x86-64
-  kernel, once checked, the agent's own 230-byte launcher, ``_setsid.py``, which costs a
-  fifth of ``setsid``'s exec), made ahead of the command: after each answer the agent starts the next command's shell (the
-  *standby*), which waits on a fifo for its script's name, so the fork and the two execs
-  are paid while the host reads the answer, not after the next command arrives (the
-  standby runs the script in itself: ``$0`` is ``sh``; without ``mkfifo`` in the image
-  each command's shell is started when it arrives); all under a watchdog which at the
+  kernel, once checked, the agent's own 230-byte launcher, ``_setsid.py``, at a tenth of
+  ``setsid``'s cost), made ahead of the command: after each answer the agent starts the
+  next command's shell (the *standby*), which waits on a fifo for its script's name, so
+  the fork and the two execs are paid while the host reads the answer, not after the
+  next command arrives (the standby runs the script in itself: ``$0`` is ``sh``; without
+  ``mkfifo`` in the image each command's shell is started when it arrives); all under a
+  watchdog which at the
   deadline SIGKILLs the session's process group and then every process whose session
   (or parent chain) leads back to the command, found through ``/proc``: this works
   under dash, busybox ash and bash alike.  With ``bash`` in the image the watchdog is
