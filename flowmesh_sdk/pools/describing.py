@@ -52,18 +52,17 @@ class Describer:
         return await asyncio.shield(rnd.done)
 
     async def _call(self, key: tuple[str, str], provider: Provider, region: str, rnd: _Round) -> None:
+        await asyncio.sleep(0)   # the pollers woken at this instant join the round
+        del self._rounds[key]
+        ids = sorted(rnd.ids)
         try:
-            await asyncio.sleep(0)   # the pollers woken at this instant join the round
-            del self._rounds[key]
-            ids = sorted(rnd.ids)
             got = await self._provisioner.call(provider, region, "describe", lambda: provider.describe(ids))
-        except asyncio.CancelledError:
-            rnd.done.cancel()    # the loop is going away: so are its callers
-            raise
-        except Exception as exc:   # noqa: BLE001 - each caller of the round gets it
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                rnd.done.cancel()
+                raise
             rnd.done.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
             return
-        finally:
-            if self._rounds.get(key) is rnd:
-                del self._rounds[key]
         rnd.done.set_result({i.id: i for i in got})
