@@ -138,9 +138,6 @@ def test_ten_thousand_concurrent_tasks_through_the_real_control_plane():
     # launches follow the resource bucket: what it holds (1,000), then calls of ~10 s of
     # refill (20 instances at 2/s) -- not 10,000 calls, and not one call that cannot be served
     assert r.api_calls["launch"] == 1 + (10_000 - 1_000) // 20
-    # their pollers wake together and share one describe call a round (about 0.4 a task),
-    # where a describe call per poller a round made 1.08 a task
-    assert r.api_calls["describe"] < 0.5 * 10_000
     # the 10,000th instance cannot be asked for before (10,000 - 1,000) / 2 s = 75 min
     assert r.lower_bound_s > 6000 + 75 * 60
     assert r.lower_bound_s <= r.makespan_s <= 1.02 * r.lower_bound_s

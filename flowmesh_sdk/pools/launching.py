@@ -28,7 +28,6 @@ from ..provider import (TAG_FLEET, TAG_OWNER, TAG_POOL, TAG_RUN, ContainerReques
 from ..remote.direct import InstanceRuntime
 from ..specs import InfraFailure, InstanceSpec, Offer, PoolSpec
 from .bootstrap import Bootstrapper
-from .describing import Describer
 from .instance import ManagedInstance
 from .inventory import Inventory
 from .records import PoolContext
@@ -68,7 +67,6 @@ class Launcher:
         self._became_ready = became_ready
         self.closing = False
         self._pending_per_hour = 0.0    # launches decided, not yet recorded in the ledger
-        self._describer = Describer(ctx.provisioner)
         self.budget_pools: tuple[str, ...] = (pool,)   # whose spend the pool's budgets cover
 
     @property
@@ -289,9 +287,7 @@ class Launcher:
         """Resolve each instance's future as the provider reports it running: one batched
         describe per round for those still pending, backing off from 0.5 s to 5 s, up to
         the bootstrap deadline (clouds push no events; a provider that watches wakes the
-        round early: :meth:`Provider.wait_changed`).  A round starts on the next multiple
-        of its delay, so the pollers of a pool's launch calls wake together and share one
-        describe call per provider and region (:class:`.describing.Describer`)."""
+        round early: :meth:`Provider.wait_changed`)."""
         deadline = clock.monotonic() + self.ctx.bootstrap_timeout_s
         delay = 0.5
         while True:
@@ -315,12 +311,12 @@ class Launcher:
                     running[mi.id].set_exception(SandboxTimeout(
                         f"instance {mi.id} still pending after {self.ctx.bootstrap_timeout_s:g} s"))
                 return
-            # a sleep to the grid, unless the provider watches
-            await provider.wait_changed([mi.id for mi in pending], delay - clock.monotonic() % delay)
+            await provider.wait_changed([mi.id for mi in pending], delay)   # a sleep, unless it watches
             delay = min(5.0, delay * 2)
             try:
-                seen = await self._describer.describe(provider, pending[0].instance.region,
-                                                      [mi.id for mi in pending])
+                seen = {i.id: i for i in await self.ctx.provisioner.call(
+                    provider, pending[0].instance.region, "describe",
+                    lambda: provider.describe([mi.id for mi in pending]))}
             except FlowMeshError as exc:
                 for mi in pending:
                     running[mi.id].set_exception(exc)
