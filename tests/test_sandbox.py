@@ -135,12 +135,13 @@ async def test_a_full_process_limit_leaves_the_agent_its_own_slots(make_sandbox)
     count = 'n=0; for p in /proc/[0-9]*; do n=$((n + 1)); done; echo "$n"'
     seen: list[int] = []
     deadline = time.monotonic() + 90          # a bound on the wait, not a timing claim (a loaded CI host is slow)
-    # until the filler has hit the limit: two reads in a row near it.  The count moves by a
+    # until the filler has hit the limit: one read near it.  The count then keeps moving by a
     # few (28-33 seen) while the filler lives on, taking each slot an exec's shell frees, so
-    # waiting for it to stand still is a wait that may never end.
+    # waiting for it to stand still, or for two high reads in a row (CI: 31, 28, 32, 28, 29,
+    # 28, ... for 90 s), is a wait that may never end.
     while time.monotonic() < deadline:
         seen.append(int((await sb.exec(count)).stdout))
-        if len(seen) >= 2 and min(seen[-2:]) >= 30:
+        if seen[-1] >= 30:
             break
         await asyncio.sleep(0.25)
     assert 30 <= seen[-1] <= 40, seen          # (the count's own shell is one of them)
