@@ -479,5 +479,8 @@ class Fleet:
     async def __aenter__(self) -> Fleet:
         return await self.start()
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        # A block left with an exception (or cancelled) waits for nothing in flight: what
+        # held it (a sandbox left open, a deployment never stopped, the caller's tasks) is
+        # gone with the exception, and waiting for it would never end.
+        await self.close(None if exc_type is None else 0)

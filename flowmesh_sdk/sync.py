@@ -268,5 +268,5 @@ class SyncFleet:
     def __enter__(self) -> SyncFleet:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.close(None if exc_type is None else 0)   # as Fleet's __aexit__

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from flowmesh_sdk import (EventKind, ImageNotFoundError, InstanceSpec, PoolClosedError, PoolSpec,
+from flowmesh_sdk import (EventKind, FlowMeshError, ImageNotFoundError, InstanceSpec, PoolClosedError, PoolSpec,
                           QuotaError, QuotaLimits, SandboxSpec, SpecError, Task)
 from flowmesh_sdk.control.events import TASK_END
 
@@ -197,6 +197,46 @@ async def test_drain_waits_for_in_flight_then_terminates(fleet, busybox_image):
     await drain
     assert pool.stats().instances == 0
     assert await fleet.provider("local").list_tagged({"flowmesh:pool": "drain"}) == []
+
+
+async def test_a_drain_without_a_deadline_says_what_it_waits_for(fleet, busybox_image, caplog, monkeypatch):
+    from flowmesh_sdk.pools import base
+    monkeypatch.setattr(base, "DRAIN_NOTICE_S", 0.2)
+    pool = await fleet.pool(PoolSpec(name="notice", instance=InstanceSpec(cpus=1, memory_gb=2), warm_per_image=0))
+    held = pool.sandbox(_spec(busybox_image))
+    await held.__aenter__()                  # left open, as a deployment never stopped
+    drain = asyncio.ensure_future(pool.drain())
+    deadline = asyncio.get_running_loop().time() + 60   # a bound on the wait, not a timing claim
+    while not any("drain has waited" in r.getMessage() for r in caplog.records):
+        assert asyncio.get_running_loop().time() < deadline, "no notice from a drain that waits"
+        await asyncio.sleep(0.05)
+    (notice, *_) = [r.getMessage() for r in caplog.records if "drain has waited" in r.getMessage()]
+    assert "pool notice" in notice and "1 task(s) or sandbox(es) in flight" in notice
+    assert not drain.done()                  # it still waits for the open sandbox
+    await held.__aexit__(None, None, None)
+    await asyncio.wait_for(drain, 120)
+    assert await fleet.provider("local").list_tagged({"flowmesh:pool": "notice"}) == []
+
+
+async def test_a_fleet_left_with_an_exception_waits_for_no_sandbox_left_open(fleet, busybox_image):
+    # Hostile use: a sandbox (or a SWE-ReX deployment) opened and never closed, then the block
+    # raises.  Before: Fleet.__aexit__ drained without a deadline and never returned.
+    pool = await fleet.pool(PoolSpec(name="left-open", instance=InstanceSpec(cpus=1, memory_gb=2),
+                                     warm_per_image=0))
+    held = pool.sandbox(_spec(busybox_image))
+    sb = await held.__aenter__()
+    assert (await sb.exec("echo open")).stdout == "open\n"
+
+    async def block() -> None:
+        async with fleet:
+            raise RuntimeError("the caller's own error")
+
+    with pytest.raises(RuntimeError, match="the caller's own error"):
+        await asyncio.wait_for(block(), 120)    # a bound on a hang, not a timing claim
+    assert await fleet.provider("local").list_tagged({"flowmesh:pool": "left-open"}) == []
+    with pytest.raises(FlowMeshError):
+        await sb.exec("true")
+    await held.__aexit__(None, None, None)     # closing it late is harmless
 
 
 async def test_cancelled_task_is_recorded_and_sandbox_closed(fleet, busybox_image):

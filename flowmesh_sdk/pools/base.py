@@ -51,6 +51,7 @@ __all__ = ["COALESCE_S", "AutoStats", "MachinePool", "Pool", "PoolContext", "Poo
            "TaskRun", "run_tasks"]
 
 log = logging.getLogger("flowmesh.pools")
+DRAIN_NOTICE_S = 30.0   # how often a drain without a deadline says what it still waits for
 
 COALESCE_S = 0.02   # how long a launch (or scaling decision, or termination) waits for company
 
@@ -219,7 +220,16 @@ class MachinePool(Pool):
         self._on_closing()
         idle = self.admission.idle
         if timeout_s is None:
-            await idle.wait()
+            waited = 0.0
+            while not idle.is_set():   # no deadline: say every DRAIN_NOTICE_S what it waits for
+                try:
+                    await asyncio.wait_for(idle.wait(), DRAIN_NOTICE_S)
+                except asyncio.TimeoutError:
+                    waited += DRAIN_NOTICE_S
+                    log.warning("pool %s: drain has waited %.0f s for %d task(s) or sandbox(es) in flight "
+                                "(one left open, or a deployment never stopped?); drain(timeout_s=...) or "
+                                "fleet.close(timeout_s=...) stops waiting and terminates them",
+                                self.name, waited, self.admission.in_flight)
         else:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(idle.wait(), timeout_s)

@@ -92,5 +92,5 @@ class Pool(abc.ABC):
     async def __aenter__(self) -> Pool:
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.drain()
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        await self.drain(None if exc_type is None else 0)   # as Fleet's: an exception waits for nothing
