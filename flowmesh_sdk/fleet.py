@@ -28,7 +28,7 @@ from .control.shared import Adoption, SharedInstance
 from .control.spend import SpendLedger, SpendSummary
 from .control.state import open_backend
 from .control.store import MetadataStore
-from .errors import FlowMeshError, SpecError, ThrottledError
+from .errors import FlowMeshError, PoolClosedError, SpecError, ThrottledError
 from .images import (DefaultResolver, ImageResolver, LocalStoreResolver, PullBudget, PullPolicy,
                      RegistryResolver)
 from .bidder.demand import ModelSpec
@@ -238,7 +238,11 @@ class Fleet:
     async def start(self) -> Fleet:
         """Connect the control state (with ``state="redis://..."`` or ``FLOWMESH_STATE``: join
         the shared fleet; a Redis that cannot be reached is a ControlPlaneUnavailableError
-        naming the URL).  ``async with`` and the first pool call it."""
+        naming the URL).  ``async with`` and the first pool call it.  A closed fleet is not
+        opened again (a PoolClosedError): its store and providers are closed, and what it
+        launched would have no owner left to reap it."""
+        if self._closed:
+            raise PoolClosedError(f"fleet {self.name} is closed: it makes no pool or role; open a new Fleet")
         if not self._gc_held:
             collector.hold(self._gc_threshold)
             self._gc_held = True

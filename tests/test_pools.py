@@ -239,6 +239,15 @@ async def test_a_fleet_left_with_an_exception_waits_for_no_sandbox_left_open(fle
     await held.__aexit__(None, None, None)     # closing it late is harmless
 
 
+async def test_a_closed_fleet_makes_no_pool(fleet, busybox_image):
+    # Hostile use: a pool asked of a fleet already closed.  Before: it launched an instance
+    # on the closed store and providers, and nothing was left to terminate it.
+    await fleet.close()
+    with pytest.raises(PoolClosedError, match="fleet test is closed"):
+        await fleet.pool(PoolSpec(name="late", instance=InstanceSpec(cpus=1, memory_gb=1), min_instances=1))
+    assert await fleet.provider("local").list_tagged({"flowmesh:pool": "late"}) == []
+
+
 async def test_cancelled_task_is_recorded_and_sandbox_closed(fleet, busybox_image):
     pool = await fleet.pool(PoolSpec(name="cancel", instance=InstanceSpec(cpus=1, memory_gb=1),
                                      warm_per_image=0))
