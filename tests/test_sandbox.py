@@ -248,6 +248,46 @@ async def test_commands_lead_their_sessions_through_the_agents_launcher_or_else_
     assert (await sb.exec("wc -l < /tmp/uses")).stdout.strip() == "5"
 
 
+_SWAP_FRAMER = """d=/tmp/.flowmesh-$PPID
+mv "$d/fr" "$d/fr.real"
+cat > "$d/fr.x" <<'X'
+#!/bin/sh
+echo used >> /tmp/answers
+exec "$0.real" "$@"
+X
+chmod 700 "$d/fr.x" && mv -f "$d/fr.x" "$d/fr"
+"""
+_MIXED = "printf 'out\\0put'; printf err >&2; head -c 100000 /dev/zero | tr '\\0' x; exit 3"
+
+
+async def test_commands_with_output_are_answered_through_the_agents_framer_or_else_wc_and_dd(make_sandbox):
+    """On x86-64 the agent writes an answer framer of its own (_framer.py) and checks it in
+    the background; from then on a command with output is answered through it, one without
+    output as before (printf alone), and where it is gone by wc and dd: the same answers."""
+    sb = await make_sandbox()
+    deadline = time.monotonic() + 60        # a bound on the wait, not a timing claim
+    while (await sb.exec('[ -x "/tmp/.flowmesh-$PPID/fr" ]')).exit_code != 0:
+        assert time.monotonic() < deadline, "the agent's framer was never made"
+        await asyncio.sleep(0.1)
+
+    async def answers() -> list[tuple[int, bytes, bytes, int, bool]]:
+        out = []
+        for cmd, cap in ((_MIXED, 1 << 20), (_MIXED, 1000), ("true", 1000), ("echo fine", 1000)):
+            r = await sb.exec(cmd, binary=True, output_cap=cap)
+            out.append((r.exit_code, r.stdout_raw, r.stderr_raw, r.stdout_bytes, r.stdout_truncated))
+        return out
+
+    want = [(3, b"out\0put" + b"x" * 100_000, b"err", 100_007, False),
+            (3, (b"out\0put" + b"x" * 100_000)[:1000], b"err", 100_007, True),
+            (0, b"", b"", 0, False), (0, b"fine\n", b"", 5, False)]
+    assert await answers() == want
+    assert (await sb.exec(_SWAP_FRAMER)).exit_code == 0
+    assert await answers() == want
+    assert (await sb.exec('rm "/tmp/.flowmesh-$PPID/fr"; wc -l < /tmp/answers', binary=True)).stdout_raw == b"3\n"
+    assert await answers() == want                                   # by wc and dd
+    assert (await sb.exec("wc -l < /tmp/answers")).stdout == "3\n"
+
+
 # the processes a command's timeout forks: a watcher of the command's own sleeps its timeout
 # (forked as the command starts: looked for a moment later)
 _TIMERS = ("sleep 0.5; for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < \"$f\"; echo; done 2>/dev/null "

@@ -12,6 +12,7 @@ the package docstring for the framing.
 from __future__ import annotations
 
 from ._common import sh_quote
+from ._framer import FRAMER
 from ._host_scripts import KILL_AGENT, SIGNAL_TREE
 from ._setsid import LAUNCHER
 from ._watchdog import WATCHDOG
@@ -43,6 +44,13 @@ elif { read -r __x __y __z < /proc/self/uid_map; } 2>/dev/null && [ "$__x $__y $
     break
   done
 fi
+__fm_x86() {
+  # an x86 kernel (the first CPU's vendor_id), whatever the image's architecture: where the
+  # agent's static programs run (_setsid.py, _framer.py)
+  { read -r __x && read -r __x; } </proc/cpuinfo 2>/dev/null || return 1
+  case "$__x" in vendor_id*) return 0;; esac
+  return 1
+}
 __fm_nproc() {
   [ -n "$__fm_np" ] && { ulimit -u "$__fm_np" || ulimit -p "$__fm_np"; } 2>/dev/null
   return 0
@@ -98,7 +106,7 @@ __fm_kick() {
   # reach a later command's).  Forked from a subshell, so a session's $!, jobs and wait
   # never see it.
   __fm_k=$((__fm_b + 1)); __fm_size "$__fm_k"
-  ( ( [ "$__fm_k" = 1 ] && __fm_ssprep
+  ( ( [ "$__fm_k" = 1 ] && { __fm_ssprep; __fm_frprep; }
     set --
     for __x in $__fm_old; do
       set -- "$@" "$__fm_d/$__x.sh" "$__fm_d/$__x.in" "$__fm_d/$__x.out" "$__fm_d/$__x.err" \
@@ -222,7 +230,7 @@ esac
 AGENT = r"""
 __fm_tag=; __fm_d0="${TMPDIR:-/tmp}/.flowmesh-$$"; __fm_d="$__fm_d0"
 command rm -rf -- "$__fm_d0" 2>/dev/null
-""" + _COMMON + WATCHDOG + LAUNCHER + r"""
+""" + _COMMON + FRAMER + WATCHDOG + LAUNCHER + r"""
 __fm_fail() {
   printf '__FM__ %s %s 0 0 %s
 %s' "$__id" 125 "${#1}" "$1"
@@ -256,13 +264,7 @@ __fm_one() {
   __fm_arm
   wait $__c; __rc=$?
   __fm_disarm
-  __fm_sizes; __no=$__os; __ne=$__es
-  [ "$__no" -gt "$__cap" ] && __no=$__cap
-  [ "$__ne" -gt "$__cap" ] && __ne=$__cap
-  printf '__FM__ %s %s %s %s %s
-' "$__id" "$__rc" "$__tw" "$__os" "$__es"
-  [ "$__no" -gt 0 ] && __fm_put 5 "$__no"
-  [ "$__ne" -gt 0 ] && __fm_put 6 "$__ne"
+  __fm_answer "__FM__ $__id $__rc $__tw"
   exec 5<&- 6<&-
   __fm_wcheck; __fm_stand
 }
@@ -409,18 +411,13 @@ SESSION = r"""
 __fm_tag=s; __fm_d0="${TMPDIR:-/tmp}/.flowmesh-s$$"; __fm_d="$__fm_d0"; __fm_cur=
 command rm -rf -- "$__fm_d0" 2>/dev/null
 [ -n "$BASH_VERSION" ] && { set +o history; unset HISTFILE; }
-""" + _COMMON + r"""
+""" + _COMMON + FRAMER + r"""
 __fm_foot() {
   # $1 the command's status; $2 2 when the shell is exiting (the host then drops it)
   __fm_r=$1
   trap '' INT
   exec 3>&- 4>&-
-  __fm_sizes; __no=$__os; __ne=$__es
-  [ "$__no" -gt "$__cap" ] && __no=$__cap
-  [ "$__ne" -gt "$__cap" ] && __ne=$__cap
-  printf '__FM__ %s %s %s %s %s\n' "$__fm_cur" "$__fm_r" "${2:-0}" "$__os" "$__es" >&7
-  [ "$__no" -gt 0 ] && __fm_put 5 "$__no" >&7
-  [ "$__ne" -gt 0 ] && __fm_put 6 "$__ne" >&7
+  __fm_answer "__FM__ $__fm_cur $__fm_r ${2:-0}" >&7
   exec 5<&- 6<&-
   __fm_cur=
 }

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import struct
 
-__all__ = ["LAUNCHER", "SETSID_X86_64", "printf_format"]
+__all__ = ["LAUNCHER", "SETSID_X86_64", "printf_format", "static_elf"]
 
 _CODE = bytes.fromhex(
     "b870000000" "0f05" "85c0" "781f"
@@ -53,7 +53,9 @@ _BASE = 0x400000          # where the one segment is mapped
 _EHDR, _PHDR = 64, 56     # the ELF64 header, a program header
 
 
-def _elf(code: bytes, machine: int) -> bytes:
+def static_elf(code: bytes, machine: int) -> bytes:
+    """A static ELF64 executable of ``code`` (position-dependent, entered at its first byte):
+    one segment, read and execute, and a stack nothing may be executed on."""
     size = _EHDR + 2 * _PHDR + len(code)
     ehdr = struct.pack("<4sBBBBB7xHHIQQQIHHHHHH",
                        b"\x7fELF", 2, 1, 1, 0, 0,          # 64-bit, little-endian, version 1, SysV
@@ -67,7 +69,7 @@ def _elf(code: bytes, machine: int) -> bytes:
     return ehdr + load + stack + code
 
 
-SETSID_X86_64 = _elf(_CODE, 62)   # EM_X86_64
+SETSID_X86_64 = static_elf(_CODE, 62)   # EM_X86_64
 
 
 def printf_format(data: bytes) -> str:
@@ -90,9 +92,7 @@ __fm_ssprep() {
   # on an x86 kernel (an x86 vendor in /proc/cpuinfo) and with setsid to fall back on,
   # once a shell it started has shown that it leads its own session (a directory where
   # nothing may be executed, or no chmod, leaves setsid in use)
-  [ -n "$__fm_ss" ] || return 0
-  { read -r __x && read -r __x; } </proc/cpuinfo 2>/dev/null || return 0
-  case "$__x" in vendor_id*) ;; *) return 0;; esac
+  [ -n "$__fm_ss" ] && __fm_x86 || return 0
   __x="$__fm_d/ss.new"
   { { printf "$__fm_ssb" > "$__x" && command chmod 700 "$__x" \
       && "$__x" /bin/sh -c 'read -r p c t pp g s r </proc/$$/stat && [ "$s" = $$ ]' \
