@@ -12,14 +12,19 @@ the container, its ``swerex-remote`` server and talks to it over HTTP on 127.0.0
 FlowMesh runs :class:`~flowmesh_sdk.integrations.swerex.FlowMeshDeployment` on a
 persistent pool of the local provider that keeps warm containers of the image.
 
-Measured (``--n`` samples each after one unmeasured warm-up; the two sides alternate
-sample by sample so a load swing on this shared machine hits both):
+Measured (``--n`` samples each after unmeasured warm-ups; the two sides alternate sample
+by sample so a load swing on this shared machine hits both).  The round trips (b), (b') and
+(c) are a started deployment's steady state: five warm-up calls of each side, then a
+second's rest (a FlowMesh deployment's second ``execute`` starts, in the background, the
+held shell the later ones run in; measured during that start, its figure was the start's):
 
 (a) start to first command: ``await deployment.start()`` until
     ``runtime.execute(Command(command=["true"]))`` returns (then ``stop()``, untimed;
     FlowMesh waits, untimed, for its warm container to be back, as bench/sandbox_latency.py);
 (b) ``execute`` round trip: ``runtime.execute(Command(command=["true"]))`` on a started
     deployment (both fork ``/usr/bin/true``);
+(b') the same with output: ``runtime.execute(Command(command=["echo", "hi"]))`` (what most
+    of an agent's commands are; both fork ``/bin/echo``);
 (c) session command round trip: ``run_in_session(BashAction(command="true"))`` in a bash
     session made with ``create_session``;
 (d) ``--concurrent`` (16) small tasks at once, each start, ``execute`` of
@@ -33,8 +38,8 @@ sample by sample so a load swing on this shared machine hits both):
     after a second of idling.
 
 Last line: ``ttfc_vs_swerex=<a> exec_vs_swerex=<b> session_vs_swerex=<c>
-concurrent16_vs_swerex=<d>`` (FlowMesh p50 / SWE-ReX p50; (d) wall over wall), against
-the targets 0.05, 0.5, 0.05 and 0.7.
+concurrent16_vs_swerex=<d> exec_output_vs_swerex=<b'>`` (FlowMesh p50 / SWE-ReX p50; (d)
+wall over wall), against the targets 0.05, 0.5, 0.05 and 0.7 (and (b')'s reported beside).
 
     python bench/peer_swerex.py [--n 20] [--concurrent 16] [--base IMAGE]
 """
@@ -73,8 +78,10 @@ from flowmesh_sdk.remote.runtime import ContainerRuntime  # noqa: E402
 console = bench_console()
 TARGETS = {"ttfc": 0.05, "exec": 0.5, "session": 0.05, "concurrent16": 0.7}
 TRUE = Command(command=["true"])
+ECHO = Command(command=["echo", "hi"])
 SMALL = Command(command=["python3", "-c", "print(sum(range(10)))"])
 WARM_TIMEOUT_S = 120.0
+STEADY = 5            # warm-up calls before a round trip's samples
 log = logging.getLogger("bench.peer_swerex")   # SWE-ReX's deployments log here
 log.addHandler(logging.NullHandler())
 log.propagate = False   # its stop() warns "Failed to kill container" when the container already exited
@@ -134,10 +141,14 @@ def timed(fn: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[float]]:
 
 
 async def alternate(n: int, label: str, rex: Callable[[], Awaitable[float]],
-                    fm: Callable[[], Awaitable[float]]) -> tuple[list[float], list[float]]:
-    """One warm-up each, then ``n`` samples of each, alternating."""
-    await rex()
-    await fm()
+                    fm: Callable[[], Awaitable[float]], warmup: int = 1) -> tuple[list[float], list[float]]:
+    """``warmup`` calls of each (then a second's rest, when more than one), then ``n``
+    samples of each, alternating."""
+    for _ in range(warmup):
+        await rex()
+        await fm()
+    if warmup > 1:
+        await asyncio.sleep(1.0)
     xs: list[float] = []
     ys: list[float] = []
     with console.status(f"{label}: 0/{n}") as status:
@@ -243,13 +254,16 @@ async def run(image: str, n: int, concurrent: int, rounds: int) -> dict[str, Any
             await fm.start()
             await wait_warm(fleet, pool, 1)      # the refill is done: nothing else starts now
             res["exec"] = await alternate(n, "(b) execute round trip", timed(lambda: rex.runtime.execute(TRUE)),
-                                          timed(lambda: fm.runtime.execute(TRUE)))
+                                          timed(lambda: fm.runtime.execute(TRUE)), STEADY)
+            res["exec_output"] = await alternate(n, "(b') execute with output",
+                                                 timed(lambda: rex.runtime.execute(ECHO)),
+                                                 timed(lambda: fm.runtime.execute(ECHO)), STEADY)
             for d in (rex, fm):
                 await d.runtime.create_session(CreateBashSessionRequest())
             true = BashAction(command="true", timeout=30)
             res["session"] = await alternate(n, "(c) session command round trip",
                                              timed(lambda: rex.runtime.run_in_session(true)),
-                                             timed(lambda: fm.runtime.run_in_session(true)))
+                                             timed(lambda: fm.runtime.run_in_session(true)), STEADY)
             await asyncio.sleep(1.0)             # (e) idle: both have a bash session open
             res["memory"] = (await asyncio.to_thread(container_memory, rex.container_name),
                              await asyncio.to_thread(container_memory, fm.sandbox.container_id))
@@ -321,6 +335,7 @@ async def main(argv: list[str] | None = None) -> int:
     for col in ("measurement", "n", "SWE-ReX p50", "SWE-ReX p95", "FlowMesh p50", "FlowMesh p95", "ratio"):
         table.add_column(col, justify="left" if col == "measurement" else "right")
     labels = {"ttfc": "(a) start to first command", "exec": "(b) execute round trip",
+              "exec_output": "(b') execute with output (echo hi)",
               "session": "(c) session command round trip",
               "concurrent": f"(d) {args.concurrent} concurrent small tasks (wall)"}
     ratios: dict[str, float] = {}
@@ -338,7 +353,8 @@ async def main(argv: list[str] | None = None) -> int:
         met = ratios[key] <= TARGETS[name]
         console.print(f"{name}_vs_swerex = {ratios[key]:.3f}  target <= {TARGETS[name]:g}: "
                       + ("[bold green]MET[/]" if met else "[bold red]NOT MET[/]"))
-    print(" ".join(f"{name}_vs_swerex={ratios[key]:.3f}" for name, key in keys), flush=True)
+    print(" ".join(f"{name}_vs_swerex={ratios[key]:.3f}" for name, key in keys)
+          + f" exec_output_vs_swerex={ratios['exec_output']:.3f}", flush=True)
     return 0
 
 

@@ -14,7 +14,9 @@ Four measurements, ``--n`` samples each (after one unmeasured warm-up):
 (d) SDK exec round trip: ``sb.exec("true")`` on an open sandbox, back to back; (d') the
     same with 10 ms (untimed) before each command, as an agent's think time spaces them
     (the agent makes the next command's shell ahead: back to back, that work competes with
-    the host's for the cores; spaced, it is done before the command arrives).
+    the host's for the cores; spaced, it is done before the command arrives); (d'') with
+    output, ``sb.exec("echo x")`` back to back (what most of an agent's commands are: the
+    answer carries the output's sizes and bytes).
 (e) SDK session command round trip: ``session.run("true")`` in a session already started.
 (f) SDK streamed process: ``await (await sb.start("echo x")).wait()``, and
 (g) ``sb.exec("echo x", on_stdout=...)``: a command whose output is streamed.
@@ -28,9 +30,9 @@ watchdog), all of it on the sandbox's CPU quota, where a command the host times 
 
 Then ttfc_ratio = p50(c) / p50(a), exec_ratio = p50(d) / p50(b) and session_ratio =
 p50(e) / p50(d), against the targets ttfc <= 0.1, exec <= 0.01 and session <= 1 (a session
-command no slower than exec), and warm_ttfc_p50_ms = p50(c) against 5 ms.  The last line
-printed is exactly ``ttfc_ratio=<x> exec_ratio=<y> session_ratio=<z> warm_ttfc_p50_ms=<ms>``,
-then ``sandbox_cpu_ms_per_exec=<ms>`` where the container's cgroup could be read (and the
+command no slower than exec), and warm_ttfc_p50_ms = p50(c) against 5 ms; exec_output_ratio =
+p50(d'') / p50(b) is reported beside them.  The last line printed is exactly ``ttfc_ratio=<x>
+exec_ratio=<y> session_ratio=<z> warm_ttfc_p50_ms=<ms> exec_output_ratio=<w>``, then ``sandbox_cpu_ms_per_exec=<ms>`` where the container's cgroup could be read (and the
 gVisor figures below with ``--isolation gvisor``).
 
 ``--isolation gvisor`` measures (a)-(e) again with the sandboxes under gVisor
@@ -237,6 +239,16 @@ async def sdk(info: RuntimeInfo, image: str, n: int, kernel: str = "host", *,
 
             facts["spaced"] = await sample(n, spaced, "(d') SDK exec round trip, spaced")
 
+            async def with_output() -> float:
+                t0 = time.perf_counter()
+                res = await sb.exec("echo x")
+                dt = time.perf_counter() - t0
+                if res.stdout != "x\n":
+                    raise RuntimeError(f"exec echo x gave {res}")
+                return dt
+
+            facts["output"] = await sample(n, with_output, "(d'') SDK exec round trip with output")
+
             session = sb.session("bench")
 
             async def srtt() -> float:
@@ -338,6 +350,7 @@ async def main(argv: list[str] | None = None) -> int:
             ("(c) SDK warm acquire + first exec", ttfcs),
             ("(d) SDK exec round trip", rtts),
             (f"(d') SDK exec round trip, {SPACING_S * 1e3:g} ms apart", facts["spaced"]),
+            ("(d'') SDK exec round trip with output (echo x)", facts["output"]),
             ("(e) SDK session command round trip", facts["session"]),
             ("(f) SDK start(cmd) + wait()", facts["start"]),
             ("(g) SDK exec(on_stdout=)", facts["stream"]),
@@ -379,8 +392,10 @@ async def main(argv: list[str] | None = None) -> int:
     warm_ms = pct(ttfcs, 50) * 1e3
     console.print(f"warm_ttfc_p50_ms = p50(c) = {warm_ms:.2f}  target < {WARM_TTFC_TARGET_MS:g}: "
                   f"{'[bold green]MET[/]' if warm_ms < WARM_TTFC_TARGET_MS else '[bold red]NOT MET[/]'}")
+    output_ratio = pct(facts["output"], 50) / pct(execs, 50)
+    console.print(f"exec_output_ratio = p50(d'') / p50(b) = {output_ratio:.3f}")
     last = (f"ttfc_ratio={ttfc_ratio:.3f} exec_ratio={exec_ratio:.3f} session_ratio={session_ratio:.3f} "
-            f"warm_ttfc_p50_ms={warm_ms:.2f}")
+            f"warm_ttfc_p50_ms={warm_ms:.2f} exec_output_ratio={output_ratio:.3f}")
     if cpu_ms is not None:
         last += f" sandbox_cpu_ms_per_exec={cpu_ms:.3f}"
     if gv:

@@ -42,12 +42,16 @@ with ``dd``:
   own (a subshell and a ``sleep``);
 * it answers ``__FM__ ID RC TIMEDOUT OUTBYTES ERRBYTES`` followed by at most CAP bytes
   of each stream (``RC`` 125 with a message on stderr when the agent itself could not
-  run the command, e.g. the disk is full).
+  run the command, e.g. the disk is full).  A command without output is answered by
+  ``printf`` alone; one with output, on an x86-64 kernel once checked, by the agent's own
+  static framer (``_framer.py``: the sizes by fstat, the bytes by read and write, one
+  exec), else by ``wc -c`` and one ``dd`` per stream (the framer is a fifth of their
+  cost).  Sessions answer the same way.
 
 Only POSIX sh, ``setsid`` (optional: without it a timeout kills the command's process
 tree by parent links), ``mkfifo`` (optional), ``bash`` (optional), ``dd``, ``sleep``,
 ``wc``, ``head``, ``mkdir``, ``mv``, ``rm``, ``ls`` and ``grep`` are needed in the image
-(``chmod`` for the launcher), so
+(``chmod`` for the launcher and the framer), so
 busybox and Debian images both work.
 
 Sessions (``session.py``) hold a shell whose state persists; processes (``process.py``)
