@@ -32,7 +32,8 @@ Then ttfc_ratio = p50(c) / p50(a), exec_ratio = p50(d) / p50(b) and session_rati
 p50(e) / p50(d), against the targets ttfc <= 0.1, exec <= 0.01 and session <= 1 (a session
 command no slower than exec), and warm_ttfc_p50_ms = p50(c) against 5 ms; exec_output_ratio =
 p50(d'') / p50(b) is reported beside them.  The last line printed is exactly ``ttfc_ratio=<x>
-exec_ratio=<y> session_ratio=<z> warm_ttfc_p50_ms=<ms> exec_output_ratio=<w>``, then ``sandbox_cpu_ms_per_exec=<ms>`` where the container's cgroup could be read (and the
+exec_ratio=<y> session_ratio=<z> warm_ttfc_p50_ms=<ms> exec_output_ratio=<w>``, then
+``sandbox_cpu_ms_per_exec=<ms>`` where the container's cgroup could be read (and the
 gVisor figures below with ``--isolation gvisor``).
 
 ``--isolation gvisor`` measures (a)-(e) again with the sandboxes under gVisor

@@ -215,6 +215,14 @@ async def test_a_killed_standby_costs_nothing_but_its_own_start(make_sandbox):
     assert got[0][1] != "sh" and [g[1] for g in got[1:]] == ["sh", "sh"], got
 
 
+async def _agent_made(sb, name: str) -> None:
+    """Until the agent's background job has made (and checked) its program ``name``."""
+    deadline = time.monotonic() + 60        # a bound on the wait, not a timing claim
+    while (await sb.exec(f'[ -x "/tmp/.flowmesh-$PPID/{name}" ]')).exit_code != 0:
+        assert time.monotonic() < deadline, f"the agent's {name} was never made"
+        await asyncio.sleep(0.1)
+
+
 _LEADS = 'read -r p c t pp g s r </proc/$$/stat; [ "$g $s" = "$$ $$" ] && echo leads'
 _SWAP_LAUNCHER = """d=/tmp/.flowmesh-$PPID
 cat > "$d/ss.x" <<'X'
@@ -233,10 +241,7 @@ async def test_commands_lead_their_sessions_through_the_agents_launcher_or_else_
     through it rather than through setsid.  A command that puts another program in its
     place, or removes it, changes only how its own sandbox's next shells are made."""
     sb = await make_sandbox()
-    deadline = time.monotonic() + 60        # a bound on the wait, not a timing claim
-    while (await sb.exec('[ -x "/tmp/.flowmesh-$PPID/ss" ]')).exit_code != 0:
-        assert time.monotonic() < deadline, "the agent's launcher was never made"
-        await asyncio.sleep(0.1)
+    await _agent_made(sb, "ss")
     r = await sb.exec("sleep 30 & sleep 31; echo never", timeout_s=0.5)
     assert r.timed_out and "never" not in r.stdout, r
     assert (await sb.exec("pgrep -x sleep || echo none")).stdout == "none\n"   # the whole tree
@@ -265,10 +270,7 @@ async def test_commands_with_output_are_answered_through_the_agents_framer_or_el
     the background; from then on a command with output is answered through it, one without
     output as before (printf alone), and where it is gone by wc and dd: the same answers."""
     sb = await make_sandbox()
-    deadline = time.monotonic() + 60        # a bound on the wait, not a timing claim
-    while (await sb.exec('[ -x "/tmp/.flowmesh-$PPID/fr" ]')).exit_code != 0:
-        assert time.monotonic() < deadline, "the agent's framer was never made"
-        await asyncio.sleep(0.1)
+    await _agent_made(sb, "fr")
 
     async def answers() -> list[tuple[int, bytes, bytes, int, bool]]:
         out = []

@@ -88,6 +88,12 @@ def test_the_agent_keeps_the_launcher_only_once_a_shell_it_started_led_its_own_s
 
 # ---- the answer framer --------------------------------------------------------------------
 
+def _install_framer(path):
+    path.write_bytes(FRAMER_X86_64)
+    path.chmod(0o700)
+    return path
+
+
 def _answer(agent_dir: str, out: bytes, err: bytes, cap: int, skip: int = 0) -> bytes:
     """What the agent's __fm_answer (dash) sends for a command whose stdout and stderr files
     hold ``out`` and ``err`` (fd 5 read from offset ``skip``: a file shorter than its size)."""
@@ -114,8 +120,7 @@ def test_the_framer_answers_byte_for_byte_as_the_shells_way(tmp_path, out, err, 
     shell, framer = tmp_path / "shell", tmp_path / "framer"
     shell.mkdir()
     framer.mkdir()
-    (framer / "fr").write_bytes(FRAMER_X86_64)
-    (framer / "fr").chmod(0o700)
+    _install_framer(framer / "fr")
     want = _answer(str(shell), out, err, cap, skip)                  # wc and dd
     head = b"__FM__ 7 0 0 %d %d\n" % (len(out), len(err))
     body = (out[skip:] + b"\0" * skip)[:cap] + err[:cap]
@@ -124,9 +129,7 @@ def test_the_framer_answers_byte_for_byte_as_the_shells_way(tmp_path, out, err, 
 
 
 def test_the_framer_writes_nothing_without_arguments_and_fails_when_the_channel_does(tmp_path):
-    fr = tmp_path / "fr"
-    fr.write_bytes(FRAMER_X86_64)
-    fr.chmod(0o700)
+    fr = _install_framer(tmp_path / "fr")
     r = subprocess.run([str(fr)], capture_output=True, timeout=30)
     assert (r.returncode, r.stdout) == (2, b"")
     with open("/dev/full", "wb") as full:                            # every write fails: ENOSPC
