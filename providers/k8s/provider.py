@@ -36,6 +36,7 @@ Writes per sandbox: one create and one delete, plus its one exec stream.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -226,6 +227,7 @@ class K8sProvider(Provider):
         if request.container is not None and request.container.stock and await self._agent.usable(target):
             return await self._launch_claims(target, watch, request, image, runtime_class, resolved)
         names = [pods.pod_name(request.request_id, i) for i in range(request.count)]
+        uids: dict[str, str | None] = {}   # the pods this call made: deleted with their uids, so TERMINATED at once
         try:
             for name in names:
                 if watch.get(name) is None:
@@ -235,15 +237,15 @@ class K8sProvider(Provider):
                                             price_per_hour=offer.price_per_hour or 0.0, runtime_class=runtime_class,
                                             pull_secrets=self.pull_secrets, resolved=resolved,
                                             tolerations=self._tolerations(request.spec), gpu_label=self.gpu_label)
-                    await self._create(target, name, body)
+                    uids[name] = await self._create(target, name, body)
         except BaseException:
             # a launch is all or nothing: the pods this call made go before its error does
-            await asyncio.gather(*(self._delete(target, n) for n in names), return_exceptions=True)
+            await asyncio.gather(*(self._delete(target, n, uids.get(n)) for n in names), return_exceptions=True)
             raise
         placed = await asyncio.gather(*(self._scheduled(watch, target, n) for n in names), return_exceptions=True)
         errors = [p for p in placed if isinstance(p, BaseException)]
         if errors:
-            await asyncio.gather(*(self._delete(target, n) for n in names))
+            await asyncio.gather(*(self._delete(target, n, uids.get(n)) for n in names))
             raise errors[0]
         out = []
         for name, pod in zip(names, placed):
@@ -274,13 +276,16 @@ class K8sProvider(Provider):
         targets, _ = await self._api.targets()
         return await self._agent.support(context or targets[0].context)
 
-    async def _create(self, target: config.Target, name: str, body: dict[str, Any]) -> None:
+    async def _create(self, target: config.Target, name: str, body: dict[str, Any]) -> str | None:
+        """The new pod's uid (None when a pod of that name was there already)."""
         try:
-            await self._api.call(target.context, f"create pod {name}", lambda c: core(c).create_namespaced_pod(
-                target.namespace, body, _preload_content=False))
+            made = await self._api.call(target.context, f"create pod {name}", lambda c: json.loads(
+                core(c).create_namespaced_pod(target.namespace, body, _preload_content=False).data))
         except ProviderError as exc:
             if exc.code != "AlreadyExists":
                 raise
+            return None
+        return str((made.get("metadata") or {}).get("uid") or "") or None
 
     async def _scheduled(self, watch: PodWatch, target: config.Target, name: str) -> Mapping[str, Any]:
         def placed(pod: Mapping[str, Any] | None) -> bool:
@@ -291,7 +296,7 @@ class K8sProvider(Provider):
         except TimeoutError as exc:
             pod = watch.get(name)
             why = (pods.unschedulable(pod) if pod else None) or "not scheduled"
-            await self._delete(target, name)
+            await self._delete(target, name, ((pod or {}).get("metadata") or {}).get("uid"))
             raise CapacityError(f"pod {target.key}/{name} still unschedulable after {self.schedule_timeout_s:g} s: "
                                 f"{why}", provider=PROVIDER, code="Unschedulable") from exc
         if pod is None:
