@@ -253,14 +253,15 @@ async def test_commands_lead_their_sessions_through_the_agents_launcher_or_else_
     assert (await sb.exec("wc -l < /tmp/uses")).stdout.strip() == "5"
 
 
-_SWAP_FRAMER = """d=/tmp/.flowmesh-$PPID
-mv "$d/fr" "$d/fr.real"
-cat > "$d/fr.x" <<'X'
+_SWAP_FRAMER = """for d in /tmp/.flowmesh-[0-9]*; do
+  mv "$d/fr" "$d/fr.real"
+  cat > "$d/fr.x" <<'X'
 #!/bin/sh
-echo used >> /tmp/answers
+echo "used $#" >> /tmp/answers
 exec "$0.real" "$@"
 X
-chmod 700 "$d/fr.x" && mv -f "$d/fr.x" "$d/fr"
+  chmod 700 "$d/fr.x" && mv -f "$d/fr.x" "$d/fr"
+done
 """
 _MIXED = "printf 'out\\0put'; printf err >&2; head -c 100000 /dev/zero | tr '\\0' x; exit 3"
 
@@ -268,7 +269,8 @@ _MIXED = "printf 'out\\0put'; printf err >&2; head -c 100000 /dev/zero | tr '\\0
 async def test_commands_with_output_are_answered_through_the_agents_framer_or_else_wc_and_dd(make_sandbox):
     """On x86-64 the agent writes an answer framer of its own (_framer.py) and checks it in
     the background; from then on a command with output is answered through it, one without
-    output as before (printf alone), and where it is gone by wc and dd: the same answers."""
+    output as before (printf alone), a started process is streamed through it, and where
+    it is gone by wc and dd (and sleep between looks): the same answers and streams."""
     sb = await make_sandbox()
     await _agent_made(sb, "fr")
 
@@ -277,17 +279,35 @@ async def test_commands_with_output_are_answered_through_the_agents_framer_or_el
         for cmd, cap in ((_MIXED, 1 << 20), (_MIXED, 1000), ("true", 1000), ("echo fine", 1000)):
             r = await sb.exec(cmd, binary=True, output_cap=cap)
             out.append((r.exit_code, r.stdout_raw, r.stderr_raw, r.stdout_bytes, r.stdout_truncated))
+        chunks: list[bytes] = []                                     # streamed, cut at the cap
+        r = await sb.exec(_MIXED, binary=True, output_cap=1000, on_stdout=chunks.append)
+        out.append((r.exit_code, b"".join(chunks)[:1000], r.stderr_raw, r.stdout_bytes, r.stdout_truncated))
+        proc = await sb.start("echo ready; read -r x; echo \"$x\" >&2; cat", binary=True)
+        chunks, stream = [], proc.stdout.__aiter__()
+        while b"".join(chunks) != b"ready\n":                          # streamed while it waits for input
+            chunks.append(await asyncio.wait_for(stream.__anext__(), 60))
+        await proc.write_stdin(b"line\nrest")
+        await proc.close_stdin()
+        r = await proc.wait(60)
+        out.append((r.exit_code, r.stdout_raw, r.stderr_raw, r.stdout_bytes, r.stdout_truncated))
         return out
 
     want = [(3, b"out\0put" + b"x" * 100_000, b"err", 100_007, False),
             (3, (b"out\0put" + b"x" * 100_000)[:1000], b"err", 100_007, True),
-            (0, b"", b"", 0, False), (0, b"fine\n", b"", 5, False)]
+            (0, b"", b"", 0, False), (0, b"fine\n", b"", 5, False),
+            (3, (b"out\0put" + b"x" * 100_000)[:1000], b"err", 100_007, True),
+            (0, b"ready\nrest", b"line\n", 10, False)]
     assert await answers() == want
+    # the agents' framers (the exec channel's, and the process channel's), each behind a logger
+    agents = await sb.exec("ls -d /tmp/.flowmesh-[0-9]*")
+    assert len(agents.stdout.split()) == 2, agents
     assert (await sb.exec(_SWAP_FRAMER)).exit_code == 0
     assert await answers() == want
-    assert (await sb.exec('rm "/tmp/.flowmesh-$PPID/fr"; wc -l < /tmp/answers', binary=True)).stdout_raw == b"3\n"
-    assert await answers() == want                                   # by wc and dd
-    assert (await sb.exec("wc -l < /tmp/answers")).stdout == "3\n"
+    # 3 answers (the commands with output: fr HEAD CAP) and 2 streams (fr ID CAP PID) went through them
+    assert (await sb.exec('rm /tmp/.flowmesh-[0-9]*/fr; sort /tmp/answers | uniq -c', binary=True)
+            ).stdout_raw.split() == [b"3", b"used", b"2", b"2", b"used", b"3"]
+    assert await answers() == want                                   # by wc and dd (and sleep)
+    assert (await sb.exec("wc -l < /tmp/answers; ls -d /tmp/.flowmesh-[0-9]*")).stdout == "5\n" + agents.stdout
 
 
 # the processes a command's timeout forks: a watcher of the command's own sleeps its timeout
@@ -331,6 +351,37 @@ async def test_a_sandbox_that_runs_a_few_commands_makes_a_few_output_files(make_
     await asyncio.sleep(1)   # the stocks are made in the background
     made = await sb.exec("ls /tmp/.flowmesh-*/*/ | grep -c '[.][oe]$' || true")
     assert 0 < int(made.stdout) <= 2 * (2 + 4 + 8), made.stdout
+
+
+async def test_a_job_left_reading_a_started_processs_input_never_gets_a_later_ones(make_sandbox, swe_image):
+    """A started process's standard input is a fifo the agent made ahead, one per output
+    pair of its stocks.  A job left reading one keeps that stock from being used again (a
+    stock some process holds a file of is replaced, not emptied): no later process's input
+    ever reaches it, through stocks made and reused (2, 4, 8, 16, then 32 pairs each)."""
+    sb = await make_sandbox(image=swe_image)
+
+    async def run(cmd: str, data: str) -> tuple[str, str]:
+        proc = await sb.start("readlink /proc/$$/fd/0; " + cmd)
+        await proc.write_stdin(data)
+        await proc.close_stdin()
+        r = await proc.wait(60)
+        assert r.exit_code == 0, r
+        stdin, _, out = r.stdout.partition("\n")
+        return stdin, out
+
+    stdins = [(await run("cat", f"input {i}\n"))[0] for i in range(8)]
+    # a job that reads again after each end of input: were a later process's input written
+    # to its fifo, it would read it
+    stdin, job = await run("exec 3<&0; (while :; do cat <&3; sleep 0.05; done >> /tmp/stolen) & echo $!", "mine\n")
+    assert stdin.endswith(".f"), stdin                               # a stock's fifo
+    stdins.append(stdin)
+    for i in range(100):
+        stdin, out = await run("cat", f"input {i}\n")
+        assert out == f"input {i}\n"
+        stdins.append(stdin)
+    assert (await sb.exec(f"kill -0 {job.strip()} && cat /tmp/stolen")).stdout == "mine\n"   # alive, its own only
+    assert len(set(stdins)) == len(stdins)                           # a fifo of its own each
+    assert sum(name.endswith(".f") for name in stdins) >= 100, stdins   # from the stocks, bar the first few
 
 
 async def test_a_command_that_removes_the_agents_files_leaves_timeouts_exact(make_sandbox, swe_image):

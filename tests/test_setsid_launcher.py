@@ -136,6 +136,112 @@ def test_the_framer_writes_nothing_without_arguments_and_fails_when_the_channel_
         assert subprocess.run([str(fr), "H", "9"], stdout=full, timeout=30).returncode == 3
 
 
+def _frames(data: bytes) -> list[tuple[bytes, bytes]]:
+    """The ``__FMP__ 7 S LEN`` frames of a stream: (S, bytes) each, all of it consumed."""
+    out = []
+    while data:
+        head, _, data = data.partition(b"\n")
+        tag, ident, stream, size = head.split(b" ")
+        assert (tag, ident) == (b"__FMP__", b"7"), head
+        out.append((stream, data[:int(size)]))
+        data = data[int(size):]
+    return out
+
+
+def _stream(fr, pid, out_file, err_file, cap: int, skip: int = 0) -> tuple[int, bytes, bytes]:
+    """``fr 7 CAP PID`` with fds 5 and 6 on the files (5 read from offset ``skip``), fd 7 a
+    pipe: its status, what it wrote to fd 7 (the frames) and to fd 1 (the sizes)."""
+    with open(out_file, "rb") as o, open(err_file, "rb") as e:
+        o.seek(skip)
+        r7, w7 = os.pipe()
+        p = subprocess.Popen([str(fr), "7", str(cap), str(pid)], stdout=subprocess.PIPE,
+                             pass_fds=(5, 6, 7), preexec_fn=lambda: [os.dup2(o.fileno(), 5), os.dup2(e.fileno(), 6),
+                                                                     os.dup2(w7, 7)])
+        os.close(w7)
+        with os.fdopen(r7, "rb") as frames:
+            sent = frames.read()
+        return p.wait(60), sent, p.stdout.read()
+
+
+def test_the_framer_streams_what_a_process_writes_until_it_ends(tmp_path):
+    """``fr ID CAP PID`` sends each stream's new bytes as they come (it waits on the
+    process's pidfd between looks, so the end is seen at once), then the sizes on fd 1."""
+    fr = _install_framer(tmp_path / "fr")
+    out, err = tmp_path / "o", tmp_path / "e"
+    with open(out, "wb") as o, open(err, "wb") as e:
+        # a process that writes only after each line of its input: the stream must carry
+        # the first write before the test sends the next line
+        proc = subprocess.Popen(["sh", "-c", "echo one; read -r x; echo two >&2; read -r x; echo three"],
+                                stdin=subprocess.PIPE, stdout=o, stderr=e)
+    o5, e6 = open(out, "rb"), open(err, "rb")
+    r7, w7 = os.pipe()
+    streamer = subprocess.Popen([str(fr), "7", "100", str(proc.pid)], stdout=subprocess.PIPE,
+                                pass_fds=(5, 6, 7),
+                                preexec_fn=lambda: [os.dup2(o5.fileno(), 5), os.dup2(e6.fileno(), 6), os.dup2(w7, 7)])
+    os.close(w7)
+    frames = os.fdopen(r7, "rb")
+
+    def frame() -> tuple[bytes, bytes]:
+        head = frames.readline()
+        _, _, stream, size = head.split(b" ")
+        return stream, frames.read(int(size))
+
+    try:
+        assert frame() == (b"1", b"one\n")
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        assert frame() == (b"2", b"two\n")
+        proc.stdin.write(b"go\n")
+        proc.stdin.close()
+        assert frame() == (b"1", b"three\n")
+        assert streamer.wait(60) == 0 and frames.read() == b""
+        assert streamer.stdout.read() == b"10 4\n"                   # the files' sizes
+    finally:
+        proc.kill()
+        streamer.kill()
+        for f in (o5, e6, frames):
+            f.close()
+        proc.wait(60)
+
+
+@pytest.mark.parametrize("out, err, cap, skip", [
+    (b"", b"", 100, 0),
+    (b"hello\n", b"an error\n", 3, 0),                               # over the cap: cut
+    (bytes(range(256)) * 9000, b"\0" * 70_000 + b"x", 2 << 20, 0),    # over 1 MiB: frames of 1 MiB
+    (b"0123456789", b"e", 100, 4),                                   # shorter than its size: NULs
+])
+def test_the_framer_streams_a_process_that_ended_already_in_full(tmp_path, out, err, cap, skip):
+    """A process that has ended (a zombie, or one reaped already: no pidfd to get) is
+    streamed as ``dd`` would have sent it: up to the cap, in frames of at most 1 MiB, NULs
+    where a file is shorter than its size; then the whole sizes."""
+    fr = _install_framer(tmp_path / "fr")
+    (tmp_path / "o").write_bytes(out)
+    (tmp_path / "e").write_bytes(err)
+    ended = subprocess.Popen(["true"])
+    os.waitid(os.P_PID, ended.pid, os.WEXITED | os.WNOWAIT)           # ended, not yet reaped
+    body = (out[skip:] + b"\0" * skip)[:cap]
+    want = [(b"1", body[i:i + (1 << 20)]) for i in range(0, len(body), 1 << 20)]
+    want += [(b"2", err[:cap])] if err else []
+    sizes = b"%d %d\n" % (len(out), len(err))
+    for pid in (ended.pid, 4194305):                                 # a zombie; no such process
+        rc, sent, printed = _stream(fr, pid, tmp_path / "o", tmp_path / "e", cap, skip)
+        assert (rc, _frames(sent), printed) == (0, want, sizes)
+    ended.wait(60)
+
+
+def test_the_framer_streams_nothing_where_it_cannot_watch_the_process(tmp_path):
+    """No pidfd for the process (here PID 0: EINVAL): exit 4 having written nothing, and the
+    agent streams the shell's way.  A channel that fails: exit 3."""
+    fr = _install_framer(tmp_path / "fr")
+    (tmp_path / "o").write_bytes(b"x")
+    assert _stream(fr, 0, tmp_path / "o", tmp_path / "o", 9) == (4, b"", b"")
+    with open("/dev/full", "wb") as full, open(tmp_path / "o", "rb") as o:
+        r = subprocess.run([str(fr), "7", "9", "4194305"], pass_fds=(5, 6, 7), timeout=30,
+                           preexec_fn=lambda: [os.dup2(o.fileno(), 5), os.dup2(o.fileno(), 6),
+                                               os.dup2(full.fileno(), 7)])
+    assert r.returncode == 3
+
+
 def test_the_agent_keeps_the_framer_only_once_it_answered_a_known_file(tmp_path):
     def prep(dirpath, env=None):
         script = _COMMON + FRAMER + f'__fm_d={dirpath}; __fm_frprep; ls -a "$__fm_d"\n'

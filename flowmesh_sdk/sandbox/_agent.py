@@ -2,8 +2,8 @@
 
 ``AGENT`` serves one held-open channel: buffered commands (``__fm_run``, what ``exec``
 and the file calls send) and streamed processes (``__fm_proc``, what ``start`` and
-``exec(on_stdout=...)`` send).  ``SESSION`` turns an interactive shell into a session
-whose state persists between commands.  ``SIGNAL_TREE`` and ``KILL_AGENT`` are run by the
+``exec(on_stdout=...)`` send: ``_stream.py``).  ``SESSION`` turns an interactive shell
+into a session whose state persists between commands.  ``SIGNAL_TREE`` and ``KILL_AGENT`` are run by the
 host to signal a session's command or to clean up after a lost channel (they are in
 ``_host_scripts.py``, re-exported here).  A command's timeout is ``_watchdog.py``'s.  See
 the package docstring for the framing.
@@ -15,6 +15,7 @@ from ._common import sh_quote
 from ._framer import FRAMER
 from ._host_scripts import KILL_AGENT, SIGNAL_TREE
 from ._setsid import LAUNCHER
+from ._stream import STREAM
 from ._watchdog import WATCHDOG
 
 __all__ = ["AGENT", "KILL_AGENT", "SESSION", "SIGNAL_TREE"]   # the last two live in _host_scripts.py
@@ -88,14 +89,26 @@ __fm_size() {
 }
 __fm_empty() {
   # the used stock $1 made ready for $2 output pairs: its files emptied, those it lacks
-  # made (stocks grow); false if one is not a plain file (then it is not used again)
-  __x=0
-  while [ $__x -lt $2 ]; do
-    for __y in "$1/$__x.o" "$1/$__x.e"; do
+  # made (stocks grow), and their fifos (__fm_fifos); false if one is not a plain file, or
+  # a fifo not a fifo (then it is not used again)
+  __x=0; __sd=$1; __sc=$2; set --
+  while [ $__x -lt $__sc ]; do
+    for __y in "$__sd/$__x.o" "$__sd/$__x.e"; do
       { [ ! -h "$__y" ] && { [ -f "$__y" ] || [ ! -e "$__y" ]; } && : > "$__y"; } || return 1
     done
+    __y="$__sd/$__x.f"
+    if [ -h "$__y" ] || { [ -e "$__y" ] && [ ! -p "$__y" ]; }; then return 1; fi
+    [ -p "$__y" ] || set -- "$@" "$__y"
     __x=$((__x + 1))
   done
+  __fm_fifos "$@"
+}
+__fm_fifos() {
+  # the fifos "$@", one per output pair of a stock, made with it: a streamed process's
+  # standard input (__fm_proc), so that it makes none as it starts.  The agent's only (a
+  # session streams nothing), where mkfifo works (the agent's control fifo was made)
+  [ -n "$__fm_cf" ] && [ $# -gt 0 ] && command mkfifo "$@"
+  return 0
 }
 __fm_kick() {
   # in the background: remove the files of the commands done since the last kick, and
@@ -118,11 +131,12 @@ __fm_kick() {
     fi
     command rm -rf -- "$@" "$__u"
     __t="$__fm_d/t$__fm_k"; command mkdir "$__t" || exit 0
-    __x=0
+    __x=0; set --
     while [ $__x -lt $__n ]; do
       : > "$__t/$__x.o" && : > "$__t/$__x.e" || exit 0
-      __x=$((__x + 1))
+      set -- "$@" "$__t/$__x.f"; __x=$((__x + 1))
     done
+    __fm_fifos "$@"
     command mv "$__t" "$__fm_d/s$__fm_k" ) </dev/null >/dev/null 2>&1 3>&- 4>&- 5<&- 6<&- 7>&- 9<&- & )
   __fm_old=
 }
@@ -138,11 +152,12 @@ __fm_names() {
     else
       __fm_f=$((__fm_f + 1))
       if [ $__fm_k -le $__fm_b ] || [ $__fm_f -ge 32 ]; then __fm_f=0; __fm_kick; fi
-      __o="$__fm_d/$__id.out"; __e="$__fm_d/$__id.err"
+      __o="$__fm_d/$__id.out"; __e="$__fm_d/$__id.err"; __pf=
       return
     fi
   fi
-  __o="$__fm_d/s$__fm_b/$__fm_j.o"; __e="$__fm_d/s$__fm_b/$__fm_j.e"; __fm_j=$((__fm_j + 1))
+  __o="$__fm_d/s$__fm_b/$__fm_j.o"; __e="$__fm_d/s$__fm_b/$__fm_j.e"; __pf="$__fm_d/s$__fm_b/$__fm_j.f"
+  __fm_j=$((__fm_j + 1))
 }
 __fm_get() {
   __n=$1; __ok=0
@@ -230,7 +245,7 @@ esac
 AGENT = r"""
 __fm_tag=; __fm_d0="${TMPDIR:-/tmp}/.flowmesh-$$"; __fm_d="$__fm_d0"
 command rm -rf -- "$__fm_d0" 2>/dev/null
-""" + _COMMON + FRAMER + WATCHDOG + LAUNCHER + r"""
+""" + _COMMON + FRAMER + WATCHDOG + LAUNCHER + STREAM + r"""
 __fm_fail() {
   printf '__FM__ %s %s 0 0 %s
 %s' "$__id" 125 "${#1}" "$1"
@@ -285,99 +300,6 @@ __fm_stand() {
   ( __fm_nproc; __fm_sx /bin/sh -c "$__fm_sbp" sh ) </dev/null >/dev/null 2>&1 \
     3>&- 4>&- 5<&- 6<&- 7>&- 9<&- &
   __sb=$!
-}
-__fm_feed() {
-  # the input side of a streamed process: frames from the host into its stdin fifo
-  trap '' PIPE INT
-  __open=1; { command exec 8>"$1"; } 2>/dev/null || __open=0
-  while IFS=' ' read -r __k __n; do
-    case "$__k" in
-      __fm_in)
-        case "$__n" in ''|*[!0-9]*) continue;; esac
-        while [ "$__n" -gt 0 ]; do
-          __k=$__n; [ "$__k" -gt 65536 ] && __k=65536
-          if [ $__open = 1 ]; then
-            command dd bs="$__k" count=1 iflag=fullblock 2>/dev/null >&8
-          else
-            command dd bs="$__k" count=1 iflag=fullblock 2>/dev/null >/dev/null
-          fi
-          __n=$((__n - __k))
-        done;;
-      __fm_eof) [ $__open = 1 ] && exec 8>&-; __open=0;;
-      __fm_end) [ $__open = 1 ] && exec 8>&-; exit 0;;
-    esac
-  done
-  exit 0
-}
-__fm_send() {
-  # stream $1 (1 or 2) has $2 bytes in all; send what is new, up to the cap
-  if [ "$1" = 1 ]; then __sent=$__so; else __sent=$__se; fi
-  __n=$2; [ "$__n" -gt "$__cap" ] && __n=$__cap
-  __n=$((__n - __sent))
-  while [ "$__n" -gt 0 ]; do
-    __k=$__n; [ "$__k" -gt 1048576 ] && __k=1048576
-    printf '__FMP__ %s %s %s\n' "$__id" "$1" "$__k"
-    if [ "$1" = 1 ]; then
-      __fm_copy 5 "$__k"; __so=$((__so + __k))
-    else
-      __fm_copy 6 "$__k"; __se=$((__se + __k))
-    fi
-    __n=$((__n - __k)); __moved=1
-  done
-}
-__fm_flush() {
-  __fm_sizes
-  __fm_send 1 "$__os"; __fm_send 2 "$__es"
-}
-__fm_proc() {
-  __fm_mk; __fm_names
-  __fm_store
-  if [ -z "$__bad" ]; then
-    { command rm -f -- "$__f"; command mkfifo "$__f"; } 2>/dev/null || __bad="flowmesh: cannot make a fifo in $__fm_d"
-  fi
-  if [ -z "$__bad" ]; then
-    { command exec 3>"$__o" 4>"$__e" 5<"$__o" 6<"$__e"; } 2>/dev/null \
-      || __bad="flowmesh: cannot create output files in $__fm_d"
-  fi
-  if [ -n "$__bad" ]; then
-    exec 3>&- 4>&- 5<&- 6<&-
-    printf '__FMP__ %s 2 %s\n%s__FMP__ %s end 125 0 0 %s\n' "$__id" "${#__bad}" "$__bad" "$__id" "${#__bad}"
-    ( __fm_feed /dev/null )
-    printf '__FMP__ %s idle\n' "$__id"
-    return
-  fi
-  exec 8<&0
-  ( __fm_feed "$__f" ) 0<&8 3>&- 4>&- 5<&- 6<&- 7>&- 8<&- 9<&- &
-  __r=$!
-  exec 8<&-
-  ( __fm_nproc; __fm_sx /bin/sh "$__s" ) <"$__f" >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&- 9<&- &
-  __c=$!
-  exec 3>&- 4>&-
-  printf '__FMP__ %s pid %s\n' "$__id" "$__c"
-  __wa=; __w=; [ "$__to" != 0 ] && __fm_arm
-  __so=0; __se=0; __nap=0.002
-  while :; do
-    __z=0; { read -r __l < /proc/$__c/stat; } 2>/dev/null || __z=1
-    case "$__l" in *") Z "*) __z=1;; esac
-    __moved=0; __fm_flush
-    [ $__z = 1 ] && break
-    if [ $__moved = 0 ]; then
-      command sleep $__nap
-      case $__nap in 0.002) __nap=0.005;; 0.005) __nap=0.01;; 0.01) __nap=0.02;; *) __nap=0.05;; esac
-    else __nap=0.002; fi
-  done
-  wait $__c; __rc=$?; __tw=0
-  [ -n "$__wa$__w" ] && __fm_disarm
-  __fm_flush
-  printf '__FMP__ %s end %s %s %s %s\n' "$__id" "$__rc" "$__tw" "$__os" "$__es"
-  exec 5<&- 6<&-
-  # a reader still waiting for the fifo's other end is let through (and then sees EPIPE)
-  { command exec 8<>"$__f"; } 2>/dev/null; exec 8<&-
-  wait $__r
-  printf '__FMP__ %s idle\n' "$__id"
-  # a fresh standby, the last background job again (__fm_one)
-  [ -n "$__sb" ] && { kill -9 "$__sb"; wait "$__sb"; } 2>/dev/null
-  __sb=; __fm_wcheck; __fm_stand
 }
 """ + "__fm_sbp=" + sh_quote(_STANDBY) + "\n" + r"""
 __fm_loop() {
