@@ -21,7 +21,9 @@ with ``dd``:
   background job, which also removes the files of finished commands, so neither
   costs the round trip; a used stock is emptied and handed out again once ``/proc``
   shows no process holding any of its files: emptying a file costs ~20 us of the
-  sandbox's CPU where making one costs the overlay's price above)
+  sandbox's CPU where making one costs the overlay's price above; each pair has a fifo
+  made with it, a started process's standard input, so a stock some process still reads
+  from is replaced too)
   and holds them open
   (``/proc/self/fd``), so a background job of an earlier command, or a command that
   deletes the agent's files, can reach neither this command's output nor the
@@ -46,7 +48,10 @@ with ``dd``:
   ``printf`` alone; one with output, on an x86-64 kernel once checked, by the agent's own
   static framer (``_framer.py``: the sizes by fstat, the bytes by read and write, one
   exec), else by ``wc -c`` and one ``dd`` per stream (the framer is a fifth of their
-  cost).  Sessions answer the same way.
+  cost).  Sessions answer the same way.  A started process (``__fm_proc``, ``_stream.py``)
+  is streamed by the same framer, which waits on the process's pidfd between looks at
+  its files (``fr ID CAP PID``), else (no pidfd, as under gVisor) by the shell's looks
+  with ``wc``, ``dd`` and ``sleep``.
 
 Only POSIX sh, ``setsid`` (optional: without it a timeout kills the command's process
 tree by parent links), ``mkfifo`` (optional), ``bash`` (optional), ``dd``, ``sleep``,
