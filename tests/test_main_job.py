@@ -77,7 +77,7 @@ def test_benchmark_prints_ratios(fm_home, busybox_image):
                           text=True, timeout=300, env=dict(os.environ, FLOWMESH_HOME=str(fm_home)))
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = (r"ttfc_ratio=\d+\.\d{3} exec_ratio=\d+\.\d{3} session_ratio=\d+\.\d{3} warm_ttfc_p50_ms=\d+\.\d{2}"
-            r" exec_output_ratio=\d+\.\d{3}"
+            r" exec_output_ratio=\d+\.\d{3} exec_stream_ratio=\d+\.\d{3}"
             r"( sandbox_cpu_ms_per_exec=\d+\.\d{3})?")   # where the container's cgroup can be read
     if gvisor:
         line += "".join(rf" {k}=\d+\.\d{{3}}" for k in ("gvisor_ttfc_ratio", "gvisor_exec_ratio",
