@@ -159,3 +159,15 @@ def test_catalog_refresh_json_against_the_vast_emulator(tmp_path: Path) -> None:
     assert (out["provider"], out["rows"], out["priced"]) == ("vast", 2, 2)
     assert out["path"] == str(tmp_path / "cache" / "catalog" / "vast.csv") and Path(out["path"]).is_file()
     assert "test-vast-key" not in res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("group", [(), ("catalog",), ("cost",), ("config",), ("serve",)])
+def test_every_commands_summary_in_help_is_one_line_of_prose(fm_home, group):
+    """In a ``--help`` list each command's summary is its docstring's first paragraph as one
+    run of prose (typer's panel kept the docstring's line breaks: a ragged column)."""
+    env = {**os.environ, "FLOWMESH_HOME": str(fm_home), "COLUMNS": "400", "NO_COLOR": "1"}
+    out = subprocess.run([*FLOWMESH, *group, "--help"], capture_output=True, text=True, env=env,
+                         timeout=120).stdout
+    panel = [line for line in out[out.index("Commands"):].splitlines() if line.startswith("│")]
+    rows = [line[2:] for line in panel]       # "│ NAME  SUMMARY │"; a summary's second line would start blank
+    assert rows and all(row[:1] not in ("", " ") for row in rows), rows

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import datetime as dt
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -278,11 +279,12 @@ def gc(provider: list[str] = typer.Option(["local"], "--provider", "-p",
                                          "its coordinators on other hosts included, never what a live one holds"),
        yes: bool = typer.Option(False, "--yes", "-y", help="act; without it, only list (dry run)"),
        json_out: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
-    """Find instances and containers this FLOWMESH_HOME left behind (by their tags and its
-    records) and remove them; removals are recorded in the metadata store.  With -p ssh,
-    also the containers of instances terminated while their machine did not answer, once
-    it answers (machines that do not are named); with -p k8s, also the agent-sandbox warm
-    pools (SandboxWarmPool and its template) of coordinators gone."""
+    """Find instances and containers this FLOWMESH_HOME left behind and remove them.
+
+    They are found by their tags and the metadata store's records; removals are recorded
+    there.  With -p ssh, also the containers of instances terminated while their machine
+    did not answer, once it answers (machines that do not are named); with -p k8s, also the
+    agent-sandbox warm pools (SandboxWarmPool and its template) of coordinators gone."""
     known = available_providers()
     for name in provider:
         if name not in known:
@@ -405,6 +407,21 @@ _register_config(app)
 from .serve import register as _register_serve  # noqa: E402 - serve sandbox-fusion (cli/serve.py)
 
 _register_serve(app)
+
+
+def _one_line_summaries(typer_app: typer.Typer) -> None:
+    """Each command's summary in a ``--help`` list: its docstring's first paragraph as one
+    line of prose (typer's panel keeps the docstring's own line breaks, a ragged column)."""
+    for info in typer_app.registered_commands:
+        doc = inspect.getdoc(info.callback) if info.callback is not None and info.help is None else info.help
+        if info.short_help is None and doc:
+            info.short_help = " ".join(doc.split("\n\n", 1)[0].split())
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _one_line_summaries(group.typer_instance)
+
+
+_one_line_summaries(app)
 
 
 def main() -> None:
