@@ -87,6 +87,15 @@ def test_cost_estimate_bad_input(cli: CliRunner) -> None:
     assert res.exit_code == 1 and "vast (34 regions): no feasible offer -- gates removed: gpu_host -64" in res.output
     res = _run(cli, ["cost", "estimate", "--tasks", "0", "--minutes", "5"])
     assert res.exit_code == 1 and "demand.count" in res.output
+    # a region no catalog row is in (it printed an empty table): named, with the regions there are
+    res = _run(cli, ["cost", "estimate", "--tasks", "10", "--minutes", "5", "--providers", "ec2", "--region", "eastus"])
+    assert res.exit_code == 1 and "demand.regions: 'eastus': no price catalog row of ec2" in res.output
+    assert "ec2: 'us-east-1'" in res.output
+    res = _run(cli, ["cost", "estimate", "--tasks", "10", "--minutes", "5", "--price", "=3"])
+    assert res.exit_code == 1 and "'=3' names no instance type" in res.output
+    for args in (["cost", "estimate", "--tasks", "10", "--minutes", "5", "--top", "0"], ["offers", "--limit", "0"]):
+        res = _run(cli, args)
+        assert res.exit_code == 2 and ">= 1" in res.output.replace("greater than or equal to", ">="), res.output
 
 
 def test_catalog_refresh_then_show(cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -185,12 +185,22 @@ def estimate(rows: Sequence[CatalogRow], demand: Demand, *, policy: Policy = CHE
     if not isinstance(policy, Policy):
         raise SpecError("policy", f"must be a Policy, got {policy!r}")
     groups: dict[tuple[str, str], list[CatalogRow]] = {}
+    known: dict[str, set[str]] = {}   # provider -> its regions in the catalog
     for row in rows:
         if demand.providers and row.provider not in demand.providers:
             continue
+        known.setdefault(row.provider, set()).add(row.region)
         if demand.regions and row.region not in demand.regions:
             continue
         groups.setdefault((row.provider, row.region), []).append(row)
+    missing = [r for r in demand.regions if not any(r in regions for regions in known.values())]
+    if missing:   # a region no row has (a typo, or another provider's): no plan could be made there
+        where = f" of {', '.join(demand.providers)}" if demand.providers else ""
+        listed = "; ".join(f"{prov}: {', '.join(map(repr, sorted(regions)[:6]))}"
+                           + (f" and {len(regions) - 6} more" if len(regions) > 6 else "")
+                           for prov, regions in sorted(known.items()))
+        raise SpecError("demand.regions", f"{', '.join(map(repr, missing))}: no price catalog row{where} is in that "
+                                          f"region; the catalog's regions: {listed or 'none'}")
     done: list[Estimate] = []
     failed: list[Infeasible] = []
     for (prov, region), group in sorted(groups.items()):

@@ -39,6 +39,8 @@ def prices(values: Optional[list[str]]) -> dict[str, float]:
         if "=" not in text:
             raise SpecError("--price", f"must be TYPE=USD (e.g. c7i.2xlarge=0.30), got {text!r}")
         itype, usd = text.split("=", 1)
+        if not itype.strip():
+            raise SpecError("--price", f"must be TYPE=USD (e.g. c7i.2xlarge=0.30): {text!r} names no instance type")
         try:
             value = float(usd)
         except ValueError:

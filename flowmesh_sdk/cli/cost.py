@@ -104,7 +104,7 @@ def offers(cpus: float = typer.Option(8.0, "--cpus", help="vCPUs per sandbox (or
                                                         help="where the image/weights are cached: provider, "
                                                              "provider/region or provider/region/type"),
            gpu_hosts: bool = typer.Option(False, "--gpu-hosts", help="let CPU sandboxes use GPU instances"),
-           limit: int = typer.Option(15, "--limit", help="rows to show"),
+           limit: int = typer.Option(15, "--limit", min=1, help="rows to show"),
            json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
            ) -> None:
     """Rank the catalog's offers for one sandbox size with every term of U = w_t*T - w_c*C + w_l*G."""
@@ -257,7 +257,7 @@ def cost_estimate(tasks: int = typer.Option(..., "--tasks", help="tasks submitte
                   price: Optional[list[str]] = typer.Option(None, "--price",
                                                             help="TYPE=USD: use this $/h for TYPE (repeat)"),
                   image_gb: float = typer.Option(2.0, "--image-gb", help="GB of image each instance pulls"),
-                  top: int = typer.Option(10, "--top", help="provider/regions to show"),
+                  top: int = typer.Option(10, "--top", min=1, help="provider/regions to show"),
                   json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
                   ) -> None:
     """The cheapest feasible plan per provider/region, with launch time under each provider's
