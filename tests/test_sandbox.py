@@ -341,6 +341,34 @@ async def test_the_agents_watcher_times_commands_and_comes_back_when_killed(make
     assert (await sb.exec("echo still here", timeout_s=5)).stdout == "still here\n"
 
 
+# how many of the test's `sleep 30` and `sleep 31` the sandbox runs (from /proc: an image may
+# have no pgrep; a command's own timeout watcher may run a sleep too)
+_SLEEPS = ("for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < \"$f\"; echo; done 2>/dev/null "
+           "| grep -c '^sleep 3[01] $' || true")
+
+
+async def test_a_streamed_command_is_killed_at_its_timeout_with_its_tree(make_sandbox, swe_image, busybox_image):
+    """A started process and ``exec(on_stdout=...)`` run in the shell made ahead (the
+    standby) and are timed like an exec: by the agent's watcher with bash in the image, else
+    by a watcher of their own.  At the deadline the whole tree is killed, what it wrote
+    before is streamed, and the next commands are timed as before."""
+    for image in (swe_image, busybox_image):
+        sb = await make_sandbox(image=image)
+        for _ in range(3):
+            proc = await sb.start("echo first; sleep 30 & sleep 31; echo never", timeout_s=0.3)
+            r = await proc.wait(60)
+            assert r.timed_out and r.exit_code == 137 and r.stdout == "first\n", (image, r)
+        got: list[bytes] = []
+        r = await sb.exec("echo first; sleep 30 & sleep 31; echo never", timeout_s=0.3, on_stdout=got.append)
+        assert r.timed_out and r.exit_code == 137 and b"".join(got) == b"first\n", (image, r)
+        assert int((await sb.exec(_SLEEPS)).stdout) == 0, image
+        for _ in range(3):    # ended before their timeouts: nothing of theirs is killed after
+            r = await sb.exec("sleep 30 >/dev/null 2>&1 & echo $!", timeout_s=0.5, on_stdout=got.append)
+            assert not r.timed_out and r.exit_code == 0, (image, r)
+        await asyncio.sleep(1)
+        assert int((await sb.exec(_SLEEPS)).stdout) == 3, image
+
+
 async def test_a_sandbox_that_runs_a_few_commands_makes_a_few_output_files(make_sandbox, swe_image):
     """The agent's stocks of output files grow (2, 4, 8, ... pairs): a sandbox that runs a
     handful of commands makes about as many files as it uses, not two stocks of 32 pairs

@@ -1,7 +1,8 @@
 """The agent's static programs, run on this host: the session launcher
 (flowmesh_sdk/sandbox/_setsid.py, 230 bytes) and the answer framer (_framer.py) it writes
-into an x86-64 sandbox, their printf form in the shells an agent may run under, and the
-agent's checks that keep them only where they work."""
+into an x86-64 sandbox, their printf form in the shells an agent may run under, the
+agent's checks that keep them only where they work, and the agent itself using them
+(the protocol written by hand, so a command's id is the test's to choose)."""
 
 import os
 import platform
@@ -10,7 +11,8 @@ import subprocess
 
 import pytest
 
-from flowmesh_sdk.sandbox._agent import _COMMON
+from flowmesh_sdk.sandbox._agent import _COMMON, AGENT
+from flowmesh_sdk.sandbox._common import _frame_head
 from flowmesh_sdk.sandbox._framer import _CODE as FRAMER_CODE, FRAMER, FRAMER_SOURCE, FRAMER_X86_64
 from flowmesh_sdk.sandbox._setsid import LAUNCHER, SETSID_X86_64, printf_format
 
@@ -268,3 +270,39 @@ def test_the_framers_source_assembles_to_its_bytes(tmp_path):
     subprocess.run(["objcopy", "-O", "binary", "-j", ".text", str(tmp_path / "fr.o"), str(tmp_path / "fr.bin")],
                    check=True, timeout=60)
     assert (tmp_path / "fr.bin").read_bytes() == FRAMER_CODE
+
+
+# ---- the agent itself, on this host -------------------------------------------------------
+
+@pytest.mark.parametrize("ident", [2, 4, 126, 127, 9])
+def test_a_streamed_command_killed_at_its_timeout_is_answered_once_whatever_its_id(tmp_path, ident):
+    """The agent (dash, on this host: the protocol by hand) streams a command its timeout
+    kills through the framer, and its answer ends with the end frame alone.  The agent once
+    kept the framer's status in a name its watcher's check reuses for the command's id: an
+    id of 2, 4, 126 or 127 then made it stream the output a second time, as NULs."""
+    if shutil.which("bash") is None or shutil.which("setsid") is None:
+        pytest.skip("the agent's watcher needs bash, and setsid")
+    agent = subprocess.Popen(["dash", "-c", AGENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, env={"PATH": os.environ["PATH"], "TMPDIR": str(tmp_path)})
+    try:
+        ready = agent.stdout.readline().split()
+        assert ready[0] == b"__FM_READY__", ready
+        _install_framer(tmp_path / f".flowmesh-{ready[1].decode()}" / "fr")
+        script = b"echo first; sleep 30 & sleep 31; echo never\n"
+        agent.stdin.write(_frame_head("__fm_proc", ident, "0.300", 1000, script, 0) + script)
+        agent.stdin.flush()
+        lines = [agent.stdout.readline()]
+        assert lines[0].startswith(b"__FMP__ %d pid " % ident), lines
+        while not lines[-1].startswith(b"__FMP__ %d end" % ident):
+            line = agent.stdout.readline()
+            if line.startswith(b"__FMP__ %d 1 " % ident):
+                line += agent.stdout.read(int(line.split()[3]))
+            lines.append(line)
+        agent.stdin.write(b"__fm_end\n")
+        agent.stdin.flush()
+        lines.append(agent.stdout.readline())
+        assert lines[1:] == [b"__FMP__ %d 1 6\nfirst\n" % ident, b"__FMP__ %d end 137 1 6 0\n" % ident,
+                             b"__FMP__ %d idle\n" % ident]
+    finally:
+        agent.kill()
+        agent.wait(60)

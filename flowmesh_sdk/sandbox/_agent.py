@@ -263,9 +263,7 @@ __fm_one() {
   if [ -n "$__bad" ]; then
     exec 3>&- 4>&- 5<&- 6<&-; __fm_fail "$__bad"; command rm -f -- "$__fm_d"/* 2>/dev/null; return
   fi
-  # the standby must be the agent's last background job: the watcher's trap reads $! as
-  # "the command" until it has forked its timer (__fm_watch)
-  if [ -n "$__sb" ] && [ "$!" = "$__sb" ] && kill -0 "$__sb" 2>/dev/null; then
+  if [ -n "$__sb" ] && kill -0 "$__sb" 2>/dev/null; then
     # the standby made ahead takes the command: its pid, the script's and the input's names
     printf '%s\n%s\n%s\n' "$__sb" "$__s" "$__i" >&9
     __c=$__sb

@@ -93,29 +93,35 @@ __fm_proc() {
   ( __fm_feed "$__f" ) 0<&8 3>&- 4>&- 5<&- 6<&- 7>&- 8<&- 9<&- &
   __r=$!
   exec 8<&-
-  ( __fm_nproc; __fm_sx /bin/sh "$__s" ) <"$__f" >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&- 9<&- &
-  __c=$!
+  if [ -n "$__sb" ] && kill -0 "$__sb" 2>/dev/null; then
+    # the standby made ahead takes the command (__fm_one), its stdin the fifo
+    printf '%s\n%s\n%s\n' "$__sb" "$__s" "$__f" >&9
+    __c=$__sb
+  else
+    ( __fm_nproc; __fm_sx /bin/sh "$__s" ) <"$__f" >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&- 9<&- &
+    __c=$!
+  fi
+  __sb=
   exec 3>&- 4>&-
   printf '__FMP__ %s pid %s\n' "$__id" "$__c"
   __wa=; __w=; [ "$__to" != 0 ] && __fm_arm
   # its output streamed by the framer (_framer.py) until it ends, else the shell's way
-  __so=0; __se=0; __x=4
-  [ -x "$__fm_d/fr" ] && { __y=$("$__fm_d/fr" "$__id" "$__cap" "$__c" 9<&-); __x=$?; }
-  case $__x in
-    0) __os=${__y%% *}; __es=${__y#* };;
+  # (its status and sizes in names of their own: __fm_disarm sets __x)
+  __so=0; __se=0; __fs=4
+  [ -x "$__fm_d/fr" ] && { __fz=$("$__fm_d/fr" "$__id" "$__cap" "$__c" 9<&-); __fs=$?; }
+  case $__fs in
+    0) __os=${__fz%% *}; __es=${__fz#* };;
     2|4|126|127) __fm_poll;;
   esac
   wait $__c; __rc=$?; __tw=0
   [ -n "$__wa$__w" ] && __fm_disarm
-  case $__x in 0) ;; 2|4|126|127) __fm_flush;; *) __fm_sizes;; esac
+  case $__fs in 0) ;; 2|4|126|127) __fm_flush;; *) __fm_sizes;; esac
   printf '__FMP__ %s end %s %s %s %s\n' "$__id" "$__rc" "$__tw" "$__os" "$__es"
   exec 5<&- 6<&-
   # a reader still waiting for the fifo's other end is let through (and then sees EPIPE)
   { command exec 8<>"$__f"; } 2>/dev/null; exec 8<&-
   wait $__r
   printf '__FMP__ %s idle\n' "$__id"
-  # a fresh standby, the last background job again (__fm_one)
-  [ -n "$__sb" ] && { kill -9 "$__sb"; wait "$__sb"; } 2>/dev/null
-  __sb=; __fm_wcheck; __fm_stand
+  __fm_wcheck; __fm_stand
 }
 """

@@ -129,13 +129,14 @@ __fm_watch() {
   # - TERM before W's trap is set: the default action ends W, which has forked no S yet;
   # - TERM after the trap is set: a shell runs a trap only between commands (the handler
   #   only notes the signal), and sets $! in W right after S's fork returns, so the trap
-  #   sees either the value W inherited ($__c, the agent's reaped command: not signalled)
+  #   sees either the value W inherited (kept in __wx before the trap is set: the agent's
+  #   last background job, not signalled -- a streamed command's feed, or the command)
   #   or S's pid while S is W's unreaped child (its pid cannot be reused; only a TERM in
   #   the instant between the timer's end and `trap '' TERM` finds S just reaped);
   # - S is sent SIGKILL, not TERM: a TERM landing in S between the fork and S resetting
   #   the shell's inherited handler is taken by that handler and lost (S then sleeps on,
   #   orphaned: seen under load); SIGKILL cannot be caught, ignored or lost.
-  ( trap '[ "$!" = "$__c" ] || kill -9 $! 2>/dev/null; exit 0' TERM
+  ( __wx=$!; trap '[ "$!" = "$__wx" ] || kill -9 $! 2>/dev/null; exit 0' TERM
     sleep "$__to" & wait $!
     trap '' TERM; __fm_kill "$__c"; exit 3 ) 5<&- 6<&- 7>&- 9<&- &
   __w=$!
