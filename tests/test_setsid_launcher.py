@@ -7,6 +7,7 @@ agent's checks that keep them only where they work, and the agent itself using t
 import os
 import platform
 import shutil
+import signal
 import subprocess
 
 import pytest
@@ -301,7 +302,8 @@ def test_a_streamed_command_killed_at_its_timeout_is_answered_once_whatever_its_
     if shutil.which("bash") is None or shutil.which("setsid") is None:
         pytest.skip("the agent's watcher needs bash, and setsid")
     agent = subprocess.Popen(["dash", "-c", AGENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, env={"PATH": os.environ["PATH"], "TMPDIR": str(tmp_path)})
+                             stderr=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(tmp_path)},
+                             start_new_session=True)
     try:
         ready = agent.stdout.readline().split()
         assert ready[0] == b"__FM_READY__", ready
@@ -322,5 +324,5 @@ def test_a_streamed_command_killed_at_its_timeout_is_answered_once_whatever_its_
         assert lines[1:] == [b"__FMP__ %d 1 6\nfirst\n" % ident, b"__FMP__ %d end 137 1 6 0\n" % ident,
                              b"__FMP__ %d idle\n" % ident]
     finally:
-        agent.kill()
+        os.killpg(agent.pid, signal.SIGKILL)    # the agent and its watcher (its standby ends with it)
         agent.wait(60)
