@@ -263,16 +263,7 @@ __fm_one() {
   if [ -n "$__bad" ]; then
     exec 3>&- 4>&- 5<&- 6<&-; __fm_fail "$__bad"; command rm -f -- "$__fm_d"/* 2>/dev/null; return
   fi
-  if [ -n "$__sb" ] && kill -0 "$__sb" 2>/dev/null; then
-    # the standby made ahead takes the command: its pid, the script's and the input's names
-    printf '%s\n%s\n%s\n' "$__sb" "$__s" "$__i" >&9
-    __c=$__sb
-  else
-    ( __fm_nproc; __fm_sx /bin/sh "$__s" ) <"$__i" >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&- 9<&- &
-    __c=$!
-    [ -n "$__sb" ] && { kill -9 "$__sb"; wait "$__sb"; } 2>/dev/null
-  fi
-  __sb=
+  __fm_go "$__i"
   exec 3>&- 4>&-
   __fm_arm
   wait $__c; __rc=$?
@@ -280,6 +271,19 @@ __fm_one() {
   __fm_answer "__FM__ $__id $__rc $__tw"
   exec 5<&- 6<&-
   __fm_wcheck; __fm_stand
+}
+__fm_go() {
+  # the command's shell, its stdin $1 (__c: its pid): the standby made ahead takes it (its
+  # pid, the script's and the input's names through the control fifo), else one forked now
+  if [ -n "$__sb" ] && kill -0 "$__sb" 2>/dev/null; then
+    printf '%s\n%s\n%s\n' "$__sb" "$__s" "$1" >&9
+    __c=$__sb
+  else
+    ( __fm_nproc; __fm_sx /bin/sh "$__s" ) <"$1" >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&- 9<&- &
+    __c=$!
+    [ -n "$__sb" ] && { kill -9 "$__sb"; wait "$__sb"; } 2>/dev/null
+  fi
+  __sb=
 }
 __fm_stand() {
   # The next command's fresh shell, made ahead while the host reads this answer: forked

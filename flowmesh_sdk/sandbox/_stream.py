@@ -93,15 +93,7 @@ __fm_proc() {
   ( __fm_feed "$__f" ) 0<&8 3>&- 4>&- 5<&- 6<&- 7>&- 8<&- 9<&- &
   __r=$!
   exec 8<&-
-  if [ -n "$__sb" ] && kill -0 "$__sb" 2>/dev/null; then
-    # the standby made ahead takes the command (__fm_one), its stdin the fifo
-    printf '%s\n%s\n%s\n' "$__sb" "$__s" "$__f" >&9
-    __c=$__sb
-  else
-    ( __fm_nproc; __fm_sx /bin/sh "$__s" ) <"$__f" >&3 2>&4 3>&- 4>&- 5<&- 6<&- 7>&- 9<&- &
-    __c=$!
-  fi
-  __sb=
+  __fm_go "$__f"
   exec 3>&- 4>&-
   printf '__FMP__ %s pid %s\n' "$__id" "$__c"
   __wa=; __w=; [ "$__to" != 0 ] && __fm_arm
