@@ -3,10 +3,10 @@
 ``AGENT`` serves one held-open channel: buffered commands (``__fm_run``, what ``exec``
 and the file calls send) and streamed processes (``__fm_proc``, what ``start`` and
 ``exec(on_stdout=...)`` send: ``_stream.py``).  ``SESSION`` turns an interactive shell
-into a session whose state persists between commands.  ``SIGNAL_TREE`` and ``KILL_AGENT`` are run by the
-host to signal a session's command or to clean up after a lost channel (they are in
-``_host_scripts.py``, re-exported here).  A command's timeout is ``_watchdog.py``'s.  See
-the package docstring for the framing.
+into a session whose state persists between commands.  ``SIGNAL_TREE`` and ``KILL_AGENT``
+are run by the host to signal a session's command or to clean up after a lost channel
+(they are in ``_host_scripts.py``, re-exported here).  A command's timeout is
+``_watchdog.py``'s.  See the package docstring for the framing.
 """
 
 from __future__ import annotations
