@@ -164,15 +164,19 @@ def _frames(data: bytes) -> list[tuple[bytes, bytes]]:
     return out
 
 
+def _streamer(fr, pid, cap: int, out_fd: int, err_fd: int, chan_fd: int) -> subprocess.Popen:
+    """``fr 7 CAP PID`` started with its fds 5, 6 and 7 those given; its fd 1 (the sizes) a pipe."""
+    return subprocess.Popen([str(fr), "7", str(cap), str(pid)], stdout=subprocess.PIPE, pass_fds=(5, 6, 7),
+                            preexec_fn=lambda: [os.dup2(out_fd, 5), os.dup2(err_fd, 6), os.dup2(chan_fd, 7)])
+
+
 def _stream(fr, pid, out_file, err_file, cap: int, skip: int = 0) -> tuple[int, bytes, bytes]:
     """``fr 7 CAP PID`` with fds 5 and 6 on the files (5 read from offset ``skip``), fd 7 a
     pipe: its status, what it wrote to fd 7 (the frames) and to fd 1 (the sizes)."""
     with open(out_file, "rb") as o, open(err_file, "rb") as e:
         o.seek(skip)
         r7, w7 = os.pipe()
-        p = subprocess.Popen([str(fr), "7", str(cap), str(pid)], stdout=subprocess.PIPE,
-                             pass_fds=(5, 6, 7), preexec_fn=lambda: [os.dup2(o.fileno(), 5), os.dup2(e.fileno(), 6),
-                                                                     os.dup2(w7, 7)])
+        p = _streamer(fr, pid, cap, o.fileno(), e.fileno(), w7)
         os.close(w7)
         with os.fdopen(r7, "rb") as frames:
             sent = frames.read()
@@ -192,9 +196,7 @@ def test_the_framer_streams_what_a_process_writes_until_it_ends(tmp_path):
                                 stdin=subprocess.PIPE, stdout=o, stderr=e)
     o5, e6 = open(out, "rb"), open(err, "rb")
     r7, w7 = os.pipe()
-    streamer = subprocess.Popen([str(fr), "7", "100", str(proc.pid)], stdout=subprocess.PIPE,
-                                pass_fds=(5, 6, 7),
-                                preexec_fn=lambda: [os.dup2(o5.fileno(), 5), os.dup2(e6.fileno(), 6), os.dup2(w7, 7)])
+    streamer = _streamer(fr, proc.pid, 100, o5.fileno(), e6.fileno(), w7)
     os.close(w7)
     frames = os.fdopen(r7, "rb")
 
@@ -256,10 +258,9 @@ def test_the_framer_streams_nothing_where_it_cannot_watch_the_process(tmp_path):
     if not _has_pidfd():
         return
     with open("/dev/full", "wb") as full, open(tmp_path / "o", "rb") as o:
-        r = subprocess.run([str(fr), "7", "9", "4194305"], pass_fds=(5, 6, 7), timeout=30,
-                           preexec_fn=lambda: [os.dup2(o.fileno(), 5), os.dup2(o.fileno(), 6),
-                                               os.dup2(full.fileno(), 7)])
-    assert r.returncode == 3
+        streamer = _streamer(fr, 4194305, 9, o.fileno(), o.fileno(), full.fileno())
+        assert streamer.wait(30) == 3
+        streamer.stdout.close()
 
 
 def test_the_agent_keeps_the_framer_only_once_it_answered_a_known_file(tmp_path):
