@@ -296,7 +296,7 @@ class K8sProvider(Provider):
         except TimeoutError as exc:
             pod = watch.get(name)
             why = (pods.unschedulable(pod) if pod else None) or "not scheduled"
-            await self._delete(target, name, ((pod or {}).get("metadata") or {}).get("uid"))
+            await self._delete(target, name)
             raise CapacityError(f"pod {target.key}/{name} still unschedulable after {self.schedule_timeout_s:g} s: "
                                 f"{why}", provider=PROVIDER, code="Unschedulable") from exc
         if pod is None:
@@ -350,6 +350,10 @@ class K8sProvider(Provider):
         return out
 
     async def _delete(self, target: config.Target, name: str, uid: str | None = None) -> None:
+        """Delete pod ``name``; its uid (given, else the watch's) is TERMINATED from then on."""
+        if uid is None:
+            seen = self._watches[target.key].get(name) if target.key in self._watches else None
+            uid = ((seen or {}).get("metadata") or {}).get("uid")
         try:
             await self._api.call(target.context, f"delete pod {name}", lambda c: core(c).delete_namespaced_pod(
                 name, target.namespace, grace_period_seconds=0, _preload_content=False))
