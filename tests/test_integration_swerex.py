@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 import signal
 import subprocess
 import sys
@@ -201,6 +202,57 @@ async def rex_local():
     await rt.close()
 
 
+
+async def _raised(call) -> tuple[type, str] | None:
+    """The class and message of what ``call`` raised, or None."""
+    try:
+        await call
+    except Exception as exc:   # noqa: BLE001 -- the test compares whatever was raised
+        return type(exc), str(exc)
+    return None
+
+
+@pytest.mark.parametrize("shell", ["dash", "bash", "busybox"])
+def test_an_executes_cwd_or_program_fails_as_subprocess_run_fails(shell, tmp_path):
+    """The script ``execute`` runs, on this machine's shells (the images' /bin/sh: dash,
+    bash, busybox ash): what ``subprocess.run`` raises before its program runs comes back as
+    the same OSError; everything else runs, its status its own."""
+    from flowmesh_sdk.integrations._swerex_scripts import _command_script, _exec_error, _exec_failed, _why_script
+    (tmp_path / "run.sh").write_text("#!/bin/sh\nexit 127\n")
+    (tmp_path / "run.sh").chmod(0o755)
+    (tmp_path / "plain").write_text("x\n")
+    here = str(tmp_path)
+    cases = [Command(command=["no-such-program"]), Command(command="no-such-program"),
+             Command(command=["/etc/passwd"]), Command(command=["/etc"]), Command(command=["/no/dir/prog"]),
+             Command(command=["true"], cwd="/no/such"), Command(command=["true"], cwd="/etc/passwd"),
+             Command(command=["ls"], env={"A": "1"}), Command(command=["ls"], env={"PATH": "/nowhere"}),
+             Command(command=["./run.sh"], cwd=here), Command(command=["./plain"], cwd=here),
+             Command(command=["plain"], env={"PATH": here}), Command(command=["plain"], env={"PATH": f"{here}:/bin"}),
+             Command(command=["run.sh"], env={"PATH": f"/nowhere::{here}"}),
+             Command(command="no-such-program", shell=True), Command(command=["sh", "-c", "exit 127"]),
+             Command(command=["cd", "/"]), Command(command=["export"]),     # the shell's builtins, no programs
+             Command(command=["plain"]), Command(command=["run.sh"])]     # on the path only in the second round
+    argv = ["busybox", "sh", "-c"] if shell == "busybox" else [shell, "-c"]
+    for path in (os.environ["PATH"], f"{here}:{os.environ['PATH']}"):
+        for c in cases:
+            env = {**os.environ, "PATH": path}
+            try:
+                want: object = subprocess.run(c.command, shell=c.shell, env=c.env or env, cwd=c.cwd,
+                                              capture_output=True).returncode
+            except OSError as exc:
+                want = (type(exc), str(exc), exc.errno, exc.filename)
+            nonce = "n0nce"
+            r = subprocess.run([*argv, _command_script(c, nonce)], capture_output=True, text=True, env=env)
+            got = r.returncode
+            if r.returncode == 127 and (failed := _exec_failed(r.stdout, nonce)):
+                what, why = failed
+                why = why or subprocess.run([*argv, _why_script(c, what)], capture_output=True, text=True,
+                                            env=env).stdout.strip()
+                exc = _exec_error(c, what, why)
+                got = (type(exc), str(exc), exc.errno, exc.filename)
+            assert got == want, (c, path)
+
+
 async def test_empty_and_comment_only_commands_run_as_swerex_runs_them(any_deployment, rex_local):
     # issue 24 (15): old code raised BashIncorrectSyntaxError (near unexpected token `}')
     rt = any_deployment.runtime
@@ -254,7 +306,7 @@ async def test_exit_in_a_session_returns_its_status_and_the_session_goes_on(any_
     assert (obs.output, obs.exit_code) == ("[]\n", 0)
 
 
-async def test_execute_commands_and_files(deployment, tmp_path):
+async def test_execute_commands_and_files(deployment, rex_local, tmp_path):
     rt = deployment.runtime
     r = await rt.execute(Command(command=["sh", "-c", 'echo "a b"; echo err >&2; exit 3', "ignored"]))
     assert (r.stdout, r.stderr, r.exit_code) == ("a b\n", "err\n", 3)
@@ -269,10 +321,16 @@ async def test_execute_commands_and_files(deployment, tmp_path):
         await rt.execute(Command(command="exit 2", shell=True, check=True, error_msg="compile"))
     with pytest.raises(CommandTimeoutError, match=r"Timeout \(1.0s\)"):
         await rt.execute(Command(command=["sleep", "30"], timeout=1.0))
-    r = await rt.execute(Command(command=["no-such-program"]))
-    assert r.exit_code == 127
-    r = await rt.execute(Command(command="pwd", shell=True, cwd="/no/such/dir"))
-    assert r.exit_code == 126
+    # what subprocess.run raises before the program runs, raised as SWE-ReX's own runtime raises it
+    for bad in (Command(command=["no-such-program"]), Command(command="pwd", shell=True, cwd="/no/such/dir"),
+                Command(command=["/etc/passwd"]), Command(command=["true"], cwd="/etc/passwd"),
+                Command(command=["ls"], env={"PATH": "/nowhere"})):
+        want = await _raised(rex_local.execute(bad))
+        assert want is not None and issubclass(want[0], OSError), bad
+        assert await _raised(rt.execute(bad)) == want, bad
+    r = await rt.execute(Command(command="no-such-program", shell=True))   # the shell's own 127
+    assert r.exit_code == 127 and "no-such-program" in r.stderr
+    assert (await rt.execute(Command(command=["ls", "/"], env={"A": "1"}))).exit_code == 0   # PATH: /bin:/usr/bin
     # concurrent executes each get their own answer; repeated ones ran on held /bin/sh sessions
     outs = await asyncio.gather(*(rt.execute(Command(command=["echo", str(i)])) for i in range(6)))
     assert [o.stdout for o in outs] == [f"{i}\n" for i in range(6)]

@@ -34,7 +34,8 @@ from ..errors import (ContainerRuntimeError, FlowMeshError, InstanceLost, Sandbo
 from ..sandbox import BinaryExecResult, Sandbox, Session, Terminal  # noqa: E402
 from ..pools.failures import lost_kind  # noqa: E402
 from ..specs import InfraFailure  # noqa: E402
-from ._swerex_scripts import _SYNTAX_MARK, _command_script, _os_error, _session_script  # noqa: E402
+from ._swerex_scripts import (_SYNTAX_MARK, _command_script, _exec_error, _exec_failed,  # noqa: E402
+                              _os_error, _session_script, _why_script)
 
 __all__ = ["FlowMeshRuntime", "SandboxLostError", "NO_TIMEOUT_S", "PS1"]
 
@@ -273,11 +274,18 @@ class FlowMeshRuntime(AbstractRuntime):
     async def execute(self, command: Command) -> CommandResponse:
         """``subprocess.run`` semantics in a fresh ``/bin/sh`` of the sandbox."""
         timeout = max(NO_TIMEOUT_S if command.timeout is None else command.timeout, 0.001)
-        script = _command_script(command)
+        nonce = secrets.token_hex(8)
+        script = _command_script(command, nonce)
         async with self._guard("execute"):
-            r = await self._execute(script, timeout, command.cwd)
+            r = await self._execute(script, timeout)
         if r.timed_out:
             raise CommandTimeoutError(f"Timeout ({command.timeout}s) exceeded while running command")
+        if r.exit_code == 127 and (failed := _exec_failed(r.stdout_raw.decode(errors="replace"), nonce)):
+            what, why = failed   # its cwd or program: what subprocess.run raises, as SWE-ReX's runtime does
+            if why is None:
+                async with self._guard("execute"):
+                    why = (await self.sandbox.exec(_why_script(command, what), timeout_s=30)).stdout.strip()
+            raise _exec_error(command, what, why)
         resp = CommandResponse(stdout=r.stdout_raw.decode(errors="backslashreplace"),
                                stderr=r.stderr_raw.decode(errors="backslashreplace"),
                                exit_code=r.exit_code)
@@ -287,7 +295,7 @@ class FlowMeshRuntime(AbstractRuntime):
             raise NonZeroExitCodeError(f"{command.error_msg}: {msg}" if command.error_msg else msg)
         return resp
 
-    async def _execute(self, script: str, timeout: float, cwd: str | None) -> Any:
+    async def _execute(self, script: str, timeout: float) -> Any:
         """On an idle held ``/bin/sh`` session, in a subshell (a fork, not a new channel:
         about half of what ``sandbox.exec``'s fresh session costs), else with
         ``sandbox.exec``.  A runtime that executes more than once keeps such shells."""
@@ -296,8 +304,8 @@ class FlowMeshRuntime(AbstractRuntime):
         if shell is None:
             if self._executes > 1:
                 self._warm_exec_shell()
-            return await self.sandbox.exec(script, timeout_s=timeout, cwd=cwd, binary=True)
-        workdir = shlex.quote(cwd or self.sandbox.spec.workdir)
+            return await self.sandbox.exec(script, timeout_s=timeout, binary=True)
+        workdir = shlex.quote(self.sandbox.spec.workdir)   # the script enters the command's own cwd
         try:
             r = await shell.run(f"(\ncd -- {workdir} || exit 126\n{script}\n)", timeout_s=timeout, binary=True)
         except BaseException:

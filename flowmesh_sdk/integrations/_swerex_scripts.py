@@ -5,6 +5,8 @@ file call into the ``OSError`` SWE-ReX's runtimes raise.  No I/O, no swe-rex imp
 
 from __future__ import annotations
 
+import errno
+import os
 import shlex
 from typing import TYPE_CHECKING
 
@@ -46,8 +48,26 @@ def _session_script(command: str, shell: str, nonce: str) -> str:
             'eval "$__fm_cmd" 2>&1')
 
 
-def _command_script(command: Command) -> str:
-    """``subprocess.run(command.command, shell=..., env=...)`` as a /bin/sh script."""
+_EXEC_MARK = "__FM_EXEC__"   # + a nonce and a status (below): the script could not run its program
+# the mark's statuses: exec found no program | found one it could not run | ``command -v`` found
+# none on the path | the cwd could not be entered (the last two: :func:`_why_script` says why)
+_EXEC_STATUS = {"127": ("program", "missing"), "126": ("program", "denied"), "3": ("program", None),
+                "4": ("cwd", None)}
+# what subprocess.run looks a program up in when ``env`` is given without PATH (os.defpath)
+_DEFAULT_PATH = "/bin:/usr/bin"
+
+
+def _command_script(command: Command, nonce: str) -> str:
+    """``subprocess.run(command.command, shell=..., env=..., cwd=...)`` as a /bin/sh script.
+
+    Where ``subprocess.run`` raises before the program runs -- its ``cwd`` cannot be entered,
+    or its program is not found or cannot be run -- the script answers ``__FM_EXEC__ NONCE
+    STATUS`` on stdout and exits 127 (:func:`_exec_failed`).  Kept short: a short script is
+    read by the agent's shell a byte at a time.  The program is looked up with ``command
+    -v``, or, when ``env`` is given, in its PATH entry by entry (``os.get_exec_path(env)``),
+    and run with ``exec``: a found program's status is its own.  The EXIT trap runs only if
+    the ``exec`` fails (dash and ash exit, bash with ``execfail`` goes on to ``exit``); a
+    name that is only a builtin of the shell passes ``command -v`` and fails there."""
     cmd = command.command
     if command.shell:
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else ["/bin/sh", "-c", *cmd]
@@ -55,10 +75,58 @@ def _command_script(command: Command) -> str:
         argv = [cmd] if isinstance(cmd, str) else list(cmd)
     if not argv or not argv[0]:
         raise SpecError("command.command", "must name a program (an empty command was given)")
+    lines = [f"trap 'echo {_EXEC_MARK} {nonce} $?; exit 127' EXIT", "${BASH_VERSION+shopt -s execfail}"]
+    if command.cwd is not None:
+        lines.append(f"cd -- {shlex.quote(command.cwd)} 2>/dev/null || exit 4")
+    name = shlex.quote(argv[0])
+    if "/" not in argv[0] and command.env is None:
+        lines.append(f"command -v -- {name} >/dev/null 2>&1 || exit 3")
+    elif "/" not in argv[0]:   # env's path, searched here: `env` itself would answer 126 or 127 as a program may
+        lines.append(f"__fm_s={shlex.quote(command.env.get('PATH', _DEFAULT_PATH))}; __fm_i=$IFS; IFS=:; "
+                     f'for __fm_d in $__fm_s; do __fm_p=${{__fm_d:-.}}/{name}; [ -f "$__fm_p" ] && [ -x "$__fm_p" ] '
+                     '&& break; __fm_p=; done; IFS=$__fm_i; [ -n "$__fm_p" ] || exit 3')
     if command.env is not None:   # subprocess: env replaces the environment
         argv = ["env", "-i", *(f"{k}={v}" for k, v in command.env.items()), *argv]
-    head = "exec 2>&1\n" if command.merge_output_streams else ""
-    return head + "exec " + shlex.join(argv)
+    if command.merge_output_streams:
+        lines.append("exec 2>&1")
+    lines += ["exec " + shlex.join(argv), "exit"]
+    return "\n".join(lines)
+
+
+def _exec_failed(stdout: str, nonce: str) -> tuple[str, str | None] | None:
+    """What :func:`_command_script`'s mark says could not be done -- ``cwd`` or ``program``,
+    and why if the mark says (``missing``, ``denied``) -- or None when the program ran."""
+    head = f"{_EXEC_MARK} {nonce} "
+    return _EXEC_STATUS.get(stdout[len(head):].strip(), ("program", "missing")) if stdout.startswith(head) else None
+
+
+def _why_script(command: Command, what: str) -> str:
+    """Why the cwd could not be entered or ``command -v`` found no program: a script that
+    prints ``missing``, ``denied`` or ``notdir``, as ``subprocess``'s errno would be (a
+    path's first executable file is the program; any other file or directory there means
+    denied)."""
+    if what == "cwd":
+        cwd = shlex.quote(command.cwd or ".")
+        return f"if [ -d {cwd} ]; then echo denied; elif [ -e {cwd} ]; then echo notdir; else echo missing; fi"
+    name = shlex.quote(_program(command))
+    path = "$PATH" if command.env is None else shlex.quote(command.env.get("PATH", _DEFAULT_PATH))
+    cd = f"cd -- {shlex.quote(command.cwd)} || exit\n" if command.cwd is not None else ""
+    return (f"{cd}k=missing; s={path}; IFS=:\n"
+            f'for d in $s; do p=${{d:-.}}/{name}; [ -f "$p" ] && [ -x "$p" ] && exit; [ -e "$p" ] && k=denied; done\n'
+            'echo "$k"')
+
+
+def _program(command: Command) -> str:
+    cmd = command.command
+    return "/bin/sh" if command.shell else cmd if isinstance(cmd, str) else cmd[0]
+
+
+def _exec_error(command: Command, what: str, why: str) -> OSError:
+    """The OSError ``subprocess.run`` raises when ``what`` (``cwd`` or ``program``) is
+    ``why`` (``missing``, ``denied``, ``notdir``)."""
+    err = {"denied": errno.EACCES, "notdir": errno.ENOTDIR}.get(why, errno.ENOENT)
+    cls: type[OSError] = {errno.EACCES: PermissionError, errno.ENOTDIR: NotADirectoryError}.get(err, FileNotFoundError)
+    return cls(err, os.strerror(err), command.cwd if what == "cwd" else _program(command))
 
 
 def _os_error(message: str, path: str) -> OSError:
