@@ -81,7 +81,7 @@ def _command_script(command: Command, nonce: str) -> str:
     name = shlex.quote(argv[0])
     if "/" not in argv[0] and command.env is None:
         lines.append(f"command -v -- {name} >/dev/null 2>&1 || exit 3")
-    elif "/" not in argv[0]:   # env's path, searched here: `env` itself would answer 126 or 127 as a program may
+    elif "/" not in argv[0] and command.env is not None:   # searched here: `env` answers 126 or 127 as a program may
         lines.append(f"__fm_s={shlex.quote(command.env.get('PATH', _DEFAULT_PATH))}; __fm_i=$IFS; IFS=:; "
                      f'for __fm_d in $__fm_s; do __fm_p=${{__fm_d:-.}}/{name}; [ -f "$__fm_p" ] && [ -x "$__fm_p" ] '
                      '&& break; __fm_p=; done; IFS=$__fm_i; [ -n "$__fm_p" ] || exit 3')
