@@ -157,8 +157,9 @@ class AgentSandbox:
     ``_call`` (off the loop, errors the SDK's); ``api_client(context)`` its ApiClient."""
 
     def __init__(self, *, enabled: bool, call: Call, api_client: Callable[[str], Awaitable[Any]],
-                 timeout_s: float) -> None:
+                 timeout_s: float, deleting: set[str]) -> None:
         self.enabled = enabled
+        self.deleting = deleting   # the provider's: uids TERMINATED from now on, whatever the watch has seen
         self._call = call
         self._api_client = api_client
         self.timeout_s = timeout_s
@@ -275,6 +276,9 @@ class AgentSandbox:
         errors = [g for g in got if isinstance(g, BaseException)]
         if errors:
             await asyncio.gather(*(self._delete(target, "sandboxclaims", n) for n in names), return_exceptions=True)
+            # the pods bound meanwhile go with their claims: none is listed while the watch catches up
+            self.deleting.update(str((g[1].get("metadata") or {}).get("uid")) for g in got
+                                 if not isinstance(g, BaseException))
             raise errors[0]
         out = [g for g in got if not isinstance(g, BaseException)]
         for claimed, placed in out:
@@ -352,6 +356,7 @@ class AgentSandbox:
                          if (c.get("metadata") or {}).get("uid") == want), None)
         if name is not None:
             await self._delete(target, "sandboxclaims", name)
+        self.deleting.add(str(meta.get("uid")))   # the pod goes with its claim
 
     async def close(self) -> None:
         """Delete the warm pools and templates this provider made (their unclaimed sandboxes go)."""

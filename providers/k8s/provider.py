@@ -120,7 +120,7 @@ class K8sProvider(Provider):
         self._runners: dict[str, PodRunner] = {}
         self._deleting: set[str] = set()                            # uids whose delete the server accepted
         self._agent = AgentSandbox(enabled=agent_sandbox, call=self._api.call, timeout_s=self.schedule_timeout_s,
-                                   api_client=self._api.api_client)
+                                   api_client=self._api.api_client, deleting=self._deleting)
         self._leftovers = WarmPoolLeftovers(self._agent, self._targets)   # a crashed coordinator's warm pools
 
     # ---- plumbing --------------------------------------------------------------------
@@ -366,7 +366,6 @@ class K8sProvider(Provider):
         found = [f for f in await asyncio.gather(*(self._find(uid) for uid in ids)) if f is not None]
         claimed = [f for f in found if self._agent.owns(f[2]) and (f[2].get("metadata") or {}).get("uid") in ids]
         await asyncio.gather(*(self._agent.release(t, pod) for t, _, pod in claimed))   # the pod goes with its claim
-        self._deleting.update(str(pod["metadata"]["uid"]) for _, _, pod in claimed)
         found = [f for f in found if f not in claimed]
         await asyncio.gather(*(self._delete(t, name, uid) for t, name, pod in found
                                if (uid := (pod.get("metadata") or {}).get("uid")) in ids))

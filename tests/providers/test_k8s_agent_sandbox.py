@@ -404,3 +404,32 @@ async def test_gc_takes_an_other_hosts_warm_pool_only_by_run_or_age(fm_home, asb
         custom.delete_namespaced_custom_object(EXT, V, NS, "sandboxwarmpools", "users-own")
         await gc_prov.close()
     await _until(lambda: not _items(custom, CORE, "sandboxes"))
+
+
+async def test_a_claim_launch_that_fails_takes_back_the_pods_it_bound_at_once(asb, asb_prov, custom, image):
+    """All or nothing: the second of two claims is refused (one made before, its metadata not
+    allowed), so the first, bound, is deleted too; its pod is not listed from then on, whatever
+    the provider's watch has seen yet."""
+    from flowmesh_providers.k8s.pods import pod_name
+    from flowmesh_sdk import SandboxSpec
+    from flowmesh_sdk.errors import ProviderError
+    from flowmesh_sdk.provider import TAG_REQUEST, ContainerRequest, LaunchRequest
+    (offer,) = [o for o in await asb_prov.offers(SPEC)][:1]
+    tags = {TAG_FLEET: "rb", TAG_POOL: "rb"}
+
+    def request(rid: str, count: int) -> LaunchRequest:
+        return LaunchRequest(offer=offer, spec=SPEC, count=count, request_id=rid, tags=tags, container=ContainerRequest(
+            image, SandboxSpec(image=image, cpus=0.5, memory_gb=0.25), stock=1))
+
+    first = await asb_prov.launch(request("rb0", 1))   # the provider's warm pool, for the claim below
+    await asb_prov.terminate([i.id for i in first])
+    (swp,) = _items(custom, EXT, "sandboxwarmpools")
+    custom.create_namespaced_custom_object(EXT, V, NS, "sandboxclaims", {
+        "apiVersion": f"{EXT}/{V}", "kind": "SandboxClaim",
+        "metadata": {"name": pod_name("rb1", 1), "labels": TAGS.encode({**tags, TAG_REQUEST: "rb1"})},
+        "spec": {"warmPoolRef": {"name": swp["metadata"]["name"]},
+                 "additionalPodMetadata": {"labels": {"flowmesh.io/x": "y"}}}})
+    with pytest.raises(ProviderError, match="InvalidMetadata"):
+        await asb_prov.launch(request("rb1", 2))
+    assert await asb_prov.list_tagged({TAG_POOL: "rb"}) == []
+    assert pod_name("rb1", 0) not in {c["metadata"]["name"] for c in _items(custom, EXT, "sandboxclaims")}
