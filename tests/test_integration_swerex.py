@@ -231,7 +231,8 @@ def test_an_executes_cwd_or_program_fails_as_subprocess_run_fails(shell, tmp_pat
              Command(command=["run.sh"], env={"PATH": f"/nowhere::{here}"}),
              Command(command="no-such-program", shell=True), Command(command=["sh", "-c", "exit 127"]),
              Command(command=["cd", "/"]), Command(command=["export"]),     # the shell's builtins, no programs
-             Command(command=["plain"]), Command(command=["run.sh"])]     # on the path only in the second round
+             Command(command=["plain"]), Command(command=["run.sh"]),     # on the path only in the second round
+             Command(command=["plain"], merge_output_streams=True)]       # the shell's message, then the mark
     argv = ["busybox", "sh", "-c"] if shell == "busybox" else [shell, "-c"]
     for path in (os.environ["PATH"], f"{here}:{os.environ['PATH']}"):
         for c in cases:

@@ -97,7 +97,8 @@ def _exec_failed(stdout: str, nonce: str) -> tuple[str, str | None] | None:
     """What :func:`_command_script`'s mark says could not be done -- ``cwd`` or ``program``,
     and why if the mark says (``missing``, ``denied``) -- or None when the program ran."""
     head = f"{_EXEC_MARK} {nonce} "
-    return _EXEC_STATUS.get(stdout[len(head):].strip(), ("program", "missing")) if stdout.startswith(head) else None
+    last = stdout.rstrip("\n").rpartition("\n")[2]   # the last line: the shell's message may come first (merged)
+    return _EXEC_STATUS.get(last[len(head):], ("program", "missing")) if last.startswith(head) else None
 
 
 def _why_script(command: Command, what: str) -> str:
