@@ -123,6 +123,8 @@ class Fleet:
                 check_number(field, value, lo=0, lo_open=True)
         if reconcile_interval_s is not None:
             check_number("fleet.reconcile_interval_s", reconcile_interval_s, lo=0, lo_open=True)
+        if metrics_port is not None:
+            check_number("fleet.metrics_port", metrics_port, lo=0, hi=65535, integer=True)
         if catalog is not None and not isinstance(catalog, Catalog):
             raise SpecError("fleet.catalog", f"must be a Catalog, got {type(catalog).__name__}")
         self._catalog = catalog
@@ -179,9 +181,12 @@ class Fleet:
         self.metrics: FleetMetrics | None = None
         if metrics_port is not None:
             from .observe import metrics
-            check_number("fleet.metrics_port", metrics_port, lo=0, hi=65535, integer=True)
             self.metrics = metrics.FleetMetrics(bus=self.bus, ledger=self.ledger, pools=self.pools)
-            self.metrics.serve(int(metrics_port))
+            try:
+                self.metrics.serve(int(metrics_port))
+            except FlowMeshError:   # a port in use: no fleet, so nothing of it left open
+                self.store.close()
+                raise
 
     def __repr__(self) -> str:
         return f"Fleet({self.name!r}, run={self.run_id!r}, pools={sorted(self.pools)})"

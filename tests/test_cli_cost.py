@@ -93,7 +93,8 @@ def test_cost_estimate_bad_input(cli: CliRunner) -> None:
     assert "ec2: 'us-east-1'" in res.output
     res = _run(cli, ["cost", "estimate", "--tasks", "10", "--minutes", "5", "--price", "=3"])
     assert res.exit_code == 1 and "'=3' names no instance type" in res.output
-    for args in (["cost", "estimate", "--tasks", "10", "--minutes", "5", "--top", "0"], ["offers", "--limit", "0"]):
+    for args in (["cost", "estimate", "--tasks", "10", "--minutes", "5", "--top", "0"], ["offers", "--limit", "0"],
+                 ["status", "--limit", "0"]):
         res = _run(cli, args)
         assert res.exit_code == 2 and ">= 1" in res.output.replace("greater than or equal to", ">="), res.output
 

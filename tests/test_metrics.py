@@ -161,3 +161,29 @@ def test_serve_metrics_from_the_store(tmp_path: Path) -> None:
     (exec_s,) = [s.value for s in samples if s.name == "flowmesh_store_task_phase_seconds_total"
                  and s.labels["phase"] == "execution"]
     assert exec_s == pytest.approx(4.5)
+
+
+def test_a_metrics_port_in_use_is_named_and_leaves_nothing_open(tmp_path: Path) -> None:
+    """A port another server holds: ``Fleet(metrics_port=...)`` raises a SpecError naming the
+    field and the reason, having closed the store it opened (no writer thread left), and
+    ``flowmesh serve-metrics`` says the same and exits 1 (both were tracebacks)."""
+    import socket
+    import threading
+
+    from flowmesh_sdk.errors import SpecError
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        before = {t.ident for t in threading.enumerate()}
+        with pytest.raises(SpecError, match=rf"metrics_port: cannot serve metrics on 127.0.0.1:{port}: "
+                                            "Address already in use"):
+            Fleet("busy", home=tmp_path, metrics_port=port)
+        assert {t.ident for t in threading.enumerate()} <= before
+        env = {**os.environ, "FLOWMESH_HOME": str(tmp_path)}
+        for args, code, said in ((["--port", str(port)], 1, "Address already in use"),
+                                 (["--addr", "192.0.2.1"], 1, "192.0.2.1:9464: Cannot assign requested address"),
+                                 (["--port", "70000"], 2, "65535")):
+            res = subprocess.run([sys.executable, "-m", "flowmesh_sdk", "serve-metrics", *args], capture_output=True,
+                                 text=True, env=env, timeout=60)
+            assert res.returncode == code and said in res.stderr and "Traceback" not in res.stderr, res.stderr

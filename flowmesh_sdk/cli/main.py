@@ -218,7 +218,7 @@ def _print_decisions(decisions: list[DecisionRow]) -> None:
 
 
 @app.command()
-def status(limit: int = typer.Option(20, help="recent tasks to show"),
+def status(limit: int = typer.Option(20, min=1, help="recent tasks to show"),
            json_out: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
     """Live instances and the most recent tasks with per-phase latency (ms)."""
     store = _store()

@@ -19,22 +19,23 @@ def _open_store() -> MetadataStore:
     return MetadataStore(home_dir() / "flowmesh.db")
 
 
-def serve_metrics(port: int = typer.Option(9464, "--port", help="TCP port of /metrics"),
+def serve_metrics(port: int = typer.Option(9464, "--port", min=0, max=65535, help="TCP port of /metrics (0: any free one)"),
                   addr: str = typer.Option("127.0.0.1", "--addr", help="address to listen on"),
                   once: bool = typer.Option(False, "--once", help="print one scrape on stdout and exit")) -> None:
     """Serve the metadata store of this FLOWMESH_HOME as Prometheus metrics (flowmesh_store_*),
     read at each scrape; a fleet's own live metrics come from Fleet(metrics_port=...)."""
+    import prometheus_client
+
     from ..observe import metrics
     try:
         registry = metrics.store_registry(_open_store)
+        if once:
+            sys.stdout.write(prometheus_client.generate_latest(registry).decode())
+            return
+        server, _thread = metrics.listen(registry, port, addr, field="--port/--addr")
     except FlowMeshError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
-    import prometheus_client
-    if once:
-        sys.stdout.write(prometheus_client.generate_latest(registry).decode())
-        return
-    server, _thread = prometheus_client.start_http_server(port, addr=addr, registry=registry)
     typer.echo(f"serving {home_dir() / 'flowmesh.db'} on http://{addr}:{server.server_port}/metrics "
                "(Ctrl-C to stop)", err=True)
     try:

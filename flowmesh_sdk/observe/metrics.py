@@ -207,7 +207,7 @@ class FleetMetrics:
         """Serve ``/metrics`` on ``addr:port`` in a daemon thread; returns the port (0: any free one)."""
         if self._server is not None:
             raise SpecError("metrics_port", "this fleet's metrics are already served")
-        self._server, self._thread = _client().start_http_server(port, addr=addr, registry=self.registry)
+        self._server, self._thread = listen(self.registry, port, addr, field="metrics_port")
         return int(self._server.server_port)
 
     @property
@@ -310,6 +310,16 @@ class StoreCollector:
             burn.add_metric([r.fleet, r.pool, r.provider], r.burn_per_hour)
         yield spent
         yield burn
+
+
+def listen(registry: Any, port: int, addr: str, *, field: str) -> tuple[Any, threading.Thread]:
+    """Serve ``registry`` on ``addr:port`` in a daemon thread (prometheus_client's server);
+    a port in use or an address that is not this machine's is a :class:`SpecError` on ``field``."""
+    try:
+        return _client().start_http_server(port, addr=addr, registry=registry)   # type: ignore[no-any-return]
+    except (OSError, OverflowError) as exc:   # gaierror is an OSError; OverflowError: a port past 65535
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise SpecError(field, f"cannot serve metrics on {addr}:{port}: {why}") from exc
 
 
 def store_registry(open_store: Callable[[], MetadataStore]) -> Any:
