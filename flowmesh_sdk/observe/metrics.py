@@ -316,7 +316,7 @@ def listen(registry: Any, port: int, addr: str, *, field: str) -> tuple[Any, thr
     """Serve ``registry`` on ``addr:port`` in a daemon thread (prometheus_client's server);
     a port in use or an address that is not this machine's is a :class:`SpecError` on ``field``."""
     try:
-        return _client().start_http_server(port, addr=addr, registry=registry)   # type: ignore[no-any-return]
+        return _client().start_http_server(port, addr=addr, registry=registry)
     except (OSError, OverflowError) as exc:   # gaierror is an OSError; OverflowError: a port past 65535
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise SpecError(field, f"cannot serve metrics on {addr}:{port}: {why}") from exc
