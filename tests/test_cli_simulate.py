@@ -41,3 +41,9 @@ def test_bad_input_names_the_option():
                       (["--modes", "serverless"], "--modes"), (["--instance", "nope.large"], "--instance")):
         res = CliRunner().invoke(app, ["cost", "simulate", "--plot", "", *args])
         assert res.exit_code != 0 and opt in res.output, (args, res.output)
+    # refused before anything is printed (the workload's own check came after the preamble)
+    for args, opt in ((["--minutes", "-1"], "--minutes"), (["--image-gb", "-2"], "--image-gb"),
+                      (["--tasks-per-instance", "0"], "--tasks-per-instance"),
+                      (["--centralized-capacity", "0"], "--centralized-capacity")):
+        res = CliRunner().invoke(app, ["cost", "simulate", "--plot", "", "--tasks", "10", *args])
+        assert res.exit_code == 1 and opt in res.output and "simulating" not in res.output, (args, res.output)

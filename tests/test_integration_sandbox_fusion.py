@@ -323,3 +323,15 @@ def test_the_core_imports_neither_the_server_nor_its_client():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT).stdout
     assert out.strip() == "[]"
+
+
+def test_cli_refuses_zero_sizes_naming_the_option(tmp_path):
+    """``--cpus 0`` (or ``--slots 0``, ``--memory 0``) is refused before any fleet starts: it
+    was read as "not given" and served on this host's default size."""
+    from typer.testing import CliRunner
+
+    from flowmesh_sdk.cli.main import app
+    for opt, value in (("--cpus", "0"), ("--slots", "0"), ("--memory", "0")):
+        res = CliRunner().invoke(app, ["serve", "sandbox-fusion", "--port", "0", opt, value],
+                                 env={"FLOWMESH_HOME": str(tmp_path)})
+        assert res.exit_code == 1 and f"{opt}: must be in" in res.output and "serving" not in res.output, res.output

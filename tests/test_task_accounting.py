@@ -208,3 +208,8 @@ def test_cost_report_of_a_known_simulated_run(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "flowmesh_sdk.cli.main", "cost", "report", "--run", "nope"],
                              capture_output=True, text=True, env=env, timeout=120)
     assert missing.returncode == 1 and "no run 'nope'" in missing.stderr and "known-run" in missing.stderr
+    unwritable = subprocess.run([sys.executable, "-m", "flowmesh_sdk.cli.main", "cost", "report", "--plot",
+                                 str(tmp_path / "no" / "such" / "dir" / "spend.png")],
+                                capture_output=True, text=True, env=env, timeout=120)
+    assert unwritable.returncode == 1 and "--plot: cannot write" in unwritable.stderr, unwritable.stderr
+    assert "Traceback" not in unwritable.stderr   # it was a FileNotFoundError's

@@ -89,8 +89,12 @@ def _draw(store: MetadataStore, rep: CostReport, path: str) -> None:
     if series:
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError as exc:   # a folder that is not there, or not writable
+        raise fail(SpecError("--plot", f"cannot write {path}: {exc.strerror or exc}")) from exc
+    finally:
+        plt.close(fig)
 
 
 __all__ = ["report"]

@@ -48,17 +48,23 @@ def sandbox_fusion(
 
     Each request runs in a fresh sandbox; python, bash, cpp and pytest by default, in
     localhost/flowmesh/code-runner:bookworm (built here if missing)."""
-    from ..specs import InstanceSpec, PoolMode, PoolSpec
+    from ..specs import InstanceSpec, PoolMode, PoolSpec, check_number
     try:
         from ..integrations.sandbox_fusion import ServerConfig, parse_image_overrides
         modes = {m.value: m for m in PoolMode}
         if mode not in modes:
             raise SpecError("--mode", f"must be one of {', '.join(modes)}, got {mode!r}")
+        for name, value in (("--cpus", cpus), ("--slots", slots)):
+            if value is not None:
+                check_number(name, value, lo=1, integer=True)
+        if memory is not None:
+            check_number("--memory", memory, lo=0, lo_open=True)
         images = parse_image_overrides(image)
-        n = cpus or min(8, os.cpu_count() or 1)
+        n = min(8, os.cpu_count() or 1) if cpus is None else cpus
         spec = PoolSpec(name=pool_name, mode=modes[mode], infra=tuple(infra) or ("local",),
-                        instance=InstanceSpec(cpus=n, memory_gb=memory or 2.0 * n),
-                        sandboxes_per_instance=slots or n, min_instances=min_instances if mode != "ephemeral" else 0,
+                        instance=InstanceSpec(cpus=n, memory_gb=2.0 * n if memory is None else memory),
+                        sandboxes_per_instance=n if slots is None else slots,
+                        min_instances=min_instances if mode != "ephemeral" else 0,
                         max_instances=max_instances, spot=spot, max_price=max_price,
                         budget_per_hour=budget_per_hour, budget_total=budget_total)
         config = ServerConfig(host=host, port=port, queue_size=queue, queue_timeout_s=queue_timeout)

@@ -15,6 +15,7 @@ from rich.table import Table
 from ..catalog import Catalog
 from ..catalog.records import canonical_provider
 from ..errors import FlowMeshError, SpecError
+from ..specs import check_number
 from .console import console as tables
 from .console import err, fail, prices
 from .output import JSON_HELP, emit
@@ -59,6 +60,13 @@ def cost_simulate(
     if plot and importlib.util.find_spec("matplotlib") is None:
         raise fail(SpecError("--plot", "drawing the PNG needs matplotlib: pip install 'flowmesh-sdk[plot]' "
                                         "(or --plot '' for tables only)"))
+    try:   # before anything is printed: the workload's own checks would come after the preamble
+        check_number("--minutes", minutes, lo=0, lo_open=True)
+        check_number("--image-gb", image_gb, lo=0)
+        check_number("--tasks-per-instance", tasks_per_instance, lo=1, integer=True)
+        check_number("--centralized-capacity", centralized_capacity, lo=1, integer=True)
+    except SpecError as exc:
+        raise fail(exc) from exc
     wanted = [m.strip() for m in modes.split(",") if m.strip()]
     bad = [m for m in wanted if m not in MODES]
     if bad or not wanted:
