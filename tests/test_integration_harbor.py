@@ -78,3 +78,43 @@ def test_oracle_trials_on_a_flowmesh_pool(venv312, busybox_image, tmp_path):
     assert out["container_after_stop"] == 1                          # stop destroyed the sandbox
     assert out["no_pool"].startswith("environment.kwargs.pool: is required")
     assert out["left"] == []                                         # nothing of the process's fleet is left
+
+
+_DOCKERFILES = r'''
+import json, sys
+from pathlib import Path
+from flowmesh_sdk.errors import SpecError
+from flowmesh_sdk.integrations.harbor import base_image
+out = []
+for i, text in enumerate(json.loads(sys.argv[1])):
+    p = Path(sys.argv[2]) / f"Dockerfile.{i}"
+    p.write_text(text)
+    try:
+        out.append(list(base_image(p)))
+    except SpecError as exc:
+        out.append(str(exc))
+print(json.dumps(out))
+'''
+
+
+def test_an_environment_dockerfile_is_read_or_refused_naming_the_line(venv312, tmp_path):
+    """Only FROM, WORKDIR and ENV are taken; anything else, or a line that cannot be read (an
+    unterminated quote, an ENV without a value: a ValueError or an IndexError before), is a
+    SpecError that quotes the line."""
+    cases = ["FROM debian:bookworm\nWORKDIR /app\nWORKDIR sub\nENV A 1\nENV B=2 C=\"x y\"\n",
+             "FROM --platform=linux/amd64 busybox\n",
+             "FROM debian\nRUN apt-get install -y git\n",
+             "FROM debian\nENV MSG=\"unterminated\n",
+             "FROM debian\nENV\n",
+             "FROM debian\nENV A=1 B\n",
+             "# only a comment\n"]
+    proc = subprocess.run([venv312, "-c", _DOCKERFILES, json.dumps(cases), str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout)
+    assert got[0] == ["debian:bookworm", "/app/sub", {"A": "1", "B": "2", "C": "x y"}]
+    assert got[1] == ["busybox", None, {}]
+    assert got[2].startswith("environment/Dockerfile: 'RUN apt-get install -y git': FlowMesh runs prebuilt images")
+    assert got[3] == "environment/Dockerfile: 'ENV MSG=\"unterminated': No closing quotation"
+    assert got[4] == got[5].replace("'ENV A=1 B'", "'ENV'") and "ENV takes KEY=VALUE" in got[4]
+    assert got[6] == "environment/Dockerfile: has no FROM line"

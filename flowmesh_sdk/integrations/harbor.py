@@ -68,7 +68,11 @@ def base_image(dockerfile: Path) -> tuple[str, str | None, dict[str, str]]:
         if not line or line.startswith("#"):
             continue
         word, _, rest = line.partition(" ")
-        word, args = word.upper(), [a for a in shlex.split(rest) if not a.startswith("--platform")]
+        try:
+            args = [a for a in shlex.split(rest) if not a.startswith("--platform")]
+        except ValueError as exc:   # an unterminated quote
+            raise SpecError("environment/Dockerfile", f"{line!r}: {exc}") from exc
+        word = word.upper()
         if word not in _DOCKERFILE_KEPT or (word == "FROM" and (image is not None or len(args) != 1)):
             raise SpecError("environment/Dockerfile", f"{line!r}: FlowMesh runs prebuilt images, so the "
                             "Dockerfile may only name one base image (FROM IMAGE, WORKDIR, ENV); build and push "
@@ -79,6 +83,8 @@ def base_image(dockerfile: Path) -> tuple[str, str | None, dict[str, str]]:
         elif word == "WORKDIR":
             workdir = posixpath.join(workdir or "/", rest.strip())
         else:
+            if not args or ("=" in args[0] and not all("=" in a for a in args)):
+                raise SpecError("environment/Dockerfile", f"{line!r}: ENV takes KEY=VALUE ... or KEY VALUE")
             pairs = [a.split("=", 1) for a in args] if "=" in args[0] else [[args[0], " ".join(args[1:])]]
             env.update({k: v for k, v in pairs})
     if image is None:
