@@ -275,10 +275,12 @@ class AgentSandbox:
             raise
         errors = [g for g in got if isinstance(g, BaseException)]
         if errors:
-            await asyncio.gather(*(self._delete(target, "sandboxclaims", n) for n in names), return_exceptions=True)
-            # the pods bound meanwhile go with their claims: none is listed while the watch catches up
-            self.deleting.update(str((g[1].get("metadata") or {}).get("uid")) for g in got
-                                 if not isinstance(g, BaseException))
+            deleted = await asyncio.gather(*(self._delete(target, "sandboxclaims", n) for n in names),
+                                           return_exceptions=True)
+            # a pod bound meanwhile goes with its claim, once that delete is accepted: not listed from then
+            # on, whatever the watch has seen (one whose claim could not be deleted stays, for gc to find)
+            self.deleting.update(str((g[1].get("metadata") or {}).get("uid")) for g, d in zip(got, deleted)
+                                 if not isinstance(g, BaseException) and not isinstance(d, BaseException))
             raise errors[0]
         out = [g for g in got if not isinstance(g, BaseException)]
         for claimed, placed in out:
