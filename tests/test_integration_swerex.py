@@ -202,7 +202,6 @@ async def rex_local():
     await rt.close()
 
 
-
 async def _raised(call) -> tuple[type, str] | None:
     """The class and message of what ``call`` raised, or None."""
     try:
