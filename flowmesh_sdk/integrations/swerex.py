@@ -37,7 +37,8 @@ models and exception classes:
   shell as before.
 * ``execute(Command)`` runs an argv list or (``shell=True``) a string like
   ``subprocess.run``: ``env`` replaces the environment, ``cwd``, ``merge_output_streams``,
-  ``check`` and ``timeout`` as there.  The first runs with ``sandbox.exec`` (a fresh
+  ``check`` and ``timeout`` as there, and a program or cwd that cannot be used raises the
+  ``OSError`` it raises (``FileNotFoundError``...).  The first runs with ``sandbox.exec`` (a fresh
   ``/bin/sh``); a runtime that executes again keeps a few ``/bin/sh`` sessions and runs
   each command in a subshell of an idle one (a fork instead of a fresh session: about
   half the round trip).
