@@ -100,6 +100,17 @@ async def test_files_roundtrip_binary_and_text(make_sandbox, tmp_path):
     await sb.exec("echo made-inside > /work/pkg/new.txt")
     await sb.download("/work/pkg", str(tmp_path / "out"))
     assert (tmp_path / "out" / "pkg" / "new.txt").read_text() == "made-inside\n"
+    # what cannot be downloaded is a FlowMesh error that says why (tar's own complaint, not its last line)
+    with pytest.raises(SandboxFileError, match="download of /nope failed: tar: nope: (Cannot stat: )?No such file"):
+        await sb.download("/nope", str(tmp_path / "out"))
+    (tmp_path / "top-file").write_text("")
+    with pytest.raises(SpecError, match="local_dir: .* exists and is not a directory"):
+        await sb.download("/work/pkg", str(tmp_path / "top-file"))   # was a FileExistsError
+    # a hostile sandbox's link out of the destination is refused (tarfile's data filter), as a FlowMesh error
+    await sb.exec("mkdir -p /work/evil && ln -sf /etc/passwd /work/evil/link")
+    with pytest.raises(SandboxFileError, match="download of /work/evil into .* failed: .*absolute"):
+        await sb.download("/work/evil", str(tmp_path / "evil"))
+    assert not (tmp_path / "evil" / "evil" / "link").exists()
 
 
 async def test_limits_hold_and_neighbours_unaffected(make_sandbox):

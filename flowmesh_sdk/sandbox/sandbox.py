@@ -364,12 +364,18 @@ class Sandbox:
     async def download(self, remote_path: str, local_dir: str) -> None:
         """Copy a file or directory from the sandbox into ``local_dir``."""
         _check_path("remote_path", remote_path)
+        if os.path.exists(local_dir) and not os.path.isdir(local_dir):
+            raise SpecError("local_dir", f"{local_dir!r} exists and is not a directory")
         parent, base = posixpath.split(remote_path.rstrip("/")) if remote_path != "/" else ("/", ".")
         res = await self.runtime.exec_once(
             self.container_id, ["tar", "-c", "-f", "-", "-C", parent or "/", base])
-        if not res.ok:
-            raise SandboxFileError(f"{self.name}: download of {remote_path} failed: {res.describe()}")
-        await asyncio.to_thread(_untar, res.stdout, local_dir)
+        if not res.ok:   # tar's first complaint says why ("Cannot stat: No such file..."), its last only that it failed
+            first = res.stderr.decode("utf-8", "replace").strip().partition("\n")[0]
+            raise SandboxFileError(f"{self.name}: download of {remote_path} failed: {first or res.describe()}")
+        try:
+            await asyncio.to_thread(_untar, res.stdout, local_dir)
+        except (OSError, tarfile.TarError) as exc:   # not writable here, or an entry the data filter refuses
+            raise SandboxFileError(f"{self.name}: download of {remote_path} into {local_dir} failed: {exc}") from exc
 
 
 def _tar_dir(path: str) -> bytes:
