@@ -30,6 +30,7 @@ finally:
     shutil.rmtree(_CONFIG_DIR, ignore_errors=True)
 
 from minisweagent.exceptions import Submitted  # noqa: E402
+from minisweagent.environments.local import LocalEnvironment  # noqa: E402
 
 from flowmesh_sdk import InstanceSpec, PoolSpec, SandboxSpec  # noqa: E402
 from flowmesh_sdk.errors import IntegrationMissingError, SpecError  # noqa: E402
@@ -61,6 +62,13 @@ async def test_execute_templates_and_submit(pool, swe_image):
             out["timeout"] = env.execute({"command": "sleep 30; echo no"}, timeout=1)
             stateful.execute({"command": "cd /usr && export B=2"})
             out["stateful"] = stateful.execute({"command": 'pwd; echo "[$B]"'}, cwd="/usr")
+            # a cwd that cannot be entered: reported as LocalEnvironment reports subprocess.run's error,
+            # the command not run, and a stateful session's shell (its variables) not ended by it
+            out["nocwd"] = [e.execute({"command": "echo ran"}, cwd=d) for e in (env, stateful)
+                            for d in ("/no/such/dir", "/etc/hostname")]
+            out["kept"] = stateful.execute({"command": 'echo "[$B]"'}, cwd="/usr")
+            out["local"] = [LocalEnvironment().execute({"command": "echo ran"}, cwd=d)
+                            for d in ("/no/such/dir", "/etc/hostname")]
             try:
                 env.execute({"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; echo the patch"})
             except Submitted as exc:
@@ -76,6 +84,10 @@ async def test_execute_templates_and_submit(pool, swe_image):
     assert t["returncode"] == -1 and "timed out after 1 seconds" in t["exception_info"]
     assert t["extra"]["exception_type"] == "TimeoutExpired" and "no" not in t["output"]
     assert out["stateful"]["output"] == "/usr\n[2]\n"
+    assert out["nocwd"] == out["local"] * 2 and out["local"][0]["returncode"] == -1
+    assert out["local"][0]["extra"]["exception_type"] == "FileNotFoundError"
+    assert out["local"][1]["extra"]["exception_type"] == "NotADirectoryError"
+    assert out["kept"]["output"] == "[2]\n"
     assert out["submitted"]["extra"] == {"exit_status": "Submitted", "submission": "the patch\n"}
     v = out["vars"]
     assert v["system"] == "Linux" and v["machine"] and v["cwd"] == "/tmp" and v["task"] == "t"

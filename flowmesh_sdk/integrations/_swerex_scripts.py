@@ -126,8 +126,7 @@ def _exec_error(command: Command, what: str, why: str) -> OSError:
     """The OSError ``subprocess.run`` raises when ``what`` (``cwd`` or ``program``) is
     ``why`` (``missing``, ``denied``, ``notdir``)."""
     err = {"denied": errno.EACCES, "notdir": errno.ENOTDIR}.get(why, errno.ENOENT)
-    cls: type[OSError] = {errno.EACCES: PermissionError, errno.ENOTDIR: NotADirectoryError}.get(err, FileNotFoundError)
-    return cls(err, os.strerror(err), command.cwd if what == "cwd" else _program(command))
+    return OSError(err, os.strerror(err), command.cwd if what == "cwd" else _program(command))   # its subclass
 
 
 def _os_error(message: str, path: str) -> OSError:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shlex
 from typing import Any, cast
 
@@ -50,6 +51,7 @@ __all__ = ["FlowMeshEnvironment", "FlowMeshEnvironmentConfig"]
 
 log = logging.getLogger("flowmesh.integrations.minisweagent")
 _UNAME = ("system", "node", "release", "version", "machine")
+_CWD_MARK = "__FM_NOCWD__"   # + a nonce and the errno: the action's cwd could not be entered
 
 
 class FlowMeshEnvironmentConfig(BaseModel):
@@ -64,6 +66,13 @@ class FlowMeshEnvironmentConfig(BaseModel):
     stateful: bool = False
     """True: actions share one shell (cd, variables, functions persist); False: each runs
     in a fresh subshell of it, as mini-swe-agent's own environments do."""
+
+
+def _failed(output: str, exception_type: str, message: str, **extra: Any) -> dict[str, Any]:
+    """An action that raised, as mini-swe-agent's LocalEnvironment reports it."""
+    return {"output": output, "returncode": -1,
+            "exception_info": f"An error occurred while executing the command: {message}",
+            "extra": {"exception_type": exception_type, "exception": message, **extra}}
 
 
 class FlowMeshEnvironment:
@@ -94,7 +103,11 @@ class FlowMeshEnvironment:
         command = action.get("command", "")
         cwd = cwd or self.config.cwd
         timeout = timeout or self.config.timeout
-        body = f"cd {shlex.quote(cwd)} || exit 1\n{command}"
+        # a cwd that cannot be entered: its errno after a mark, and the command not run. `return`
+        # ends the session's script (sourced), not its shell: a stateful session keeps its state
+        nonce, q = secrets.token_hex(8), shlex.quote(cwd)
+        body = (f"cd -- {q} 2>/dev/null || {{ if [ -d {q} ]; then __fm_e=13; elif [ -e {q} ]; then __fm_e=20; "
+                f"else __fm_e=2; fi; echo {_CWD_MARK} {nonce} $__fm_e; return 1 2>/dev/null || exit 1; }}\n{command}")
         script = f"{{\n{body}\n}} 2>&1" if self.config.stateful else f"(\n{body}\n) 2>&1"
         try:
             r = self._bridge.call(self.session.run(script, timeout_s=timeout))
@@ -102,18 +115,17 @@ class FlowMeshEnvironment:
             raise                     # misuse (called on the loop's thread, a NUL in the command)
         except FlowMeshError as exc:
             log.warning("%s: action failed in the sandbox: %s", self.sandbox.name, exc)
-            output: dict[str, Any] = {
-                "output": "", "returncode": -1,
-                "exception_info": f"An error occurred while executing the command: {exc}",
-                "extra": {"exception_type": type(exc).__name__, "exception": str(exc),
-                          "infra_failure": kind.value if (kind := lost_kind(exc)) else None}}
+            kind = lost_kind(exc)
+            output = _failed("", type(exc).__name__, str(exc), infra_failure=kind.value if kind else None)
         else:
             text = r.stdout + r.stderr
-            if r.timed_out:
-                msg = f"Command {command!r} timed out after {timeout} seconds"
-                output = {"output": text, "returncode": -1,
-                          "exception_info": f"An error occurred while executing the command: {msg}",
-                          "extra": {"exception_type": "TimeoutExpired", "exception": msg}}
+            mark = f"{_CWD_MARK} {nonce} "
+            if r.exit_code == 1 and text.startswith(mark) and text[len(mark):].strip().isdigit():
+                err = int(text[len(mark):].strip())   # what LocalEnvironment's subprocess.run raises, as it reports it
+                error = OSError(err, os.strerror(err), cwd)
+                output = _failed("", type(error).__name__, str(error))
+            elif r.timed_out:
+                output = _failed(text, "TimeoutExpired", f"Command {command!r} timed out after {timeout} seconds")
             else:
                 output = {"output": text, "returncode": r.exit_code, "exception_info": ""}
         self._check_finished(output)
