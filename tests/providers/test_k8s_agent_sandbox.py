@@ -414,7 +414,7 @@ async def test_a_claim_launch_that_fails_takes_back_the_pods_it_bound_at_once(as
     from flowmesh_sdk import SandboxSpec
     from flowmesh_sdk.errors import ProviderError
     from flowmesh_sdk.provider import TAG_REQUEST, ContainerRequest, LaunchRequest
-    (offer,) = [o for o in await asb_prov.offers(SPEC)][:1]
+    offer = (await asb_prov.offers(SPEC))[0]
     tags = {TAG_FLEET: "rb", TAG_POOL: "rb"}
 
     def request(rid: str, count: int) -> LaunchRequest:
