@@ -281,8 +281,9 @@ class FlowMeshRuntime(AbstractRuntime):
         if r.timed_out:
             raise CommandTimeoutError(f"Timeout ({command.timeout}s) exceeded while running command")
         if r.exit_code == 127 and (failed := _exec_failed(r.stdout_raw.decode(errors="replace"), nonce)):
-            what, why = failed   # its cwd or program: what subprocess.run raises, as SWE-ReX's runtime does
-            if why is None:
+            what, err = failed   # its cwd or program: what subprocess.run raises, as SWE-ReX's runtime does
+            why: int | str = err if err is not None else ""
+            if err is None:
                 async with self._guard("execute"):
                     why = (await self.sandbox.exec(_why_script(command, what), timeout_s=30)).stdout.strip()
             raise _exec_error(command, what, why)

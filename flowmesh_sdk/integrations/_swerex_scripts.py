@@ -11,6 +11,7 @@ import shlex
 from typing import TYPE_CHECKING
 
 from ..errors import SpecError
+from ._shell import cwd_errno
 
 if TYPE_CHECKING:
     from swerex.runtime.abstract import Command
@@ -49,10 +50,11 @@ def _session_script(command: str, shell: str, nonce: str) -> str:
 
 
 _EXEC_MARK = "__FM_EXEC__"   # + a nonce and a status (below): the script could not run its program
-# the mark's statuses: exec found no program | found one it could not run | ``command -v`` found
-# none on the path | the cwd could not be entered (the last two: :func:`_why_script` says why)
-_EXEC_STATUS = {"127": ("program", "missing"), "126": ("program", "denied"), "3": ("program", None),
-                "4": ("cwd", None)}
+# the mark's statuses, as (what, errno): exec found no program | found one it could not run |
+# ``command -v`` found none on the path | the cwd could not be entered (the last two: errno None,
+# :func:`_why_script` finds it)
+_EXEC_STATUS: dict[str, tuple[str, int | None]] = {
+    "127": ("program", errno.ENOENT), "126": ("program", errno.EACCES), "3": ("program", None), "4": ("cwd", None)}
 # what subprocess.run looks a program up in when ``env`` is given without PATH (os.defpath)
 _DEFAULT_PATH = "/bin:/usr/bin"
 
@@ -93,27 +95,25 @@ def _command_script(command: Command, nonce: str) -> str:
     return "\n".join(lines)
 
 
-def _exec_failed(stdout: str, nonce: str) -> tuple[str, str | None] | None:
+def _exec_failed(stdout: str, nonce: str) -> tuple[str, int | None] | None:
     """What :func:`_command_script`'s mark says could not be done -- ``cwd`` or ``program``,
-    and why if the mark says (``missing``, ``denied``) -- or None when the program ran."""
+    and its errno where the mark says -- or None when the program ran."""
     head = f"{_EXEC_MARK} {nonce} "
     last = stdout.rstrip("\n").rpartition("\n")[2]   # the last line: the shell's message may come first (merged)
-    return _EXEC_STATUS.get(last[len(head):], ("program", "missing")) if last.startswith(head) else None
+    return _EXEC_STATUS.get(last[len(head):], ("program", errno.ENOENT)) if last.startswith(head) else None
 
 
 def _why_script(command: Command, what: str) -> str:
     """Why the cwd could not be entered or ``command -v`` found no program: a script that
-    prints ``missing``, ``denied`` or ``notdir``, as ``subprocess``'s errno would be (a
-    path's first executable file is the program; any other file or directory there means
-    denied)."""
+    prints the errno ``subprocess`` would raise (a path's first executable file is the
+    program; any other file or directory there means EACCES)."""
     if what == "cwd":
-        cwd = shlex.quote(command.cwd or ".")
-        return f"if [ -d {cwd} ]; then echo denied; elif [ -e {cwd} ]; then echo notdir; else echo missing; fi"
+        return f'{cwd_errno(command.cwd or ".")}; echo "$__fm_e"'
     name = shlex.quote(_program(command))
     path = "$PATH" if command.env is None else shlex.quote(command.env.get("PATH", _DEFAULT_PATH))
     cd = f"cd -- {shlex.quote(command.cwd)} || exit\n" if command.cwd is not None else ""
-    return (f"{cd}k=missing; s={path}; IFS=:\n"
-            f'for d in $s; do p=${{d:-.}}/{name}; [ -f "$p" ] && [ -x "$p" ] && exit; [ -e "$p" ] && k=denied; done\n'
+    return (f"{cd}k={errno.ENOENT}; s={path}; IFS=:\n"
+            f'for d in $s; do p=${{d:-.}}/{name}; [ -f "$p" ] && [ -x "$p" ] && exit; [ -e "$p" ] && k={errno.EACCES}; done\n'
             'echo "$k"')
 
 
@@ -122,11 +122,11 @@ def _program(command: Command) -> str:
     return "/bin/sh" if command.shell else cmd if isinstance(cmd, str) else cmd[0]
 
 
-def _exec_error(command: Command, what: str, why: str) -> OSError:
-    """The OSError ``subprocess.run`` raises when ``what`` (``cwd`` or ``program``) is
-    ``why`` (``missing``, ``denied``, ``notdir``)."""
-    err = {"denied": errno.EACCES, "notdir": errno.ENOTDIR}.get(why, errno.ENOENT)
-    return OSError(err, os.strerror(err), command.cwd if what == "cwd" else _program(command))   # its subclass
+def _exec_error(command: Command, what: str, err: int | str) -> OSError:
+    """The OSError ``subprocess.run`` raises when ``what`` (``cwd`` or ``program``) failed with
+    ``err`` (an errno, or :func:`_why_script`'s answer: ENOENT where it gave none)."""
+    code = int(err) if str(err).isdigit() else errno.ENOENT
+    return OSError(code, os.strerror(code), command.cwd if what == "cwd" else _program(command))   # its subclass
 
 
 def _os_error(message: str, path: str) -> OSError:

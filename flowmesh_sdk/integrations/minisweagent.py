@@ -46,6 +46,7 @@ from ..pools.failures import lost_kind  # noqa: E402
 from ..sandbox import Sandbox  # noqa: E402
 from ..sync import SyncSandbox  # noqa: E402
 from ._bridge import LoopBridge  # noqa: E402
+from ._shell import cwd_errno  # noqa: E402
 
 __all__ = ["FlowMeshEnvironment", "FlowMeshEnvironmentConfig"]
 
@@ -105,9 +106,9 @@ class FlowMeshEnvironment:
         timeout = timeout or self.config.timeout
         # a cwd that cannot be entered: its errno after a mark, and the command not run. `return`
         # ends the session's script (sourced), not its shell: a stateful session keeps its state
-        nonce, q = secrets.token_hex(8), shlex.quote(cwd)
-        body = (f"cd -- {q} 2>/dev/null || {{ if [ -d {q} ]; then __fm_e=13; elif [ -e {q} ]; then __fm_e=20; "
-                f"else __fm_e=2; fi; echo {_CWD_MARK} {nonce} $__fm_e; return 1 2>/dev/null || exit 1; }}\n{command}")
+        nonce = secrets.token_hex(8)
+        body = (f"cd -- {shlex.quote(cwd)} 2>/dev/null || {{ {cwd_errno(cwd)}; echo {_CWD_MARK} {nonce} $__fm_e; "
+                f"return 1 2>/dev/null || exit 1; }}\n{command}")
         script = f"{{\n{body}\n}} 2>&1" if self.config.stateful else f"(\n{body}\n) 2>&1"
         try:
             r = self._bridge.call(self.session.run(script, timeout_s=timeout))
@@ -119,10 +120,9 @@ class FlowMeshEnvironment:
             output = _failed("", type(exc).__name__, str(exc), infra_failure=kind.value if kind else None)
         else:
             text = r.stdout + r.stderr
-            mark = f"{_CWD_MARK} {nonce} "
-            if r.exit_code == 1 and text.startswith(mark) and text[len(mark):].strip().isdigit():
-                err = int(text[len(mark):].strip())   # what LocalEnvironment's subprocess.run raises, as it reports it
-                error = OSError(err, os.strerror(err), cwd)
+            err = text.removeprefix(f"{_CWD_MARK} {nonce} ").strip()
+            if r.exit_code == 1 and err != text.strip() and err.isdigit():
+                error = OSError(int(err), os.strerror(int(err)), cwd)   # what LocalEnvironment's subprocess.run raises
                 output = _failed("", type(error).__name__, str(error))
             elif r.timed_out:
                 output = _failed(text, "TimeoutExpired", f"Command {command!r} timed out after {timeout} seconds")
